@@ -1,0 +1,34 @@
+# The two commands of the README:
+#   make run    — the service on http://127.0.0.1:8000 (embedded store unless TOKEN_SERVICE_REDIS_URL is set)
+#   make test   — lint, type-check and the whole test suite (fakeredis and real redis-server)
+# Both create .venv and install the project into it on first use.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# A development key so the curl walk-through works out of the box; set your own in production.
+export TOKEN_SERVICE_API_KEYS ?= dev-service-key-change-me
+
+.PHONY: run test lint install clean
+
+$(BIN)/token-service: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(BIN)/token-service
+
+run: install
+	$(BIN)/token-service serve --host $${HOST:-127.0.0.1} --port $${PORT:-8000}
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,73 @@
+-- Shared helpers, prepended by token_service/store.py to every script below
+-- (EVAL scripts cannot share functions any other way on Redis 6/7 and Cluster).
+--
+-- A token record is one Redis string: a state letter followed by fields joined
+-- by \31 (ASCII unit separator). Trailing empty fields are dropped, so an
+-- ISSUED record is just "I<scope>\31<subject>" — one small string key keeps an
+-- outstanding token at ~165 bytes of Redis memory. Subjects and fingerprints
+-- never contain control characters (validated by the callers) and JSON
+-- payloads escape them, so \31 can never appear inside a field.
+--
+--   field 1 scope          5 lease_id
+--   field 2 subject        6 lease_expires_ms (PROCESSING)
+--   field 3 fingerprint    7 token_expires_ms (PROCESSING: the token's own expiry)
+--   field 4 request_id     8 payload (SUCCEEDED: result JSON, FAILED: error JSON)
+--
+-- States: I ISSUED, P PROCESSING, C CONSUMED, S SUCCEEDED, F FAILED.
+local SEP = '\31'
+local NFIELDS = 8
+
+local function parse(value)
+  local fields = {}
+  local start = 2
+  for i = 1, NFIELDS - 1 do
+    local stop = string.find(value, SEP, start, true)
+    if not stop then
+      fields[i] = string.sub(value, start)
+      for j = i + 1, NFIELDS do fields[j] = '' end
+      return string.sub(value, 1, 1), fields
+    end
+    fields[i] = string.sub(value, start, stop - 1)
+    start = stop + 1
+  end
+  -- the payload is last and may be long: never split it
+  fields[NFIELDS] = string.sub(value, start)
+  return string.sub(value, 1, 1), fields
+end
+
+local function record(state, fields)
+  local last = 0
+  for i = 1, NFIELDS do
+    if fields[i] ~= nil and fields[i] ~= '' then last = i end
+  end
+  local parts = {}
+  for i = 1, last do parts[i] = fields[i] or '' end
+  return state .. table.concat(parts, SEP)
+end
+
+-- "now" comes from ARGV when a caller controls time (tests), else from the
+-- Redis clock, the one clock every service instance shares.
+local function now_ms(arg)
+  if arg ~= nil and arg ~= '' then return tonumber(arg) end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Which binding differs, or nil. Binding is exact: a token issued for a
+-- subject must be presented with that subject, and one issued without must
+-- be presented without.
+local function mismatch(fields, scope, subject, fingerprint)
+  if fields[1] ~= scope then return 'scope' end
+  if fields[2] ~= subject then return 'subject' end
+  if fields[3] ~= fingerprint then return 'fingerprint' end
+  return nil
+end
+
+local function positive_int(arg)
+  local n = tonumber(arg)
+  return n ~= nil and n >= 1 and n == math.floor(n)
+end
+
+local function bad(message)
+  return {'invalid_argument', message}
+end

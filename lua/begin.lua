@@ -1,0 +1,52 @@
+-- begin: take a lease on a token for a two-phase operation.
+-- KEYS[1] token record key
+-- ARGV[1] scope; ARGV[2] subject; ARGV[3] fingerprint; ARGV[4] request_id;
+-- ARGV[5] lease_ms (positive integer); ARGV[6] lease_id for a new lease;
+-- ARGV[7] now_ms ('' = Redis TIME)
+-- returns {'started', lease_id, lease_expires_ms, replayed 0|1}
+--       | {'succeeded', result_json} (a finished operation: replay its result)
+--       | {'token_invalid'} | {'token_mismatch', field} | {'token_used'}
+--       | {'token_in_progress', retry_after_ms} | {'token_failed', error_json}
+--       | {'invalid_argument', message}
+if not positive_int(ARGV[5]) then return bad('lease_ms must be a positive integer') end
+if ARGV[6] == nil or ARGV[6] == '' then return bad('lease_id is required') end
+local value = redis.call('GET', KEYS[1])
+if not value then return {'token_invalid'} end
+local state, f = parse(value)
+local differs = mismatch(f, ARGV[1], ARGV[2], ARGV[3])
+if differs then return {'token_mismatch', differs} end
+
+if state == 'S' then
+  return {'succeeded', f[8]}
+elseif state == 'F' then
+  return {'token_failed', f[8]}
+elseif state == 'C' then
+  return {'token_used'}
+end
+
+local now = now_ms(ARGV[7])
+local token_expires
+if state == 'P' then
+  local lease_expires = tonumber(f[6])
+  if lease_expires > now then
+    -- a retry of the begin that took this lease gets the same lease back
+    if ARGV[4] ~= '' and f[4] == ARGV[4] then return {'started', f[5], f[6], 1} end
+    return {'token_in_progress', lease_expires - now}
+  end
+  -- the holder crashed: take over, fencing it out by the new lease id
+  token_expires = tonumber(f[7])
+  if token_expires <= now then
+    redis.call('DEL', KEYS[1])
+    return {'token_invalid'}
+  end
+else
+  token_expires = now + redis.call('PTTL', KEYS[1])
+end
+
+local lease_ms = tonumber(ARGV[5])
+local lease_expires = now + lease_ms
+local processing = record('P', {f[1], f[2], f[3], ARGV[4], ARGV[6],
+  string.format('%d', lease_expires), string.format('%d', token_expires)})
+-- keep the record for the lease even past the token's expiry, so the holder can finish
+redis.call('SET', KEYS[1], processing, 'PX', math.max(token_expires - now, lease_ms))
+return {'started', ARGV[6], string.format('%d', lease_expires), 0}

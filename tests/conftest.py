@@ -1,0 +1,73 @@
+"""Shared fixtures: a Redis parametrized over fakeredis and a real redis-server.
+
+``redis_client`` yields a flushed connection, once per backend, marked
+``fake`` or ``real`` (select with ``-m fake`` / ``-m real``). ``app`` and
+``client`` build the Flask app on it; ``store`` is the store alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import fakeredis
+import pytest
+import redis
+
+from tests.support.processes import RedisServer
+from token_service import create_app
+from token_service.store import TokenStore
+
+API_KEY = "test-service-key-0123456789"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(
+    params=[pytest.param("fake", marks=pytest.mark.fake), pytest.param("real", marks=pytest.mark.real)]
+)
+def redis_client(request: pytest.FixtureRequest) -> Iterator[Any]:
+    if request.param == "fake":
+        client: Any = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    else:
+        server: RedisServer = request.getfixturevalue("redis_server")
+        client = server.client()
+    client.flushall()
+    yield client
+    client.flushall()
+    client.close()
+
+
+@pytest.fixture
+def real_redis(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis_server.client()
+    client.flushall()
+    yield client
+    client.flushall()
+    client.close()
+
+
+@pytest.fixture
+def store(redis_client: Any) -> TokenStore:
+    return TokenStore(redis_client)
+
+
+@pytest.fixture
+def app_config(redis_client: Any) -> dict[str, Any]:
+    return {"api_keys": API_KEY, "redis_client": redis_client, "rate_limit": "off"}
+
+
+@pytest.fixture
+def app(app_config: dict[str, Any]) -> Any:
+    return create_app(app_config)
+
+
+@pytest.fixture
+def client(app: Any) -> Any:
+    return app.test_client()

@@ -1,0 +1,160 @@
+"""Real server processes for tests: redis-server and gunicorn on free ports.
+
+Every process is started by a fixture and stopped by it; nothing depends on
+what the machine happens to be running. Without a ``redis-server`` binary the
+real-Redis tests skip with the reason, except under CI (``CI`` set), where a
+missing server fails the run instead of passing it silently.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import redis
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def redis_server_binary() -> str:
+    binary = shutil.which("redis-server")
+    if binary:
+        return binary
+    message = "redis-server is not installed: the real-Redis tests need it (apt-get install redis-server)"
+    if os.environ.get("CI"):
+        pytest.fail(message + " — CI must run them", pytrace=False)
+    pytest.skip(message)
+
+
+def wait_until(
+    predicate, timeout_seconds: float = 10.0, interval_seconds: float = 0.02, what: str = "condition"
+):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_seconds
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = predicate()
+            if result:
+                return result
+        except Exception as exc:  # the thing we wait for is not up yet
+            last_error = exc
+        time.sleep(interval_seconds)
+    raise TimeoutError(f"timed out waiting for {what}: {last_error!r}")
+
+
+class RedisServer:
+    """One redis-server process on a free loopback port, in its own temp dir."""
+
+    def __init__(self, *extra_args: str, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.extra_args = list(extra_args)
+        self.dir = Path(tempfile.mkdtemp(prefix="ts-redis-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self, **kwargs: object) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)  # type: ignore[arg-type]
+
+    def start(self) -> RedisServer:
+        args = [
+            redis_server_binary(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.dir),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--logfile",
+            str(self.dir / "redis.log"),
+            *self.extra_args,
+        ]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: self.client(socket_timeout=0.5).ping(), what=f"redis-server on {self.port}")
+        return self
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(sig)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        self.kill(signal.SIGTERM)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Gunicorn:
+    """The service under gunicorn, as production runs it, on a free port."""
+
+    def __init__(self, env: dict[str, str], workers: int = 2, extra_args: Sequence[str] = ()) -> None:
+        self.port = free_port()
+        self.env = {**os.environ, **env}
+        self.workers = workers
+        self.extra_args = list(extra_args)
+        self.log_path = Path(tempfile.mkstemp(prefix="ts-gunicorn-", suffix=".log")[1])
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Gunicorn:
+        args = [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "--config",
+            "python:token_service.gunicorn_conf",
+            "--bind",
+            f"127.0.0.1:{self.port}",
+            "--workers",
+            str(self.workers),
+            *self.extra_args,
+            "token_service:create_app()",
+        ]
+        with self.log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                args, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT
+            )
+        import httpx
+
+        def up() -> bool:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"gunicorn exited: {self.log()}")
+            return httpx.get(self.url + "/healthz", timeout=1).status_code == 200
+
+        wait_until(up, timeout_seconds=20, what="gunicorn")
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()

@@ -1,0 +1,195 @@
+"""The HTTP API of SPEC.md: one blueprint, one view per route.
+
+Views parse and validate the body, call the store, and shape the reply; they
+hold no token logic of their own (that lives in ``lua/``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import Blueprint, Response, request
+from marshmallow import Schema, ValidationError
+
+from token_service import records
+from token_service.auth import check_service_key
+from token_service.config import Settings
+from token_service.errors import InvalidRequest, TokenInvalid
+from token_service.responses import json_response
+from token_service.schemas import (
+    BeginSchema,
+    CompleteSchema,
+    ConsumeSchema,
+    FailSchema,
+    GenerateBatchSchema,
+    GenerateSchema,
+    TokenOnlySchema,
+)
+from token_service.store import IssueRequest, TokenStore
+from token_service.tokens import is_well_formed
+
+FRONTEND_ENDPOINTS = ("tokens.generate", "tokens.generate_batch")
+
+
+def rfc3339(epoch_seconds: float) -> str:
+    return datetime.fromtimestamp(epoch_seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _json_body() -> dict[str, Any]:
+    if not request.is_json:
+        raise InvalidRequest(
+            "The body must be JSON (Content-Type: application/json).", {"body": ["Not JSON."]}
+        )
+    raw = request.get_data(cache=False)  # raises 413 past MAX_CONTENT_LENGTH
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequest("The body is not valid JSON.", {"body": ["Malformed JSON."]}) from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The body must be a JSON object.", {"body": ["Not an object."]})
+    return body
+
+
+def _load(schema: Schema, body: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return schema.load(body)  # type: ignore[no-any-return]
+    except ValidationError as exc:
+        errors = exc.messages if isinstance(exc.messages, dict) else {"body": exc.messages}
+        raise InvalidRequest("The request does not match the schema.", errors) from None
+
+
+def _token(data: dict[str, Any]) -> str:
+    token: str = data["token"]
+    if not is_well_formed(token):
+        raise TokenInvalid("The token is unknown, expired or revoked.")
+    return token
+
+
+def make_blueprint(settings: Settings, store: TokenStore) -> Blueprint:
+    bp = Blueprint("tokens", __name__)
+    ttl_limits = {"ttl_seconds": (1, settings.max_ttl_seconds)}
+    generate_schema = GenerateSchema(limits=ttl_limits)
+    batch_schema = GenerateBatchSchema(limits=ttl_limits)
+    consume_schema = ConsumeSchema()
+    begin_schema = BeginSchema(limits={"lease_seconds": (1, settings.max_lease_seconds)})
+    complete_schema = CompleteSchema()
+    fail_schema = FailSchema()
+    token_schema = TokenOnlySchema()
+
+    @bp.before_request
+    def authenticate() -> None:
+        if request.endpoint not in FRONTEND_ENDPOINTS:
+            check_service_key(settings.api_keys)
+
+    def issue(data: dict[str, Any], count: int) -> list[dict[str, Any]]:
+        subject = data["subject"]
+        if settings.subject_header:
+            # Only a trusted gateway may say whose token it is.
+            if subject is not None:
+                raise InvalidRequest(
+                    "The subject is set by the gateway, not the body.",
+                    {"subject": [f"Not allowed: the subject comes from {settings.subject_header}."]},
+                )
+            subject = request.headers.get(settings.subject_header) or None
+        ttl_seconds = data["ttl_seconds"] or settings.default_ttl_seconds
+        issue_request = IssueRequest(data["scope"], subject, data["fingerprint"], ttl_seconds)
+        tokens = store.issue(issue_request, count)
+        shared = {
+            "scope": issue_request.scope,
+            "subject": subject,
+            "fingerprint": issue_request.fingerprint,
+            "ttl_seconds": ttl_seconds,
+            "expires_at": rfc3339(time.time() + ttl_seconds),
+        }
+        return [{"token": token, **shared} for token in tokens]
+
+    @bp.post("/token/generate")
+    def generate() -> Response:
+        data = _load(generate_schema, _json_body())
+        return json_response(issue(data, 1)[0], 201)
+
+    @bp.post("/token/generate/batch")
+    def generate_batch() -> Response:
+        data = _load(batch_schema, _json_body())
+        return json_response({"tokens": issue(data, data["count"])}, 201)
+
+    @bp.post("/token/consume")
+    def consume() -> Response:
+        data = _load(consume_schema, _json_body())
+        outcome = store.consume(
+            _token(data), data["scope"], data["subject"], data["fingerprint"], data["request_id"]
+        )
+        return json_response({"outcome": "consumed", "replayed": outcome.replayed})
+
+    @bp.post("/token/begin")
+    def begin() -> Response:
+        data = _load(begin_schema, _json_body())
+        outcome = store.begin(
+            _token(data),
+            data["scope"],
+            data["subject"],
+            data["fingerprint"],
+            data["request_id"],
+            data["lease_seconds"] or settings.default_lease_seconds,
+        )
+        if isinstance(outcome, records.Finished):
+            return json_response({"outcome": "succeeded", "replayed": True, "result": outcome.result})
+        return json_response(
+            {
+                "outcome": "started",
+                "lease_id": outcome.lease_id,
+                "lease_expires_at": rfc3339(outcome.lease_expires_ms / 1000),
+                "replayed": outcome.replayed,
+            }
+        )
+
+    @bp.post("/token/complete")
+    def complete() -> Response:
+        data = _load(complete_schema, _json_body())
+        _check_payload_size("result", data["result"], settings.max_result_bytes)
+        outcome = store.complete(_token(data), data["lease_id"], data["result"])
+        return json_response({"outcome": "succeeded", "replayed": outcome.replayed})
+
+    @bp.post("/token/fail")
+    def fail() -> Response:
+        data = _load(fail_schema, _json_body())
+        _check_payload_size("error", data["error"], settings.max_result_bytes)
+        outcome = store.fail(_token(data), data["lease_id"], retryable=data["retryable"], error=data["error"])
+        return json_response({"outcome": outcome.outcome, "replayed": outcome.replayed})
+
+    @bp.post("/token/inspect")
+    def inspect() -> Response:
+        data = _load(token_schema, _json_body())
+        found = store.inspect(_token(data))
+        body: dict[str, Any] = {
+            "state": found.state,
+            "scope": found.scope,
+            "subject": found.subject,
+            "fingerprint": found.fingerprint,
+            "expires_at": rfc3339(time.time() + found.record_ttl_ms / 1000),
+        }
+        if found.lease_expires_ms is not None:
+            body["lease_expires_at"] = rfc3339(found.lease_expires_ms / 1000)
+        if found.state == "SUCCEEDED":
+            body["result"] = found.result
+        elif found.state == "FAILED":
+            body["error"] = found.error
+        return json_response(body)
+
+    @bp.post("/token/revoke")
+    def revoke() -> Response:
+        data = _load(token_schema, _json_body())
+        store.revoke(_token(data))
+        return json_response({"outcome": "revoked"})
+
+    return bp
+
+
+def _check_payload_size(name: str, value: Any, max_bytes: int) -> None:
+    if len(records.dump_json(value)) > max_bytes:
+        raise InvalidRequest(
+            f"The {name} is too large to store.", {name: [f"At most {max_bytes} bytes of JSON."]}
+        )

@@ -1,0 +1,39 @@
+"""The application factory: configuration → Redis client → store → blueprints."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from flask import Flask
+
+from token_service import api, health
+from token_service.config import Settings
+from token_service.connection import redis_client
+from token_service.responses import register_error_handlers
+from token_service.store import TokenStore
+
+
+def load_settings(config: Settings | Mapping[str, Any] | None) -> Settings:
+    if isinstance(config, Settings):
+        return config
+    if config is None:
+        return Settings.from_env(os.environ)
+    return Settings.from_mapping(config)
+
+
+def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
+    settings = load_settings(config)
+    app = Flask("token_service")
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    store = TokenStore(
+        redis_client(settings),
+        key_prefix=settings.key_prefix,
+        result_ttl_seconds=settings.result_ttl_seconds,
+    )
+    app.extensions["token_service"] = {"settings": settings, "store": store}
+    register_error_handlers(app)
+    app.register_blueprint(api.make_blueprint(settings, store))
+    app.register_blueprint(health.make_blueprint(store))
+    return app

@@ -1,0 +1,209 @@
+"""Settings from ``TOKEN_SERVICE_*`` environment variables, validated once at start.
+
+Every bad value stops start-up with :class:`ConfigError`, a one-line message
+naming the variable (the CLI prints it without a traceback). ``create_app``
+also accepts a mapping of the same names (lower-case, without the prefix), so
+tests pass configuration in instead of patching the environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+PREFIX = "TOKEN_SERVICE_"
+_HEX_DIGEST = re.compile(r"[0-9a-f]{64}\Z")
+_RATE = re.compile(r"(\d+)\s*/\s*(second|minute|hour|day)\Z")
+_PERIOD_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message names the variable."""
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimit:
+    limit: int
+    period_seconds: int
+
+    def __str__(self) -> str:
+        return f"{self.limit}/{self.period_seconds}s"
+
+
+def _int(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ValueError(f"must be an integer, got {raw!r}") from None
+        if value < low or (high is not None and value > high):
+            bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise ValueError(f"must be {bounds}, got {value}")
+        return value
+
+    return parse
+
+
+def _float(low: float) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"must be a number, got {raw!r}") from None
+        if not value >= low:
+            raise ValueError(f"must be at least {low}, got {raw}")
+        return value
+
+    return parse
+
+
+def _list(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def _api_key_digests(raw: str) -> tuple[str, ...]:
+    """Keys are kept only as SHA-256 hex digests; ``sha256:<hex>`` entries are taken as given."""
+    digests = []
+    for entry in _list(raw):
+        if entry.startswith("sha256:"):
+            digest = entry.removeprefix("sha256:").lower()
+            if not _HEX_DIGEST.match(digest):
+                raise ValueError("a sha256: entry must be followed by 64 hex digits")
+            digests.append(digest)
+        else:
+            if len(entry) < 16:
+                raise ValueError("each key must be at least 16 characters (or a sha256:<hex> digest)")
+            digests.append(hashlib.sha256(entry.encode()).hexdigest())
+    return tuple(digests)
+
+
+def _rate_limit(raw: str) -> RateLimit | None:
+    text = raw.strip().lower()
+    if text in ("off", "none", "0"):
+        return None
+    match = _RATE.match(text.replace("per ", "/"))
+    if not match or int(match.group(1)) < 1:
+        raise ValueError(f"must look like '60/minute' (N/second|minute|hour|day) or 'off', got {raw!r}")
+    return RateLimit(int(match.group(1)), _PERIOD_SECONDS[match.group(2)])
+
+
+def _key_prefix(raw: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.:{}-]{0,32}", raw):
+        raise ValueError("must be at most 32 characters of A-Za-z0-9_.:{}-")
+    return raw
+
+
+def _header_name(raw: str) -> str | None:
+    if not raw:
+        return None
+    if not re.fullmatch(r"[A-Za-z0-9-]{1,64}", raw):
+        raise ValueError(f"must be an HTTP header name, got {raw!r}")
+    return raw
+
+
+def _bool(raw: str) -> bool:
+    text = raw.strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"must be true or false, got {raw!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The effective configuration; field names are the variables without the prefix."""
+
+    redis_url: str = field(default="", metadata={"parse": str.strip})
+    api_keys: tuple[str, ...] = field(default=(), metadata={"parse": _api_key_digests, "secret": True})
+    default_ttl_seconds: int = field(default=300, metadata={"parse": _int(1)})
+    max_ttl_seconds: int = field(default=86400, metadata={"parse": _int(1)})
+    result_ttl_seconds: int = field(default=86400, metadata={"parse": _int(1)})
+    default_lease_seconds: int = field(default=30, metadata={"parse": _int(1)})
+    max_lease_seconds: int = field(default=3600, metadata={"parse": _int(1)})
+    key_prefix: str = field(default="ts:", metadata={"parse": _key_prefix})
+    cors_origins: tuple[str, ...] = field(default=(), metadata={"parse": _list})
+    subject_header: str | None = field(default=None, metadata={"parse": _header_name})
+    rate_limit: RateLimit | None = field(default=RateLimit(60, 60), metadata={"parse": _rate_limit})
+    max_outstanding_per_subject: int = field(default=100, metadata={"parse": _int(0)})
+    trusted_proxy_hops: int = field(default=0, metadata={"parse": _int(0, 10)})
+    max_body_bytes: int = field(default=65536, metadata={"parse": _int(256, 16 * 1024 * 1024)})
+    max_result_bytes: int = field(default=16384, metadata={"parse": _int(2)})
+    redis_timeout_seconds: float = field(default=2.0, metadata={"parse": _float(0.01)})
+    # Not from the environment: tests and embedders may hand a client in.
+    redis_client: Any = field(default=None, metadata={"env": False})
+
+    @property
+    def embedded(self) -> bool:
+        return not self.redis_url and self.redis_client is None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> Settings:
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            name = PREFIX + f.name.upper()
+            if f.metadata.get("env", True) and name in environ:
+                values[f.name] = _parse(f, name, environ[name])
+        return cls._checked(values)
+
+    @classmethod
+    def from_mapping(cls, mapping: Mapping[str, Any]) -> Settings:
+        """Like from_env, for tests: strings are parsed, other values taken as they are."""
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in mapping.items():
+            name = key.lower().removeprefix(PREFIX.lower())
+            if name not in known:
+                raise ConfigError(f"{PREFIX}{name.upper()}: unknown setting")
+            f = known[name]
+            is_text = isinstance(value, str) and f.metadata.get("env", True)
+            values[name] = _parse(f, PREFIX + name.upper(), value) if is_text else value
+        return cls._checked(values)
+
+    @classmethod
+    def _checked(cls, values: dict[str, Any]) -> Settings:
+        settings = cls(**values)
+        if settings.default_ttl_seconds > settings.max_ttl_seconds:
+            raise ConfigError(
+                f"{PREFIX}DEFAULT_TTL_SECONDS: must not exceed MAX_TTL_SECONDS ({settings.max_ttl_seconds})"
+            )
+        if settings.default_lease_seconds > settings.max_lease_seconds:
+            raise ConfigError(
+                f"{PREFIX}DEFAULT_LEASE_SECONDS: must not exceed "
+                f"MAX_LEASE_SECONDS ({settings.max_lease_seconds})"
+            )
+        return settings
+
+    def describe(self) -> dict[str, str]:
+        """The effective configuration for ``token-service check``, secrets masked."""
+        shown: dict[str, str] = {}
+        for f in dataclasses.fields(self):
+            if not f.metadata.get("env", True):
+                continue
+            value = getattr(self, f.name)
+            if f.metadata.get("secret"):
+                text = f"<{len(value)} configured>"
+            elif f.name == "redis_url":
+                text = _mask_url(value) or "(embedded in-memory store)"
+            elif isinstance(value, tuple):
+                text = ",".join(value)
+            else:
+                text = "" if value is None else str(value)
+            shown[PREFIX + f.name.upper()] = text
+        return shown
+
+
+def _parse(f: dataclasses.Field[Any], name: str, raw: str) -> Any:
+    try:
+        return f.metadata["parse"](raw)
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+def _mask_url(url: str) -> str:
+    # redis://user:password@host → redis://user:***@host
+    return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)

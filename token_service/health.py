@@ -1,0 +1,43 @@
+"""Operational routes: liveness, readiness and the OpenAPI document."""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from flask import Blueprint, Response
+
+from token_service.responses import json_response
+from token_service.store import TokenStore
+
+
+def openapi_path() -> Path:
+    """Inside the package (wheel) or at the repository root (editable)."""
+    packaged = Path(str(resources.files("token_service"))) / "openapi.yaml"
+    return packaged if packaged.is_file() else Path(__file__).resolve().parent.parent / "openapi.yaml"
+
+
+@cache
+def _openapi_text() -> str:
+    return openapi_path().read_text(encoding="utf-8")
+
+
+def make_blueprint(store: TokenStore) -> Blueprint:
+    bp = Blueprint("ops", __name__)
+
+    @bp.get("/healthz")
+    def healthz() -> Response:
+        # Alive means the process answers; Redis is readiness's business.
+        return json_response({"status": "ok"})
+
+    @bp.get("/readyz")
+    def readyz() -> Response:
+        store.ready()  # ServiceUnavailable → 503 store_unavailable
+        return json_response({"status": "ready"})
+
+    @bp.get("/openapi.yaml")
+    def openapi() -> Response:
+        return Response(_openapi_text(), mimetype="application/yaml")
+
+    return bp

@@ -1,0 +1,187 @@
+"""What each token operation sends to its Lua script and what its reply means.
+
+Pure functions, no I/O: the sync and async stores (and every transport of the
+SDK) share them, so a reply is interpreted the same way everywhere. Each
+``*_args`` builds the ARGV of the script of the same name in ``lua/``; each
+``*_reply`` turns the script's ``{code, ...}`` reply into a result object or
+raises the matching :mod:`token_service.errors` class.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from token_service.errors import (
+    InvalidRequest,
+    LeaseLost,
+    TokenFailed,
+    TokenInProgress,
+    TokenInvalid,
+    TokenMismatch,
+    TokenUsed,
+)
+
+Reply = list[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Consumed:
+    replayed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """begin took (or, on a retry with the same request id, gave back) a lease."""
+
+    lease_id: str
+    lease_expires_ms: int
+    replayed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """begin found the operation already SUCCEEDED: ``result`` is the stored outcome."""
+
+    result: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    replayed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FailRecorded:
+    """fail's outcome: ``released`` for a retryable failure, else ``failed``."""
+
+    outcome: str
+    replayed: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Inspection:
+    state: str
+    scope: str
+    subject: str | None
+    fingerprint: str | None
+    record_ttl_ms: int
+    lease_expires_ms: int | None = None
+    result: Any = None
+    error: Any = None
+
+
+def text(value: Any) -> str:
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def opt(value: str | None) -> str:
+    return value or ""
+
+
+def dump_json(value: Any) -> str:
+    # compact and ASCII-only: the record stays small and \31 can never appear raw
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=True)
+
+
+def _load_json(raw: Any) -> Any:
+    raw_text = text(raw)
+    return json.loads(raw_text) if raw_text else None
+
+
+def _seconds_from_ms(ms: Any) -> int:
+    return max(1, math.ceil(int(ms) / 1000))
+
+
+def raise_for(reply: Reply) -> None:
+    """Raise the error a script reported, if it reported one."""
+    code = text(reply[0])
+    if code == "token_invalid":
+        raise TokenInvalid("The token is unknown, expired or revoked.")
+    if code == "token_mismatch":
+        field_name = text(reply[1])
+        raise TokenMismatch(f"The token's {field_name} does not match this request.", field=field_name)
+    if code == "token_used":
+        raise TokenUsed("The token has already been used.")
+    if code == "token_in_progress":
+        seconds = _seconds_from_ms(reply[1])
+        raise TokenInProgress(
+            f"Another request holds this token; retry in {seconds} s.", retry_after_seconds=seconds
+        )
+    if code == "token_failed":
+        raise TokenFailed("The operation failed for good.", error=_load_json(reply[1]))
+    if code == "lease_lost":
+        raise LeaseLost("The lease is not the live one: it expired or was taken over.")
+    if code == "invalid_argument":
+        raise InvalidRequest(f"Rejected by the store: {text(reply[1])}.")
+
+
+def consume_args(
+    scope: str, subject: str | None, fingerprint: str | None, request_id: str, now_ms: str
+) -> list[str]:
+    return [scope, opt(subject), opt(fingerprint), request_id, now_ms]
+
+
+def consume_reply(reply: Reply) -> Consumed:
+    raise_for(reply)
+    return Consumed(replayed=int(reply[1]) == 1)
+
+
+def begin_args(
+    scope: str,
+    subject: str | None,
+    fingerprint: str | None,
+    request_id: str,
+    lease_seconds: int,
+    lease_id: str,
+    now_ms: str,
+) -> list[str]:
+    return [scope, opt(subject), opt(fingerprint), request_id, str(lease_seconds * 1000), lease_id, now_ms]
+
+
+def begin_reply(reply: Reply) -> Started | Finished:
+    if text(reply[0]) == "succeeded":
+        return Finished(result=_load_json(reply[1]))
+    raise_for(reply)
+    return Started(lease_id=text(reply[1]), lease_expires_ms=int(reply[2]), replayed=int(reply[3]) == 1)
+
+
+def complete_args(lease_id: str, result: Any, result_ttl_seconds: int, now_ms: str) -> list[str]:
+    return [lease_id, dump_json(result), str(result_ttl_seconds * 1000), now_ms]
+
+
+def complete_reply(reply: Reply) -> Completed:
+    raise_for(reply)
+    return Completed(replayed=int(reply[1]) == 1)
+
+
+def fail_args(lease_id: str, retryable: bool, error: Any, result_ttl_seconds: int, now_ms: str) -> list[str]:
+    return [lease_id, "1" if retryable else "0", dump_json(error), str(result_ttl_seconds * 1000), now_ms]
+
+
+def fail_reply(reply: Reply) -> FailRecorded:
+    raise_for(reply)
+    return FailRecorded(outcome=text(reply[0]), replayed=int(reply[1]) == 1)
+
+
+def inspect_reply(reply: Reply) -> Inspection:
+    if not reply:
+        raise TokenInvalid("The token is unknown, expired or revoked.")
+    state, scope, subject, fingerprint, ttl_ms, lease, payload = (text(part) for part in reply)
+    stored = _load_json(payload)
+    return Inspection(
+        state=state,
+        scope=scope,
+        subject=subject or None,
+        fingerprint=fingerprint or None,
+        record_ttl_ms=int(ttl_ms),
+        lease_expires_ms=int(lease) if lease else None,
+        result=stored if state == "SUCCEEDED" else None,
+        error=stored if state == "FAILED" else None,
+    )
+
+
+def revoke_reply(reply: Reply) -> None:
+    raise_for(reply)

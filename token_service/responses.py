@@ -1,0 +1,97 @@
+"""JSON and RFC 9457 problem+json responses, and the handlers that make every error one.
+
+No request, however malformed, may get a 500 with an HTML page: every error
+leaves here as problem+json with a stable ``code``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from flask import Flask, Response
+from werkzeug.exceptions import HTTPException
+
+from token_service.errors import (
+    InvalidRequest,
+    PayloadTooLarge,
+    RateLimited,
+    ServiceUnavailable,
+    TokenError,
+    TokenFailed,
+    TokenInProgress,
+    TokenMismatch,
+    Unauthorized,
+)
+
+log = logging.getLogger(__name__)
+
+PROBLEM_TYPE_BASE = "https://token-service.dev/problems/"
+# Token values travel in these bodies: no cache may keep them.
+_NO_STORE = {"Cache-Control": "no-store"}
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    payload = json.dumps(body, separators=(",", ":"))
+    response = Response(payload, status=status, mimetype="application/json", headers=_NO_STORE)
+    if headers:
+        response.headers.update(headers)
+    return response
+
+
+def problem(
+    status: int, code: str, title: str, detail: str, headers: dict[str, str] | None = None, **extra: Any
+) -> Response:
+    body = {
+        "type": PROBLEM_TYPE_BASE + code,
+        "title": title,
+        "status": status,
+        "detail": detail,
+        "code": code,
+    }
+    body.update(extra)
+    response = json_response(body, status, headers)
+    response.mimetype = "application/problem+json"
+    return response
+
+
+def problem_for(error: TokenError) -> Response:
+    headers: dict[str, str] = {}
+    extra: dict[str, Any] = {}
+    if isinstance(error, InvalidRequest):
+        extra["errors"] = error.errors
+    elif isinstance(error, TokenMismatch) and error.field:
+        extra["field"] = error.field
+    elif isinstance(error, TokenFailed):
+        extra["error"] = error.error
+    elif isinstance(error, Unauthorized):
+        headers["WWW-Authenticate"] = 'Bearer realm="token-service"'
+    if isinstance(error, TokenInProgress | RateLimited | ServiceUnavailable):
+        headers["Retry-After"] = str(error.retry_after_seconds)
+        extra["retry_after_seconds"] = error.retry_after_seconds
+    return problem(error.status, error.code, error.title, error.detail, headers, **extra)
+
+
+def _http_problem(exc: HTTPException) -> Response:
+    status = exc.code or 500
+    if status == 413:
+        return problem_for(PayloadTooLarge("The request body is over the configured limit."))
+    code = {404: "not_found", 405: "method_not_allowed"}.get(
+        status, "invalid_request" if status < 500 else "internal_error"
+    )
+    headers = dict(exc.get_headers())
+    headers.pop("Content-Type", None)
+    return problem(status, code, exc.name, exc.description or exc.name, headers)
+
+
+def _unexpected(exc: Exception) -> Response:
+    # A bug, never a request's fault; the message may not be safe to show.
+    log.exception("unhandled error")
+    return problem(500, "internal_error", "Internal error", "The service failed unexpectedly.")
+
+
+def register_error_handlers(app: Flask) -> None:
+    app.register_error_handler(TokenError, problem_for)
+    app.register_error_handler(HTTPException, _http_problem)
+    app.register_error_handler(Exception, _unexpected)

@@ -1,0 +1,274 @@
+"""The only module that talks to Redis.
+
+It loads the Lua scripts of ``lua/`` once, registers them with redis-py
+(which reloads them after a ``SCRIPT FLUSH`` or a restart: NOSCRIPT is
+redis-py's job), and runs one script per token operation. Redis failures are
+translated here, at the edge, into :class:`ServiceUnavailable`: callers never
+see a redis-py exception. Sync (:class:`TokenStore`) and asyncio
+(:class:`AsyncTokenStore`) variants share :mod:`token_service.records`, so a
+reply means the same thing to the service and to every SDK transport.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import redis
+import redis.asyncio
+from redis import exceptions as redis_errors
+
+from token_service import records
+from token_service.errors import ServiceUnavailable
+from token_service.tokens import new_lease_id, new_token, record_key
+
+SCRIPT_NAMES = ("issue", "consume", "begin", "complete", "fail", "inspect", "revoke")
+DEFAULT_RESULT_TTL_SECONDS = 86400
+
+# Errors that mean "Redis cannot answer now", as opposed to a bug in a script.
+_UNAVAILABLE: tuple[type[Exception], ...] = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.BusyLoadingError,
+    redis_errors.ReadOnlyError,
+    redis_errors.MasterDownError,
+    redis_errors.ClusterDownError,
+    redis_errors.TryAgainError,
+)
+# Replies Redis gives while it refuses writes (memory full, no quorum): fail closed.
+_UNAVAILABLE_REPLY_PREFIXES = ("OOM ", "MISCONF ", "NOREPLICAS ", "CLUSTERDOWN ", "LOADING ", "READONLY ")
+
+
+def lua_dir() -> Path:
+    """Where the scripts are: inside the package (wheel) or at the repository root (editable)."""
+    packaged = Path(str(resources.files("token_service"))) / "lua"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "lua"
+
+
+@cache
+def lua_source(name: str) -> str:
+    directory = lua_dir()
+    helpers = (directory / "_record.lua").read_text(encoding="utf-8")
+    return helpers + "\n" + (directory / f"{name}.lua").read_text(encoding="utf-8")
+
+
+@contextlib.contextmanager
+def translate_errors() -> Iterator[None]:
+    try:
+        yield
+    except _UNAVAILABLE as exc:
+        raise ServiceUnavailable(f"Redis is unavailable: {type(exc).__name__}.") from exc
+    except redis_errors.ResponseError as exc:
+        if str(exc).startswith(_UNAVAILABLE_REPLY_PREFIXES):
+            raise ServiceUnavailable(f"Redis refused the command: {str(exc).split(' ', 1)[0]}.") from exc
+        raise
+
+
+@dataclass(frozen=True, slots=True)
+class IssueRequest:
+    scope: str
+    subject: str | None
+    fingerprint: str | None
+    ttl_seconds: int
+
+    def args(self) -> list[str]:
+        return [
+            self.scope,
+            records.opt(self.subject),
+            records.opt(self.fingerprint),
+            str(self.ttl_seconds * 1000),
+        ]
+
+
+class _StoreBase:
+    def __init__(
+        self,
+        *,
+        key_prefix: str = "ts:",
+        result_ttl_seconds: int = DEFAULT_RESULT_TTL_SECONDS,
+        clock_ms: Callable[[], int] | None = None,
+    ) -> None:
+        self.key_prefix = key_prefix
+        self.result_ttl_seconds = result_ttl_seconds
+        # Tests may control time for leases; in production Redis's clock decides.
+        self._clock_ms = clock_ms
+
+    def _now(self) -> str:
+        return str(self._clock_ms()) if self._clock_ms else ""
+
+    def key(self, token: str) -> str:
+        return record_key(self.key_prefix, token)
+
+
+class TokenStore(_StoreBase):
+    """Token operations on a (sync) redis-py client, one Lua script each."""
+
+    def __init__(self, client: redis.Redis, **options: Any) -> None:
+        super().__init__(**options)
+        self.client = client
+        self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
+
+    def _run(self, name: str, token: str, args: Sequence[str]) -> Any:
+        with translate_errors():
+            return self._scripts[name](keys=[self.key(token)], args=list(args))
+
+    def issue(self, request: IssueRequest, count: int = 1) -> list[str]:
+        """Issue ``count`` tokens in one round trip; returns the raw tokens (never stored)."""
+        issued: list[str] = []
+        args = request.args()
+        while len(issued) < count:
+            tokens = [new_token() for _ in range(count - len(issued))]
+            with translate_errors():
+                if len(tokens) == 1:
+                    replies = [self._scripts["issue"](keys=[self.key(tokens[0])], args=args)]
+                else:
+                    pipe = self.client.pipeline(transaction=False)
+                    for token in tokens:
+                        self._scripts["issue"](keys=[self.key(token)], args=args, client=pipe)
+                    replies = pipe.execute()
+            for token, reply in zip(tokens, replies, strict=True):
+                records.raise_for(reply)
+                # a 128-bit digest collision is astronomically unlikely; draw again if it happens
+                if records.text(reply[0]) == "issued":
+                    issued.append(token)
+        return issued
+
+    def consume(
+        self,
+        token: str,
+        scope: str,
+        subject: str | None = None,
+        fingerprint: str | None = None,
+        request_id: str | None = None,
+    ) -> records.Consumed:
+        args = records.consume_args(scope, subject, fingerprint, request_id or uuid.uuid4().hex, self._now())
+        return records.consume_reply(self._run("consume", token, args))
+
+    def begin(
+        self,
+        token: str,
+        scope: str,
+        subject: str | None = None,
+        fingerprint: str | None = None,
+        request_id: str | None = None,
+        lease_seconds: int = 30,
+    ) -> records.Started | records.Finished:
+        args = records.begin_args(
+            scope,
+            subject,
+            fingerprint,
+            request_id or uuid.uuid4().hex,
+            lease_seconds,
+            new_lease_id(),
+            self._now(),
+        )
+        return records.begin_reply(self._run("begin", token, args))
+
+    def complete(self, token: str, lease_id: str, result: Any) -> records.Completed:
+        args = records.complete_args(lease_id, result, self.result_ttl_seconds, self._now())
+        return records.complete_reply(self._run("complete", token, args))
+
+    def fail(self, token: str, lease_id: str, *, retryable: bool, error: Any = None) -> records.FailRecorded:
+        args = records.fail_args(lease_id, retryable, error, self.result_ttl_seconds, self._now())
+        return records.fail_reply(self._run("fail", token, args))
+
+    def inspect(self, token: str) -> records.Inspection:
+        return records.inspect_reply(self._run("inspect", token, [self._now()]))
+
+    def revoke(self, token: str) -> None:
+        records.revoke_reply(self._run("revoke", token, []))
+
+    def ready(self) -> None:
+        """Raise ServiceUnavailable unless Redis answers and every script is loaded.
+
+        Missing scripts (Redis restarted, SCRIPT FLUSH) are loaded again here, so a
+        readiness probe also warms the cache instead of waiting for a NOSCRIPT.
+        """
+        with translate_errors():
+            shas = [script.sha for script in self._scripts.values()]
+            loaded = self.client.script_exists(*shas)
+            for script, present in zip(self._scripts.values(), loaded, strict=True):
+                if not present:
+                    self.client.script_load(script.script)
+
+
+class AsyncTokenStore(_StoreBase):
+    """The same operations on a ``redis.asyncio`` client."""
+
+    def __init__(self, client: redis.asyncio.Redis, **options: Any) -> None:
+        super().__init__(**options)
+        self.client = client
+        self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
+
+    async def _run(self, name: str, token: str, args: Sequence[str]) -> Any:
+        with translate_errors():
+            return await self._scripts[name](keys=[self.key(token)], args=list(args))
+
+    async def issue(self, request: IssueRequest, count: int = 1) -> list[str]:
+        issued: list[str] = []
+        args = request.args()
+        while len(issued) < count:
+            tokens = [new_token() for _ in range(count - len(issued))]
+            with translate_errors():
+                pipe = self.client.pipeline(transaction=False)
+                for token in tokens:
+                    await self._scripts["issue"](keys=[self.key(token)], args=args, client=pipe)
+                replies = await pipe.execute()
+            for token, reply in zip(tokens, replies, strict=True):
+                records.raise_for(reply)
+                if records.text(reply[0]) == "issued":
+                    issued.append(token)
+        return issued
+
+    async def consume(
+        self,
+        token: str,
+        scope: str,
+        subject: str | None = None,
+        fingerprint: str | None = None,
+        request_id: str | None = None,
+    ) -> records.Consumed:
+        args = records.consume_args(scope, subject, fingerprint, request_id or uuid.uuid4().hex, self._now())
+        return records.consume_reply(await self._run("consume", token, args))
+
+    async def begin(
+        self,
+        token: str,
+        scope: str,
+        subject: str | None = None,
+        fingerprint: str | None = None,
+        request_id: str | None = None,
+        lease_seconds: int = 30,
+    ) -> records.Started | records.Finished:
+        args = records.begin_args(
+            scope,
+            subject,
+            fingerprint,
+            request_id or uuid.uuid4().hex,
+            lease_seconds,
+            new_lease_id(),
+            self._now(),
+        )
+        return records.begin_reply(await self._run("begin", token, args))
+
+    async def complete(self, token: str, lease_id: str, result: Any) -> records.Completed:
+        args = records.complete_args(lease_id, result, self.result_ttl_seconds, self._now())
+        return records.complete_reply(await self._run("complete", token, args))
+
+    async def fail(
+        self, token: str, lease_id: str, *, retryable: bool, error: Any = None
+    ) -> records.FailRecorded:
+        args = records.fail_args(lease_id, retryable, error, self.result_ttl_seconds, self._now())
+        return records.fail_reply(await self._run("fail", token, args))
+
+    async def inspect(self, token: str) -> records.Inspection:
+        return records.inspect_reply(await self._run("inspect", token, [self._now()]))
+
+    async def revoke(self, token: str) -> None:
+        records.revoke_reply(await self._run("revoke", token, []))

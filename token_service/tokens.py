@@ -1,0 +1,46 @@
+"""Token values, their digests, and the Redis keys derived from them.
+
+A token is ``secrets.token_urlsafe(32)``: 256 bits from the OS CSPRNG, 43
+URL-safe characters. Redis only ever sees a digest: the record key is built
+from the first 128 bits of SHA-256(token), base64url-encoded. SHA-256 is
+enough here (no HMAC pepper) because the token itself carries 256 random
+bits: there is nothing to brute-force from a dump. Lookup by digest also means
+no token is ever compared byte by byte in Python, so there is no timing
+side channel to guard.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import secrets
+
+TOKEN_BYTES = 32
+MAX_TOKEN_CHARS = 128
+# Anything that could be one of our tokens (or a longer one a future version
+# issues); other strings are rejected before they reach Redis.
+_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{16,128}\Z")
+_KEY_DIGEST_BYTES = 16
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def new_lease_id() -> str:
+    return secrets.token_urlsafe(16)
+
+
+def is_well_formed(token: str) -> bool:
+    return bool(_TOKEN_RE.match(token))
+
+
+def token_digest(token: str) -> str:
+    """Short, non-reversible identity of a token: safe for keys, logs and database rows."""
+    raw = hashlib.sha256(token.encode("ascii")).digest()[:_KEY_DIGEST_BYTES]
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def record_key(key_prefix: str, token: str) -> str:
+    return f"{key_prefix}t:{token_digest(token)}"
