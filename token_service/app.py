@@ -25,7 +25,8 @@ def load_settings(config: Settings | Mapping[str, Any] | None) -> Settings:
 
 def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
     settings = load_settings(config)
-    app = Flask("token_service")
+    # No implicit /static route: every route is declared (and documented in openapi.yaml).
+    app = Flask("token_service", static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     store = TokenStore(
         redis_client(settings),

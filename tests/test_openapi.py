@@ -1,0 +1,56 @@
+"""openapi.yaml is valid OpenAPI 3.1 and lists exactly the app's routes."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+from openapi_spec_validator import validate
+
+from token_service.health import openapi_path
+
+IGNORED_METHODS = {"HEAD", "OPTIONS"}
+
+
+def _spec() -> dict[str, Any]:
+    return yaml.safe_load(openapi_path().read_text())  # type: ignore[no-any-return]
+
+
+def _flask_to_openapi(rule: str) -> str:
+    # /static/<path:filename> → /static/{filename}
+    return re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule)
+
+
+def test_spec_is_valid_openapi_3_1() -> None:
+    spec = _spec()
+    assert spec["openapi"].startswith("3.1")
+    validate(spec)
+
+
+def test_spec_lists_exactly_the_apps_routes(app: Any) -> None:
+    documented = {
+        (method.upper(), path)
+        for path, operations in _spec()["paths"].items()
+        for method in operations
+        if method in {"get", "post", "put", "patch", "delete"}
+    }
+    served = {
+        (method, _flask_to_openapi(rule.rule))
+        for rule in app.url_map.iter_rules()
+        for method in rule.methods - IGNORED_METHODS
+    }
+    assert documented == served, f"only in spec: {documented - served}; only in app: {served - documented}"
+
+
+def test_every_problem_code_of_the_errors_module_is_documented() -> None:
+    from token_service.errors import ERRORS_BY_CODE
+
+    documented = set(_spec()["components"]["schemas"]["Problem"]["properties"]["code"]["enum"])
+    assert set(ERRORS_BY_CODE) <= documented
+
+
+def test_served_spec_is_the_file(client: Any) -> None:
+    response = client.get("/openapi.yaml")
+    assert response.status_code == 200
+    assert yaml.safe_load(response.data) == _spec()
