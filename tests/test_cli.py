@@ -1,0 +1,141 @@
+"""The token-service command, and the README walk-through run against it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.processes import REPO_ROOT, free_port, wait_until
+
+CLI = [sys.executable, "-m", "token_service.cli"]
+DEV_KEY = "dev-service-key-change-me"
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TOKEN_SERVICE_")}
+    return subprocess.run(
+        [*CLI, *args], env={**clean, **(env or {})}, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT
+    )
+
+
+def test_check_prints_the_effective_config_with_secrets_masked() -> None:
+    result = run_cli(
+        "check", env={"TOKEN_SERVICE_API_KEYS": "a-very-secret-service-key", "TOKEN_SERVICE_KEY_PREFIX": "x:"}
+    )
+    assert result.returncode == 0, result.stderr
+    assert "TOKEN_SERVICE_KEY_PREFIX=x:" in result.stdout
+    assert "TOKEN_SERVICE_API_KEYS=<1 configured>" in result.stdout
+    assert "a-very-secret-service-key" not in result.stdout + result.stderr
+    assert "embedded" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("TOKEN_SERVICE_DEFAULT_TTL_SECONDS", "soon"),
+        ("TOKEN_SERVICE_MAX_TTL_SECONDS", "0"),
+        ("TOKEN_SERVICE_RATE_LIMIT", "lots"),
+        ("TOKEN_SERVICE_API_KEYS", "short"),
+        ("TOKEN_SERVICE_API_KEYS", "sha256:nothex"),
+        ("TOKEN_SERVICE_SUBJECT_HEADER", "Bad Header"),
+        ("TOKEN_SERVICE_REDIS_TIMEOUT_SECONDS", "-1"),
+    ],
+)
+def test_a_bad_value_stops_with_one_line_naming_the_variable(variable: str, value: str) -> None:
+    for command in ("check", "serve"):
+        result = run_cli(command, env={variable: value})
+        assert result.returncode == 2
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert variable in lines[0]
+        assert "Traceback" not in result.stderr
+
+
+def test_check_reports_an_unreachable_redis() -> None:
+    result = run_cli("check", env={"TOKEN_SERVICE_REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"})
+    assert result.returncode == 1
+    assert "NOT reachable" in result.stderr
+
+
+@pytest.mark.real
+def test_check_pings_a_real_redis(redis_server) -> None:  # type: ignore[no-untyped-def]
+    result = run_cli("check", env={"TOKEN_SERVICE_REDIS_URL": redis_server.url})
+    assert result.returncode == 0, result.stderr
+    assert "Redis: reachable" in result.stdout
+
+
+@pytest.fixture
+def embedded_service() -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    port = free_port()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TOKEN_SERVICE_")}
+    process = subprocess.Popen(
+        [*CLI, "serve", "--port", str(port), "--workers", "3"],
+        env={**clean, "TOKEN_SERVICE_API_KEYS": DEV_KEY},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(
+            lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 20, what="token-service serve"
+        )
+        yield url, process
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=20)
+        if process.stdout:
+            process.stdout.close()
+
+
+@pytest.mark.slow
+def test_serve_runs_the_embedded_store_in_one_worker_and_the_readme_walkthrough_works(
+    embedded_service: tuple[str, subprocess.Popen[str]],
+) -> None:
+    url, process = embedded_service
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("## Walk-through", 1)[1]
+    script = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert script, "the README walk-through has a sh block"
+    commands = script.group(1).replace("localhost:8000", url.removeprefix("http://"))
+    result = subprocess.run(
+        ["bash", "-c", "set -e\n" + commands.replace("\n# →", "\necho  # →")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    outputs = [line for line in result.stdout.splitlines() if line.strip()]
+    assert outputs[0] == '{"outcome":"consumed","replayed":false}'
+    assert '"code":"token_used"' in outputs[1]
+    assert outputs[2] == '{"outcome":"consumed","replayed":true}'
+
+    process.send_signal(signal.SIGTERM)
+    log = process.communicate(timeout=20)[0]
+    assert "running 1 worker instead of 3" in log
+    assert "EMBEDDED IN-MEMORY STORE" in log
+    assert len(re.findall(r"Booting worker", log)) == 1
+
+
+def test_the_lua_scripts_and_spec_ship_inside_the_wheel(tmp_path: Path) -> None:
+    pytest.importorskip("hatchling", reason="hatchling builds the wheel")
+    import zipfile
+
+    from hatchling.builders.wheel import WheelBuilder
+
+    wheel = Path(
+        next(iter(WheelBuilder(str(REPO_ROOT)).build(directory=str(tmp_path), versions=["standard"])))
+    )
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for script in sorted((REPO_ROOT / "lua").glob("*.lua")):
+        assert f"token_service/lua/{script.name}" in names
+    assert "token_service/openapi.yaml" in names
