@@ -13,7 +13,8 @@ import hashlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+from urllib.parse import parse_qs, unquote, urlsplit
 
 PREFIX = "TOKEN_SERVICE_"
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}\Z")
@@ -91,6 +92,97 @@ def _rate_limit(raw: str) -> RateLimit | None:
     return RateLimit(int(match.group(1)), _PERIOD_SECONDS[match.group(2)])
 
 
+@dataclass(frozen=True, slots=True)
+class RedisTarget:
+    """Where Redis is: one server (``redis://``, ``rediss://``, ``unix://``), a Sentinel-
+    managed master (``redis+sentinel://``) or a Cluster (``redis+cluster://``).
+
+    ``nodes`` are the sentinels or the cluster's startup nodes; credentials, ``db``
+    and TLS apply to the data nodes (sentinels are asked without a password).
+    """
+
+    kind: Literal["standalone", "sentinel", "cluster"]
+    url: str
+    nodes: tuple[tuple[str, int], ...] = ()
+    service_name: str = ""
+    username: str | None = None
+    password: str | None = None
+    db: int = 0
+    ssl: bool = False
+
+
+_NODE = re.compile(
+    r"\[(?P<ip6>[0-9A-Fa-f:.]+)\](?::(?P<port6>\d+))?\Z|(?P<host>[^:\[\]]+)(?::(?P<port>\d+))?\Z"
+)
+_TOPOLOGY_SCHEMES: dict[str, tuple[Literal["sentinel", "cluster"], bool, int]] = {
+    "redis+sentinel": ("sentinel", False, 26379),
+    "rediss+sentinel": ("sentinel", True, 26379),
+    "redis+cluster": ("cluster", False, 6379),
+    "rediss+cluster": ("cluster", True, 6379),
+}
+
+
+def parse_redis_url(raw: str) -> RedisTarget:
+    """Validate a Redis URL; ValueError names what is wrong (without echoing a password)."""
+    url = raw.strip()
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in ("redis", "rediss", "unix"):
+        return RedisTarget("standalone", url)
+    if scheme not in _TOPOLOGY_SCHEMES:
+        raise ValueError(
+            "must start with redis://, rediss://, unix://, redis+sentinel:// or redis+cluster://"
+        )
+    kind, ssl, default_port = _TOPOLOGY_SCHEMES[scheme]
+    parts = urlsplit(url)
+    userinfo, _, hostlist = parts.netloc.rpartition("@")
+    username, _, password = userinfo.partition(":") if userinfo else ("", "", "")
+    nodes = []
+    for entry in hostlist.split(","):
+        match = _NODE.match(entry.strip())
+        if not match:
+            raise ValueError(f"{scheme}: {entry.strip()!r} is not host[:port]")
+        host = match.group("ip6") or match.group("host")
+        port = int(match.group("port6") or match.group("port") or default_port)
+        if not 0 < port < 65536:
+            raise ValueError(f"{scheme}: port {port} is out of range")
+        nodes.append((host, port))
+    path = [unquote(part) for part in parts.path.split("/") if part]
+    service_name, db = "", 0
+    if kind == "sentinel":
+        if not path or len(path) > 2:
+            raise ValueError(f"{scheme}: the path must be /<master-name>[/<db>]")
+        service_name = path[0]
+        db = _db_number(scheme, path[1]) if len(path) == 2 else 0
+    elif path:
+        raise ValueError(f"{scheme}: a cluster has only database 0; drop the path")
+    if parts.query:
+        unknown = sorted(parse_qs(parts.query, keep_blank_values=True))
+        raise ValueError(f"{scheme}: unknown option(s) {', '.join(unknown)}")
+    return RedisTarget(
+        kind,
+        url,
+        tuple(nodes),
+        service_name,
+        unquote(username) or None,
+        unquote(password) or None,
+        db,
+        ssl,
+    )
+
+
+def _db_number(scheme: str, raw: str) -> int:
+    if not raw.isdigit():
+        raise ValueError(f"{scheme}: the database must be a number, got {raw!r}")
+    return int(raw)
+
+
+def _redis_url(raw: str) -> str:
+    url = raw.strip()
+    if url:
+        parse_redis_url(url)
+    return url
+
+
 def _key_prefix(raw: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9_.:{}-]{0,32}", raw):
         raise ValueError("must be at most 32 characters of A-Za-z0-9_.:{}-")
@@ -118,7 +210,7 @@ def _bool(raw: str) -> bool:
 class Settings:
     """The effective configuration; field names are the variables without the prefix."""
 
-    redis_url: str = field(default="", metadata={"parse": str.strip})
+    redis_url: str = field(default="", metadata={"parse": _redis_url})
     api_keys: tuple[str, ...] = field(default=(), metadata={"parse": _api_key_digests, "secret": True})
     default_ttl_seconds: int = field(default=300, metadata={"parse": _int(1)})
     max_ttl_seconds: int = field(default=86400, metadata={"parse": _int(1)})
@@ -140,6 +232,10 @@ class Settings:
     @property
     def embedded(self) -> bool:
         return not self.redis_url and self.redis_client is None
+
+    @property
+    def redis_target(self) -> RedisTarget:
+        return parse_redis_url(self.redis_url)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> Settings:

@@ -40,6 +40,8 @@ _UNAVAILABLE: tuple[type[Exception], ...] = (
     redis_errors.MasterDownError,
     redis_errors.ClusterDownError,
     redis_errors.TryAgainError,
+    # a cluster slot with no reachable owner (not a RedisError subclass)
+    redis_errors.SlotNotCoveredError,
 )
 # Replies Redis gives while it refuses writes (memory full, no quorum): fail closed.
 _UNAVAILABLE_REPLY_PREFIXES = ("OOM ", "MISCONF ", "NOREPLICAS ", "CLUSTERDOWN ", "LOADING ", "READONLY ")
@@ -68,6 +70,19 @@ def translate_errors() -> Iterator[None]:
         if str(exc).startswith(_UNAVAILABLE_REPLY_PREFIXES):
             raise ServiceUnavailable(f"Redis refused the command: {str(exc).split(' ', 1)[0]}.") from exc
         raise
+
+
+def _evalsha(sha: str, key: str, args: Sequence[str]) -> tuple[str, ...]:
+    # Sent by command name: redis-py's ClusterPipeline refuses its evalsha()
+    # method but routes the EVALSHA command by its key like any other, and a
+    # pipeline without registered scripts skips a SCRIPT EXISTS round trip.
+    return ("EVALSHA", sha, "1", key, *args)
+
+
+def _raise_first_error(replies: Sequence[Any]) -> None:
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,16 +143,34 @@ class TokenStore(_StoreBase):
                 if len(tokens) == 1:
                     replies = [self._scripts["issue"](keys=[self.key(tokens[0])], args=args)]
                 else:
-                    pipe = self.client.pipeline(transaction=False)
-                    for token in tokens:
-                        self._scripts["issue"](keys=[self.key(token)], args=args, client=pipe)
-                    replies = pipe.execute()
+                    replies = self._issue_pipelined(tokens, args)
             for token, reply in zip(tokens, replies, strict=True):
                 records.raise_for(reply)
                 # a 128-bit digest collision is astronomically unlikely; draw again if it happens
                 if records.text(reply[0]) == "issued":
                     issued.append(token)
         return issued
+
+    def _issue_pipelined(self, tokens: Sequence[str], args: Sequence[str]) -> list[Any]:
+        script = self._scripts["issue"]
+        keys = [self.key(token) for token in tokens]
+
+        def send(indexes: Sequence[int]) -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for i in indexes:
+                pipe.execute_command(*_evalsha(script.sha, keys[i], args))  # type: ignore[no-untyped-call]
+            return list(pipe.execute(raise_on_error=False))
+
+        replies = send(range(len(keys)))
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, redis_errors.NoScriptError)]
+        if missing:
+            # Redis restarted or SCRIPT FLUSH: those calls did not run. Load the
+            # script (on every master of a cluster) and send just those again.
+            self.client.script_load(script.script)
+            for i, reply in zip(missing, send(missing), strict=True):
+                replies[i] = reply
+        _raise_first_error(replies)
+        return replies
 
     def consume(
         self,
@@ -216,15 +249,31 @@ class AsyncTokenStore(_StoreBase):
         while len(issued) < count:
             tokens = [new_token() for _ in range(count - len(issued))]
             with translate_errors():
-                pipe = self.client.pipeline(transaction=False)
-                for token in tokens:
-                    await self._scripts["issue"](keys=[self.key(token)], args=args, client=pipe)
-                replies = await pipe.execute()
+                replies = await self._issue_pipelined(tokens, args)
             for token, reply in zip(tokens, replies, strict=True):
                 records.raise_for(reply)
                 if records.text(reply[0]) == "issued":
                     issued.append(token)
         return issued
+
+    async def _issue_pipelined(self, tokens: Sequence[str], args: Sequence[str]) -> list[Any]:
+        script = self._scripts["issue"]
+        keys = [self.key(token) for token in tokens]
+
+        async def send(indexes: Sequence[int]) -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for i in indexes:
+                pipe.execute_command(*_evalsha(script.sha, keys[i], args))
+            return list(await pipe.execute(raise_on_error=False))
+
+        replies = await send(range(len(keys)))
+        missing = [i for i, reply in enumerate(replies) if isinstance(reply, redis_errors.NoScriptError)]
+        if missing:
+            await self.client.script_load(script.script)
+            for i, reply in zip(missing, await send(missing), strict=True):
+                replies[i] = reply
+        _raise_first_error(replies)
+        return replies
 
     async def consume(
         self,
