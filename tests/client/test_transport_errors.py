@@ -1,0 +1,245 @@
+"""Errors and retries at the transport edge.
+
+The HTTP transport turns every problem+json ``code`` into its class (checked
+against a mock server answering each code, and against the real app for the
+codes it can be driven to), and transport failures into retries that resend
+the same request id. The direct transport turns a dead Redis into
+ServiceUnavailable after its retries.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.client.conftest import FAST_RETRY, inproc_app
+from tests.conftest import API_KEY
+from tests.support.processes import REPO_ROOT, free_port
+from token_service.client import (
+    ERRORS_BY_CODE,
+    Consumed,
+    InvalidRequest,
+    PayloadTooLarge,
+    RateLimited,
+    RetryPolicy,
+    ServiceUnavailable,
+    Started,
+    TokenClient,
+    TokenError,
+    TokenFailed,
+    TokenInProgress,
+    TokenMismatch,
+    Unauthorized,
+)
+
+TOKEN = "t" * 43
+
+
+def problem_response(
+    status: int, code: str, headers: dict[str, str] | None = None, **extra: Any
+) -> httpx.Response:
+    body = {"type": f"https://token-service.dev/problems/{code}", "title": code, "status": status}
+    body.update({"detail": f"detail of {code}", "code": code, **extra})
+    return httpx.Response(
+        status, json=body, headers={"Content-Type": "application/problem+json", **(headers or {})}
+    )
+
+
+def mock_client(handler: Any, retry: RetryPolicy = FAST_RETRY) -> TokenClient:
+    return TokenClient("http://mock", API_KEY, retry=retry, transport=httpx.MockTransport(handler))
+
+
+@pytest.mark.parametrize("code", sorted(ERRORS_BY_CODE))
+def test_every_problem_code_becomes_its_class(code: str) -> None:
+    cls = ERRORS_BY_CODE[code]
+    extra: dict[str, Any] = {}
+    headers = {}
+    if code in ("token_in_progress", "rate_limited", "store_unavailable"):
+        headers["Retry-After"] = "7"
+    if code == "token_failed":
+        extra["error"] = {"reason": "declined"}
+    if code == "token_mismatch":
+        extra["field"] = "subject"
+    if code == "invalid_request":
+        extra["errors"] = {"scope": ["bad"]}
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        return problem_response(cls.status, code, headers, **extra)
+
+    with mock_client(handler) as client, pytest.raises(cls) as caught:
+        client.consume(TOKEN, "scope")
+    error = caught.value
+    assert type(error) is cls
+    assert error.code == code
+    assert error.detail == f"detail of {code}"
+    if headers:
+        assert error.retry_after_seconds == 7  # type: ignore[attr-defined]
+    if code == "token_failed":
+        assert isinstance(error, TokenFailed)
+        assert error.error == {"reason": "declined"}
+    if code == "token_mismatch":
+        assert isinstance(error, TokenMismatch)
+        assert error.field == "subject"
+    if code == "invalid_request":
+        assert isinstance(error, InvalidRequest)
+        assert error.errors == {"scope": ["bad"]}
+    # only an unavailable store is worth another attempt
+    assert len(calls) == (FAST_RETRY.attempts if code == "store_unavailable" else 1)
+    assert calls[0].headers["Authorization"] == f"Bearer {API_KEY}"
+
+
+def test_responses_without_a_code_map_by_status() -> None:
+    answers = iter([httpx.Response(502, text="bad gateway"), httpx.Response(500, text="oops")])
+    with mock_client(lambda request: next(answers), RetryPolicy(attempts=1)) as client:
+        with pytest.raises(ServiceUnavailable):
+            client.verify(TOKEN)
+        with pytest.raises(TokenError, match="Unexpected HTTP 500"):
+            client.verify(TOKEN)
+
+
+def test_transport_failures_are_retried_with_the_same_request_id() -> None:
+    seen: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        if len(seen) == 1:
+            raise httpx.ConnectError("refused", request=request)
+        if len(seen) == 2:
+            raise httpx.ReadTimeout("no reply", request=request)
+        if len(seen) == 3:
+            return problem_response(503, "store_unavailable", {"Retry-After": "1"})
+        return httpx.Response(200, json={"outcome": "consumed", "replayed": True})
+
+    with mock_client(handler, RetryPolicy(attempts=4, backoff_seconds=0.001)) as client:
+        assert client.consume(TOKEN, "scope") == Consumed(replayed=True)
+    assert len(seen) == 4
+    assert len({attempt["request_id"] for attempt in seen}) == 1
+    assert len(seen[0]["request_id"]) >= 16
+
+
+def test_begin_retries_keep_the_request_id_given_by_the_caller() -> None:
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content)["request_id"])
+        if len(seen) == 1:
+            raise httpx.RemoteProtocolError("server disconnected", request=request)
+        return httpx.Response(
+            200,
+            json={
+                "outcome": "started",
+                "lease_id": "L",
+                "lease_expires_at": "2030-01-01T00:00:00Z",
+                "replayed": True,
+            },
+        )
+
+    with mock_client(handler) as client:
+        started = client.begin(TOKEN, "scope", request_id="mine")
+    assert isinstance(started, Started)
+    assert started.lease_id == "L"
+    assert started.replayed
+    assert seen == ["mine", "mine"]
+
+
+def test_retries_give_up_with_service_unavailable() -> None:
+    attempts = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        attempts.append(1)
+        raise httpx.ConnectError("refused", request=request)
+
+    client = mock_client(handler, RetryPolicy(attempts=3, backoff_seconds=0.001))
+    with client, pytest.raises(ServiceUnavailable) as caught:
+        client.generate("scope")
+    assert len(attempts) == 3
+    assert isinstance(caught.value.__cause__, httpx.ConnectError)
+
+
+def test_a_revoke_whose_reply_was_lost_is_still_a_success() -> None:
+    answers = iter(["lost", "gone"])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if next(answers) == "lost":
+            raise httpx.ReadTimeout("reply lost", request=request)
+        return problem_response(404, "token_invalid")
+
+    with mock_client(handler) as client:
+        assert client.revoke(TOKEN) is None
+
+
+def test_http_service_not_listening_is_unavailable() -> None:
+    client = TokenClient(f"http://127.0.0.1:{free_port()}", API_KEY, timeout=1, retry=2)
+    with client, pytest.raises(ServiceUnavailable):
+        client.consume(TOKEN, "scope")
+
+
+def test_direct_redis_not_listening_is_unavailable() -> None:
+    client = TokenClient.from_redis(f"redis://127.0.0.1:{free_port()}/0", timeout=0.5, retry=2)
+    with client, pytest.raises(ServiceUnavailable):
+        client.generate("scope")
+
+
+def test_wrong_service_key_is_unauthorized(fake_redis: Any) -> None:
+    transport = httpx.WSGITransport(app=inproc_app(fake_redis))
+    with TokenClient("http://ts", "wrong-key-0123456789", transport=transport) as client:
+        token = client.generate("scope").token  # the frontend route needs no key
+        with pytest.raises(Unauthorized):
+            client.consume(token, "scope")
+
+
+def test_an_oversized_body_is_payload_too_large(fake_redis: Any) -> None:
+    transport = httpx.WSGITransport(app=inproc_app(fake_redis))
+    with TokenClient("http://ts", API_KEY, transport=transport) as client:
+        token = client.generate("scope").token
+        started = client.begin(token, "scope")
+        assert isinstance(started, Started)
+        with pytest.raises(PayloadTooLarge):
+            client.complete(token, started.lease_id, "x" * 100_000)
+
+
+def test_rate_limited_carries_retry_after() -> None:
+    client = mock_client(lambda request: problem_response(429, "rate_limited", {"Retry-After": "30"}))
+    with client, pytest.raises(RateLimited) as caught:
+        client.generate("scope")
+    assert caught.value.retry_after_seconds == 30
+
+
+def test_in_progress_retry_after_falls_back_to_the_body() -> None:
+    answer = problem_response(409, "token_in_progress", retry_after_seconds=4)
+    with mock_client(lambda request: answer) as client, pytest.raises(TokenInProgress) as caught:
+        client.begin(TOKEN, "scope")
+    assert caught.value.retry_after_seconds == 4
+
+
+def test_the_sdk_imports_and_runs_without_flask() -> None:
+    script = textwrap.dedent(
+        """
+        import sys
+        for name in ("flask", "werkzeug", "marshmallow"):
+            sys.modules[name] = None  # any import of them now fails
+        import fakeredis
+        from token_service.client import TokenClient, AsyncTokenClient, TokenUsed
+        from token_service.client import guard, problems
+        client = TokenClient.from_redis(fakeredis.FakeRedis())
+        token = client.generate("scope").token
+        assert client.guard(token, "scope").run(lambda: {"ok": 1}) == {"ok": 1}
+        try:
+            from token_service.client import require_token
+        except ImportError:
+            print("flask-free")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "flask-free"

@@ -1,0 +1,87 @@
+"""The token-service client SDK: what backend services import.
+
+``TokenClient`` talks to the service over HTTP (``TokenClient(base_url, api_key)``)
+or runs the very same Lua scripts on the shared Redis
+(``TokenClient.from_redis(url)``); ``AsyncTokenClient`` is the asyncio twin.
+Errors are the classes of :mod:`token_service.errors`, one per error code.
+
+This package does not import Flask. The Flask view decorator lives in
+:mod:`token_service.client.flask` (``require_token``) and the WSGI
+``Idempotency-Key`` middleware in :mod:`token_service.client.idempotency`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from token_service.errors import (
+    ERRORS_BY_CODE,
+    InvalidRequest,
+    LeaseLost,
+    PayloadTooLarge,
+    RateLimited,
+    ServiceUnavailable,
+    TokenError,
+    TokenFailed,
+    TokenInProgress,
+    TokenInvalid,
+    TokenMismatch,
+    TokenUsed,
+    Unauthorized,
+)
+
+from ._client import AsyncTokenClient, TokenClient, new_request_id
+from ._direct import DirectLimits
+from ._types import (
+    Completed,
+    Consumed,
+    FailRecorded,
+    Finished,
+    IssuedToken,
+    RetryPolicy,
+    Started,
+    TokenInfo,
+)
+from .guard import AsyncGuard, Guard, describe_error, guarded
+
+__all__ = [
+    "ERRORS_BY_CODE",
+    "AsyncGuard",
+    "AsyncTokenClient",
+    "Completed",
+    "Consumed",
+    "DirectLimits",
+    "FailRecorded",
+    "Finished",
+    "Guard",
+    "InvalidRequest",
+    "IssuedToken",
+    "LeaseLost",
+    "PayloadTooLarge",
+    "RateLimited",
+    "RetryPolicy",
+    "ServiceUnavailable",
+    "Started",
+    "TokenClient",
+    "TokenError",
+    "TokenFailed",
+    "TokenInProgress",
+    "TokenInfo",
+    "TokenInvalid",
+    "TokenMismatch",
+    "TokenUsed",
+    "Unauthorized",
+    "describe_error",
+    "guarded",
+    "new_request_id",
+    "require_token",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Flask only when the Flask decorator is asked for.
+    if name == "require_token":
+        from .flask import require_token
+
+        return require_token
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

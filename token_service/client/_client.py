@@ -1,0 +1,467 @@
+"""TokenClient and AsyncTokenClient: one surface over either transport.
+
+The client adds what every caller would otherwise get wrong: a request id on
+every consume and begin (generated when the caller gives none), and retries
+of transport failures with backoff that resend that SAME id. The Lua scripts
+recognise a retry of the request that already won and answer it as a win
+(``replayed=True``), so a reply lost on the way back never turns into
+``TokenUsed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import redis
+import redis.asyncio
+
+from token_service.errors import ServiceUnavailable, TokenInvalid
+from token_service.store import DEFAULT_RESULT_TTL_SECONDS, AsyncTokenStore, TokenStore
+
+from ._direct import AsyncDirectTransport, DirectLimits, DirectTransport, redis_from_url
+from ._types import Completed, Consumed, FailRecorded, Finished, IssuedToken, RetryPolicy, Started, TokenInfo
+
+if TYPE_CHECKING:
+    import httpx
+
+    from .guard import AsyncGuard, Guard, Terminal
+
+T = TypeVar("T")
+DEFAULT_TIMEOUT_SECONDS = 5.0
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+class _Transport(Protocol):
+    def issue(
+        self, scope: str, subject: str | None, fingerprint: str | None, ttl_seconds: int | None, count: int
+    ) -> list[IssuedToken]: ...
+    def consume(
+        self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
+    ) -> Consumed: ...
+    def begin(
+        self,
+        token: str,
+        scope: str,
+        subject: str | None,
+        fingerprint: str | None,
+        request_id: str,
+        lease_seconds: int | None,
+    ) -> Started | Finished: ...
+    def complete(self, token: str, lease_id: str, result: Any) -> Completed: ...
+    def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded: ...
+    def inspect(self, token: str) -> TokenInfo: ...
+    def revoke(self, token: str) -> None: ...
+    def close(self) -> None: ...
+
+
+class _AsyncTransport(Protocol):
+    async def issue(
+        self, scope: str, subject: str | None, fingerprint: str | None, ttl_seconds: int | None, count: int
+    ) -> list[IssuedToken]: ...
+    async def consume(
+        self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
+    ) -> Consumed: ...
+    async def begin(
+        self,
+        token: str,
+        scope: str,
+        subject: str | None,
+        fingerprint: str | None,
+        request_id: str,
+        lease_seconds: int | None,
+    ) -> Started | Finished: ...
+    async def complete(self, token: str, lease_id: str, result: Any) -> Completed: ...
+    async def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded: ...
+    async def inspect(self, token: str) -> TokenInfo: ...
+    async def revoke(self, token: str) -> None: ...
+    async def close(self) -> None: ...
+
+
+def _policy(retry: RetryPolicy | int | None) -> RetryPolicy:
+    if retry is None:
+        return RetryPolicy()
+    if isinstance(retry, int):
+        return RetryPolicy(attempts=retry)
+    return retry
+
+
+class TokenClient:
+    """The token service for a backend: over HTTP, or straight against Redis (:meth:`from_redis`).
+
+    Every method may raise the :mod:`token_service.errors` class of the
+    service's error code; :class:`ServiceUnavailable` only after the retries
+    are spent. Use it as a context manager (or call :meth:`close`) to release
+    its connections.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        *,
+        retry: RetryPolicy | int | None = None,
+        max_connections: int = 20,
+        transport: httpx.BaseTransport | None = None,
+        _backend: _Transport | None = None,
+    ) -> None:
+        self.retry = _policy(retry)
+        if _backend is not None:
+            self._backend = _backend
+            return
+        if base_url is None:
+            raise ValueError("base_url is required (or use TokenClient.from_redis)")
+        from ._http import HttpTransport  # httpx is only needed for this transport
+
+        self._backend = HttpTransport(
+            base_url, api_key=api_key, timeout=timeout, max_connections=max_connections, transport=transport
+        )
+
+    @classmethod
+    def from_redis(
+        cls,
+        url_or_client: str | redis.Redis,
+        *,
+        key_prefix: str = "ts:",
+        result_ttl_seconds: int = DEFAULT_RESULT_TTL_SECONDS,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        retry: RetryPolicy | int | None = None,
+        limits: DirectLimits | None = None,
+    ) -> TokenClient:
+        """Run the service's Lua scripts on the shared Redis directly (no HTTP hop).
+
+        ``key_prefix`` and ``result_ttl_seconds`` must match the service's
+        ``TOKEN_SERVICE_KEY_PREFIX`` / ``RESULT_TTL_SECONDS`` when both are used.
+        A client passed in is used as it is (its own retry settings included)
+        and not closed by :meth:`close`.
+        """
+        owns = isinstance(url_or_client, str)
+        client = redis_from_url(url_or_client, timeout) if isinstance(url_or_client, str) else url_or_client
+        store = TokenStore(client, key_prefix=key_prefix, result_ttl_seconds=result_ttl_seconds)
+        backend = DirectTransport(store, limits or DirectLimits(), owns_client=owns)
+        return cls(retry=retry, _backend=backend)
+
+    # -- plumbing -----------------------------------------------------------
+
+    def _call(self, operation: Callable[[], T]) -> T:
+        failures = 0
+        while True:
+            try:
+                return operation()
+            except ServiceUnavailable:
+                failures += 1
+                if failures >= self.retry.attempts:
+                    raise
+                time.sleep(self.retry.delay_seconds(failures))
+
+    def close(self) -> None:
+        self._backend.close()
+
+    def __enter__(self) -> TokenClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- operations ---------------------------------------------------------
+
+    def generate(
+        self,
+        scope: str,
+        *,
+        subject: str | None = None,
+        fingerprint: str | None = None,
+        ttl_seconds: int | None = None,
+    ) -> IssuedToken:
+        """Issue one token. A retry after a lost reply issues a fresh one (the lost one just expires)."""
+        return self._call(lambda: self._backend.issue(scope, subject, fingerprint, ttl_seconds, 1))[0]
+
+    def generate_batch(
+        self,
+        scope: str,
+        count: int,
+        *,
+        subject: str | None = None,
+        fingerprint: str | None = None,
+        ttl_seconds: int | None = None,
+    ) -> list[IssuedToken]:
+        """Issue ``count`` tokens in one round trip."""
+        return self._call(lambda: self._backend.issue(scope, subject, fingerprint, ttl_seconds, count))
+
+    def consume(
+        self,
+        token: str,
+        scope: str,
+        *,
+        subject: str | None = None,
+        fingerprint: str | None = None,
+        request_id: str | None = None,
+    ) -> Consumed:
+        """Use a token once. ``replayed`` is true when a retry of this request finds its own win."""
+        rid = request_id or new_request_id()
+        return self._call(lambda: self._backend.consume(token, scope, subject, fingerprint, rid))
+
+    def begin(
+        self,
+        token: str,
+        scope: str,
+        *,
+        subject: str | None = None,
+        fingerprint: str | None = None,
+        request_id: str | None = None,
+        lease_seconds: int | None = None,
+    ) -> Started | Finished:
+        """Take a lease (:class:`Started`) or find the stored result (:class:`Finished`)."""
+        rid = request_id or new_request_id()
+        return self._call(lambda: self._backend.begin(token, scope, subject, fingerprint, rid, lease_seconds))
+
+    def complete(self, token: str, lease_id: str, result: Any = None) -> Completed:
+        """Finish a two-phase operation and store its JSON ``result`` for duplicates."""
+        return self._call(lambda: self._backend.complete(token, lease_id, result))
+
+    def fail(self, token: str, lease_id: str, *, retryable: bool = True, error: Any = None) -> FailRecorded:
+        """Release the token for a retry (``retryable``) or record a terminal failure with ``error``."""
+        return self._call(lambda: self._backend.fail(token, lease_id, retryable, error))
+
+    def verify(self, token: str) -> TokenInfo:
+        """The token's state and bindings; changes nothing. Raises TokenInvalid when it is gone."""
+        return self._call(lambda: self._backend.inspect(token))
+
+    inspect = verify
+
+    def revoke(self, token: str) -> None:
+        """Delete a token whatever its state. Raises TokenInvalid when there was none."""
+        unknown_outcome = False
+
+        def attempt() -> None:
+            nonlocal unknown_outcome
+            try:
+                self._backend.revoke(token)
+            except ServiceUnavailable:
+                unknown_outcome = True
+                raise
+            except TokenInvalid:
+                # an earlier attempt may have revoked it before its reply was lost
+                if not unknown_outcome:
+                    raise
+
+        self._call(attempt)
+
+    # -- the two-phase guard --------------------------------------------------
+
+    def guard(
+        self,
+        token: str,
+        scope: str,
+        *,
+        subject: str | None = None,
+        fingerprint: str | None = None,
+        request_id: str | None = None,
+        lease_seconds: int | None = None,
+        terminal: Terminal = (),
+        wait_seconds: float = 0.0,
+    ) -> Guard:
+        """A :class:`~token_service.client.guard.Guard` for one token (context manager)."""
+        from .guard import Guard
+
+        return Guard(
+            self,
+            token,
+            scope,
+            subject=subject,
+            fingerprint=fingerprint,
+            request_id=request_id,
+            lease_seconds=lease_seconds,
+            terminal=terminal,
+            wait_seconds=wait_seconds,
+        )
+
+    def guarded(self, scope: str, **options: Any) -> Callable[[Callable[..., T]], Callable[..., T]]:
+        """Decorator form of :meth:`guard`; see :func:`token_service.client.guard.guarded`."""
+        from .guard import guarded
+
+        return guarded(self, scope, **options)
+
+
+class AsyncTokenClient:
+    """:class:`TokenClient` for asyncio: the same methods, awaited."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        *,
+        retry: RetryPolicy | int | None = None,
+        max_connections: int = 20,
+        transport: httpx.AsyncBaseTransport | None = None,
+        _backend: _AsyncTransport | None = None,
+    ) -> None:
+        self.retry = _policy(retry)
+        if _backend is not None:
+            self._backend = _backend
+            return
+        if base_url is None:
+            raise ValueError("base_url is required (or use AsyncTokenClient.from_redis)")
+        from ._http import AsyncHttpTransport
+
+        self._backend = AsyncHttpTransport(
+            base_url, api_key=api_key, timeout=timeout, max_connections=max_connections, transport=transport
+        )
+
+    @classmethod
+    def from_redis(
+        cls,
+        url_or_client: str | redis.asyncio.Redis,
+        *,
+        key_prefix: str = "ts:",
+        result_ttl_seconds: int = DEFAULT_RESULT_TTL_SECONDS,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        retry: RetryPolicy | int | None = None,
+        limits: DirectLimits | None = None,
+    ) -> AsyncTokenClient:
+        owns = isinstance(url_or_client, str)
+        client = (
+            redis_from_url(url_or_client, timeout, asyncio=True)
+            if isinstance(url_or_client, str)
+            else url_or_client
+        )
+        store = AsyncTokenStore(client, key_prefix=key_prefix, result_ttl_seconds=result_ttl_seconds)
+        backend = AsyncDirectTransport(store, limits or DirectLimits(), owns_client=owns)
+        return cls(retry=retry, _backend=backend)
+
+    async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
+        failures = 0
+        while True:
+            try:
+                return await operation()
+            except ServiceUnavailable:
+                failures += 1
+                if failures >= self.retry.attempts:
+                    raise
+                await asyncio.sleep(self.retry.delay_seconds(failures))
+
+    async def close(self) -> None:
+        await self._backend.close()
+
+    async def __aenter__(self) -> AsyncTokenClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def generate(
+        self,
+        scope: str,
+        *,
+        subject: str | None = None,
+        fingerprint: str | None = None,
+        ttl_seconds: int | None = None,
+    ) -> IssuedToken:
+        return (await self._call(lambda: self._backend.issue(scope, subject, fingerprint, ttl_seconds, 1)))[0]
+
+    async def generate_batch(
+        self,
+        scope: str,
+        count: int,
+        *,
+        subject: str | None = None,
+        fingerprint: str | None = None,
+        ttl_seconds: int | None = None,
+    ) -> list[IssuedToken]:
+        return await self._call(lambda: self._backend.issue(scope, subject, fingerprint, ttl_seconds, count))
+
+    async def consume(
+        self,
+        token: str,
+        scope: str,
+        *,
+        subject: str | None = None,
+        fingerprint: str | None = None,
+        request_id: str | None = None,
+    ) -> Consumed:
+        rid = request_id or new_request_id()
+        return await self._call(lambda: self._backend.consume(token, scope, subject, fingerprint, rid))
+
+    async def begin(
+        self,
+        token: str,
+        scope: str,
+        *,
+        subject: str | None = None,
+        fingerprint: str | None = None,
+        request_id: str | None = None,
+        lease_seconds: int | None = None,
+    ) -> Started | Finished:
+        rid = request_id or new_request_id()
+        return await self._call(
+            lambda: self._backend.begin(token, scope, subject, fingerprint, rid, lease_seconds)
+        )
+
+    async def complete(self, token: str, lease_id: str, result: Any = None) -> Completed:
+        return await self._call(lambda: self._backend.complete(token, lease_id, result))
+
+    async def fail(
+        self, token: str, lease_id: str, *, retryable: bool = True, error: Any = None
+    ) -> FailRecorded:
+        return await self._call(lambda: self._backend.fail(token, lease_id, retryable, error))
+
+    async def verify(self, token: str) -> TokenInfo:
+        return await self._call(lambda: self._backend.inspect(token))
+
+    inspect = verify
+
+    async def revoke(self, token: str) -> None:
+        unknown_outcome = False
+
+        async def attempt() -> None:
+            nonlocal unknown_outcome
+            try:
+                await self._backend.revoke(token)
+            except ServiceUnavailable:
+                unknown_outcome = True
+                raise
+            except TokenInvalid:
+                if not unknown_outcome:
+                    raise
+
+        await self._call(attempt)
+
+    def guard(
+        self,
+        token: str,
+        scope: str,
+        *,
+        subject: str | None = None,
+        fingerprint: str | None = None,
+        request_id: str | None = None,
+        lease_seconds: int | None = None,
+        terminal: Terminal = (),
+        wait_seconds: float = 0.0,
+    ) -> AsyncGuard:
+        """An :class:`~token_service.client.guard.AsyncGuard` (``async with``)."""
+        from .guard import AsyncGuard
+
+        return AsyncGuard(
+            self,
+            token,
+            scope,
+            subject=subject,
+            fingerprint=fingerprint,
+            request_id=request_id,
+            lease_seconds=lease_seconds,
+            terminal=terminal,
+            wait_seconds=wait_seconds,
+        )
+
+    def guarded(self, scope: str, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        from .guard import guarded
+
+        return guarded(self, scope, **options)

@@ -1,0 +1,209 @@
+"""The direct transport: the service's own store and Lua scripts on the shared Redis.
+
+No logic of its own: :class:`~token_service.store.TokenStore` runs the
+scripts and :mod:`token_service.records` reads their replies, exactly as the
+HTTP service does. What the API's schemas would check is checked here
+(:mod:`._validate`), because nothing else stands between the caller and Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import redis
+import redis.asyncio
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from token_service.records import Completed, Consumed, FailRecorded, Finished, Inspection, Started
+from token_service.store import AsyncTokenStore, IssueRequest, TokenStore
+
+from . import _validate as check
+from ._types import IssuedToken, TokenInfo
+
+
+@dataclass(frozen=True, slots=True)
+class DirectLimits:
+    """The limits the service would apply (its defaults), enforced client-side."""
+
+    default_ttl_seconds: int = 300
+    max_ttl_seconds: int = 86400
+    default_lease_seconds: int = 30
+    max_lease_seconds: int = 3600
+    max_result_bytes: int = 16384
+    max_batch: int = 1000
+
+
+def redis_from_url(url: str, timeout: float, *, asyncio: bool = False) -> Any:
+    # The client's RetryPolicy owns retries (with the same request id); redis-py retrying
+    # underneath as well would multiply the attempts and hide the failures from it.
+    options: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "retry": Retry(NoBackoff(), 0),
+        "health_check_interval": 30,
+    }
+    if asyncio:
+        return redis.asyncio.Redis.from_url(url, **options)
+    return redis.Redis.from_url(url, **options)
+
+
+def _issued(request: IssueRequest, tokens: list[str]) -> list[IssuedToken]:
+    expires_at = (datetime.now(UTC) + timedelta(seconds=request.ttl_seconds)).replace(microsecond=0)
+    return [
+        IssuedToken(
+            token, request.scope, request.subject, request.fingerprint, request.ttl_seconds, expires_at
+        )
+        for token in tokens
+    ]
+
+
+def _info(found: Inspection) -> TokenInfo:
+    now = datetime.now(UTC)
+    lease = found.lease_expires_ms
+    return TokenInfo(
+        state=found.state,
+        scope=found.scope,
+        subject=found.subject,
+        fingerprint=found.fingerprint,
+        expires_at=now + timedelta(milliseconds=found.record_ttl_ms),
+        lease_expires_at=datetime.fromtimestamp(lease / 1000, UTC) if lease is not None else None,
+        result=found.result,
+        error=found.error,
+    )
+
+
+class _Checks:
+    def __init__(self, limits: DirectLimits) -> None:
+        self.limits = limits
+
+    def issue_request(
+        self, scope: str, subject: str | None, fingerprint: str | None, ttl_seconds: int | None, count: int
+    ) -> IssueRequest:
+        limits = self.limits
+        check.bounded("count", count, 1, limits.max_batch)
+        ttl = ttl_seconds if ttl_seconds is not None else limits.default_ttl_seconds
+        return IssueRequest(
+            check.scope(scope),
+            check.text("subject", subject, 128),
+            check.text("fingerprint", fingerprint, 128),
+            check.bounded("ttl_seconds", ttl, 1, limits.max_ttl_seconds),
+        )
+
+    def use(
+        self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
+    ) -> tuple[str, str, str | None, str | None, str]:
+        return (
+            check.token(token),
+            check.scope(scope),
+            check.text("subject", subject, 128),
+            check.text("fingerprint", fingerprint, 128),
+            check.text("request_id", request_id, 128) or "",
+        )
+
+    def lease_seconds(self, value: int | None) -> int:
+        seconds = value if value is not None else self.limits.default_lease_seconds
+        return check.bounded("lease_seconds", seconds, 1, self.limits.max_lease_seconds)
+
+    def lease_id(self, value: str) -> str:
+        return check.text("lease_id", value, 64) or ""
+
+
+class DirectTransport(_Checks):
+    def __init__(self, store: TokenStore, limits: DirectLimits, *, owns_client: bool) -> None:
+        super().__init__(limits)
+        self.store = store
+        self._owns_client = owns_client
+
+    def issue(
+        self, scope: str, subject: str | None, fingerprint: str | None, ttl_seconds: int | None, count: int
+    ) -> list[IssuedToken]:
+        request = self.issue_request(scope, subject, fingerprint, ttl_seconds, count)
+        return _issued(request, self.store.issue(request, count))
+
+    def consume(
+        self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
+    ) -> Consumed:
+        return self.store.consume(*self.use(token, scope, subject, fingerprint, request_id))
+
+    def begin(
+        self,
+        token: str,
+        scope: str,
+        subject: str | None,
+        fingerprint: str | None,
+        request_id: str,
+        lease_seconds: int | None,
+    ) -> Started | Finished:
+        args = self.use(token, scope, subject, fingerprint, request_id)
+        return self.store.begin(*args, lease_seconds=self.lease_seconds(lease_seconds))
+
+    def complete(self, token: str, lease_id: str, result: Any) -> Completed:
+        check.payload("result", result, self.limits.max_result_bytes)
+        return self.store.complete(check.token(token), self.lease_id(lease_id), result)
+
+    def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded:
+        check.payload("error", error, self.limits.max_result_bytes)
+        return self.store.fail(check.token(token), self.lease_id(lease_id), retryable=retryable, error=error)
+
+    def inspect(self, token: str) -> TokenInfo:
+        return _info(self.store.inspect(check.token(token)))
+
+    def revoke(self, token: str) -> None:
+        self.store.revoke(check.token(token))
+
+    def close(self) -> None:
+        if self._owns_client:
+            self.store.client.close()
+
+
+class AsyncDirectTransport(_Checks):
+    def __init__(self, store: AsyncTokenStore, limits: DirectLimits, *, owns_client: bool) -> None:
+        super().__init__(limits)
+        self.store = store
+        self._owns_client = owns_client
+
+    async def issue(
+        self, scope: str, subject: str | None, fingerprint: str | None, ttl_seconds: int | None, count: int
+    ) -> list[IssuedToken]:
+        request = self.issue_request(scope, subject, fingerprint, ttl_seconds, count)
+        return _issued(request, await self.store.issue(request, count))
+
+    async def consume(
+        self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
+    ) -> Consumed:
+        return await self.store.consume(*self.use(token, scope, subject, fingerprint, request_id))
+
+    async def begin(
+        self,
+        token: str,
+        scope: str,
+        subject: str | None,
+        fingerprint: str | None,
+        request_id: str,
+        lease_seconds: int | None,
+    ) -> Started | Finished:
+        args = self.use(token, scope, subject, fingerprint, request_id)
+        return await self.store.begin(*args, lease_seconds=self.lease_seconds(lease_seconds))
+
+    async def complete(self, token: str, lease_id: str, result: Any) -> Completed:
+        check.payload("result", result, self.limits.max_result_bytes)
+        return await self.store.complete(check.token(token), self.lease_id(lease_id), result)
+
+    async def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded:
+        check.payload("error", error, self.limits.max_result_bytes)
+        return await self.store.fail(
+            check.token(token), self.lease_id(lease_id), retryable=retryable, error=error
+        )
+
+    async def inspect(self, token: str) -> TokenInfo:
+        return _info(await self.store.inspect(check.token(token)))
+
+    async def revoke(self, token: str) -> None:
+        await self.store.revoke(check.token(token))
+
+    async def close(self) -> None:
+        if self._owns_client:
+            await self.store.client.aclose()

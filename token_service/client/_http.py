@@ -1,0 +1,314 @@
+"""The HTTP transport: the service's JSON API through one pooled httpx client.
+
+Every error the service answers with is problem+json carrying a stable
+``code``; it becomes the :mod:`token_service.errors` class of that code, with
+``Retry-After`` and the stored ``error`` on it. Transport failures (no
+connection, timeouts, a connection dropped before the reply) become
+:class:`ServiceUnavailable`, which the client retries.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from token_service.errors import (
+    ERRORS_BY_CODE,
+    InvalidRequest,
+    PayloadTooLarge,
+    RateLimited,
+    ServiceUnavailable,
+    TokenError,
+    TokenFailed,
+    TokenInProgress,
+    TokenMismatch,
+    Unauthorized,
+)
+from token_service.records import Completed, Consumed, FailRecorded, Finished, Started
+
+from ._types import IssuedToken, TokenInfo
+
+_BY_STATUS: dict[int, type[TokenError]] = {
+    400: InvalidRequest,
+    401: Unauthorized,
+    413: PayloadTooLarge,
+    429: RateLimited,
+    502: ServiceUnavailable,
+    503: ServiceUnavailable,
+    504: ServiceUnavailable,
+}
+# Failures after which nothing is known about what the service did: retry with the same request id.
+_TRANSIENT = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
+
+
+def _datetime(value: str) -> datetime:
+    return datetime.fromisoformat(value).astimezone(UTC)
+
+
+def _retry_after(response: httpx.Response, body: dict[str, Any]) -> int:
+    raw = response.headers.get("Retry-After", "")
+    if raw.isdigit():
+        return max(1, int(raw))
+    value = body.get("retry_after_seconds")
+    return value if isinstance(value, int) and value >= 1 else 1
+
+
+def error_from_response(response: httpx.Response) -> TokenError:
+    """The exception an error response stands for (its problem+json ``code`` decides)."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        body = {}
+    code = body.get("code")
+    cls = ERRORS_BY_CODE.get(code) if isinstance(code, str) else None
+    if cls is None:
+        cls = _BY_STATUS.get(response.status_code)
+    detail = body.get("detail") if isinstance(body.get("detail"), str) else None
+    if cls is None:
+        return TokenError(
+            f"Unexpected HTTP {response.status_code} ({code or 'no code'}): {detail or ''}".strip()
+        )
+    if issubclass(cls, TokenInProgress | RateLimited | ServiceUnavailable):
+        return cls(detail, retry_after_seconds=_retry_after(response, body))
+    if cls is TokenFailed:
+        return TokenFailed(detail, error=body.get("error"))
+    if cls is TokenMismatch:
+        field = body.get("field")
+        return TokenMismatch(detail, field=field if isinstance(field, str) else None)
+    if cls is InvalidRequest:
+        errors = body.get("errors")
+        return InvalidRequest(detail, errors if isinstance(errors, dict) else None)
+    return cls(detail)
+
+
+def _drop_none(body: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in body.items() if value is not None}
+
+
+def _issued(item: dict[str, Any]) -> IssuedToken:
+    return IssuedToken(
+        token=item["token"],
+        scope=item["scope"],
+        subject=item.get("subject"),
+        fingerprint=item.get("fingerprint"),
+        ttl_seconds=item["ttl_seconds"],
+        expires_at=_datetime(item["expires_at"]),
+    )
+
+
+def _begun(body: dict[str, Any]) -> Started | Finished:
+    if body["outcome"] == "succeeded":
+        return Finished(result=body.get("result"))
+    lease_expires = _datetime(body["lease_expires_at"])
+    return Started(
+        lease_id=body["lease_id"],
+        lease_expires_ms=int(lease_expires.timestamp() * 1000),
+        replayed=bool(body.get("replayed", False)),
+    )
+
+
+def _info(body: dict[str, Any]) -> TokenInfo:
+    lease = body.get("lease_expires_at")
+    return TokenInfo(
+        state=body["state"],
+        scope=body["scope"],
+        subject=body.get("subject"),
+        fingerprint=body.get("fingerprint"),
+        expires_at=_datetime(body["expires_at"]),
+        lease_expires_at=_datetime(lease) if lease else None,
+        result=body.get("result"),
+        error=body.get("error"),
+    )
+
+
+def _headers(api_key: str | None) -> dict[str, str]:
+    headers = {"Accept": "application/json, application/problem+json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+    return headers
+
+
+def _limits(max_connections: int) -> httpx.Limits:
+    return httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+
+
+def _answer(response: httpx.Response) -> Any:
+    if response.status_code >= 400:
+        raise error_from_response(response)
+    return response.json()
+
+
+class HttpTransport:
+    """Sync: one ``httpx.Client`` (a connection pool) per client."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None,
+        timeout: float,
+        max_connections: int = 20,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.http = httpx.Client(
+            base_url=base_url,
+            headers=_headers(api_key),
+            timeout=httpx.Timeout(timeout),
+            limits=_limits(max_connections),
+            transport=transport,
+        )
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        try:
+            response = self.http.post(path, json=_drop_none(body))
+        except _TRANSIENT as exc:
+            raise ServiceUnavailable(f"No reply from the token service: {type(exc).__name__}.") from exc
+        return _answer(response)
+
+    def issue(
+        self, scope: str, subject: str | None, fingerprint: str | None, ttl_seconds: int | None, count: int
+    ) -> list[IssuedToken]:
+        body = {"scope": scope, "subject": subject, "fingerprint": fingerprint, "ttl_seconds": ttl_seconds}
+        if count == 1:
+            return [_issued(self._post("/token/generate", body))]
+        reply = self._post("/token/generate/batch", {**body, "count": count})
+        return [_issued(item) for item in reply["tokens"]]
+
+    def consume(
+        self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
+    ) -> Consumed:
+        body = {
+            "token": token,
+            "scope": scope,
+            "subject": subject,
+            "fingerprint": fingerprint,
+            "request_id": request_id,
+        }
+        return Consumed(replayed=bool(self._post("/token/consume", body)["replayed"]))
+
+    def begin(
+        self,
+        token: str,
+        scope: str,
+        subject: str | None,
+        fingerprint: str | None,
+        request_id: str,
+        lease_seconds: int | None,
+    ) -> Started | Finished:
+        body = {
+            "token": token,
+            "scope": scope,
+            "subject": subject,
+            "fingerprint": fingerprint,
+            "request_id": request_id,
+            "lease_seconds": lease_seconds,
+        }
+        return _begun(self._post("/token/begin", body))
+
+    def complete(self, token: str, lease_id: str, result: Any) -> Completed:
+        reply = self._post("/token/complete", {"token": token, "lease_id": lease_id, "result": result})
+        return Completed(replayed=bool(reply.get("replayed", False)))
+
+    def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded:
+        body = {"token": token, "lease_id": lease_id, "retryable": retryable, "error": error}
+        reply = self._post("/token/fail", body)
+        return FailRecorded(outcome=reply["outcome"], replayed=bool(reply.get("replayed", False)))
+
+    def inspect(self, token: str) -> TokenInfo:
+        return _info(self._post("/token/inspect", {"token": token}))
+
+    def revoke(self, token: str) -> None:
+        self._post("/token/revoke", {"token": token})
+
+    def close(self) -> None:
+        self.http.close()
+
+
+class AsyncHttpTransport:
+    """Asyncio: one ``httpx.AsyncClient`` per client."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None,
+        timeout: float,
+        max_connections: int = 20,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.http = httpx.AsyncClient(
+            base_url=base_url,
+            headers=_headers(api_key),
+            timeout=httpx.Timeout(timeout),
+            limits=_limits(max_connections),
+            transport=transport,
+        )
+
+    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        try:
+            response = await self.http.post(path, json=_drop_none(body))
+        except _TRANSIENT as exc:
+            raise ServiceUnavailable(f"No reply from the token service: {type(exc).__name__}.") from exc
+        return _answer(response)
+
+    async def issue(
+        self, scope: str, subject: str | None, fingerprint: str | None, ttl_seconds: int | None, count: int
+    ) -> list[IssuedToken]:
+        body = {"scope": scope, "subject": subject, "fingerprint": fingerprint, "ttl_seconds": ttl_seconds}
+        if count == 1:
+            return [_issued(await self._post("/token/generate", body))]
+        reply = await self._post("/token/generate/batch", {**body, "count": count})
+        return [_issued(item) for item in reply["tokens"]]
+
+    async def consume(
+        self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
+    ) -> Consumed:
+        body = {
+            "token": token,
+            "scope": scope,
+            "subject": subject,
+            "fingerprint": fingerprint,
+            "request_id": request_id,
+        }
+        return Consumed(replayed=bool((await self._post("/token/consume", body))["replayed"]))
+
+    async def begin(
+        self,
+        token: str,
+        scope: str,
+        subject: str | None,
+        fingerprint: str | None,
+        request_id: str,
+        lease_seconds: int | None,
+    ) -> Started | Finished:
+        body = {
+            "token": token,
+            "scope": scope,
+            "subject": subject,
+            "fingerprint": fingerprint,
+            "request_id": request_id,
+            "lease_seconds": lease_seconds,
+        }
+        return _begun(await self._post("/token/begin", body))
+
+    async def complete(self, token: str, lease_id: str, result: Any) -> Completed:
+        reply = await self._post("/token/complete", {"token": token, "lease_id": lease_id, "result": result})
+        return Completed(replayed=bool(reply.get("replayed", False)))
+
+    async def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded:
+        body = {"token": token, "lease_id": lease_id, "retryable": retryable, "error": error}
+        reply = await self._post("/token/fail", body)
+        return FailRecorded(outcome=reply["outcome"], replayed=bool(reply.get("replayed", False)))
+
+    async def inspect(self, token: str) -> TokenInfo:
+        return _info(await self._post("/token/inspect", {"token": token}))
+
+    async def revoke(self, token: str) -> None:
+        await self._post("/token/revoke", {"token": token})
+
+    async def close(self) -> None:
+        await self.http.aclose()
