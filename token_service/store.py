@@ -22,6 +22,8 @@ from typing import Any
 
 import redis
 import redis.asyncio
+import redis.asyncio.cluster
+import redis.cluster
 from redis import exceptions as redis_errors
 
 from token_service import records
@@ -79,6 +81,15 @@ def _evalsha(sha: str, key: str, args: Sequence[str]) -> tuple[str, ...]:
     return ("EVALSHA", sha, "1", key, *args)
 
 
+def _split_issue_reply(reply: Any, count: int) -> list[Any]:
+    """One issue call's reply for ``count`` keys → one reply per key, as a call per key would give."""
+    records.raise_for(reply)
+    if records.text(reply[0]) == "issued":
+        return [reply] * count
+    collided = {int(index) - 1 for index in reply[1:]}
+    return [[b"collision"] if i in collided else [b"issued"] for i in range(count)]
+
+
 def _raise_first_error(replies: Sequence[Any]) -> None:
     for reply in replies:
         if isinstance(reply, Exception):
@@ -127,6 +138,7 @@ class TokenStore(_StoreBase):
     def __init__(self, client: redis.Redis, **options: Any) -> None:
         super().__init__(**options)
         self.client = client
+        self._cluster = isinstance(client, redis.cluster.RedisCluster)
         self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
 
     def _run(self, name: str, token: str, args: Sequence[str]) -> Any:
@@ -140,8 +152,9 @@ class TokenStore(_StoreBase):
         while len(issued) < count:
             tokens = [new_token() for _ in range(count - len(issued))]
             with translate_errors():
-                if len(tokens) == 1:
-                    replies = [self._scripts["issue"](keys=[self.key(tokens[0])], args=args)]
+                if len(tokens) == 1 or not self._cluster:
+                    keys = [self.key(token) for token in tokens]
+                    replies = _split_issue_reply(self._scripts["issue"](keys=keys, args=args), len(keys))
                 else:
                     replies = self._issue_pipelined(tokens, args)
             for token, reply in zip(tokens, replies, strict=True):
@@ -237,6 +250,7 @@ class AsyncTokenStore(_StoreBase):
     def __init__(self, client: redis.asyncio.Redis, **options: Any) -> None:
         super().__init__(**options)
         self.client = client
+        self._cluster = isinstance(client, redis.asyncio.cluster.RedisCluster)
         self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
 
     async def _run(self, name: str, token: str, args: Sequence[str]) -> Any:
@@ -249,7 +263,12 @@ class AsyncTokenStore(_StoreBase):
         while len(issued) < count:
             tokens = [new_token() for _ in range(count - len(issued))]
             with translate_errors():
-                replies = await self._issue_pipelined(tokens, args)
+                if len(tokens) == 1 or not self._cluster:
+                    keys = [self.key(token) for token in tokens]
+                    reply = await self._scripts["issue"](keys=keys, args=args)
+                    replies = _split_issue_reply(reply, len(keys))
+                else:
+                    replies = await self._issue_pipelined(tokens, args)
             for token, reply in zip(tokens, replies, strict=True):
                 records.raise_for(reply)
                 if records.text(reply[0]) == "issued":

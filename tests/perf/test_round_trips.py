@@ -1,0 +1,152 @@
+"""Round trips to Redis, counted: the costs the performance budgets rest on.
+
+Counted with MONITOR on a real redis-server: every command a client sends is
+one line; commands that a Lua script runs are marked ``lua`` and are part of
+the one EVALSHA that ran them, so they are left out. These are correctness
+tests of how many commands an operation sends, not timings.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import redis
+
+from tests.conftest import API_KEY, AUTH
+from tests.support.processes import RedisServer
+from token_service import create_app, store
+from token_service.client import Finished, TokenClient
+from token_service.store import IssueRequest, TokenStore
+
+pytestmark = pytest.mark.real
+
+SCOPE = "payment.create"
+
+
+@contextmanager
+def commands_sent(server: RedisServer) -> Iterator[list[str]]:
+    """The commands clients sent while the block ran (script-internal ones left out)."""
+    seen: list[str] = []
+    watcher, marker_client = server.client(), server.client()
+    marker_client.ping()  # connected (and its handshake done) before watching starts
+    with watcher.monitor() as monitor:
+        yield seen
+        # MONITOR shows commands in the order Redis runs them: this one comes last.
+        marker = f"end-of-block-{uuid.uuid4().hex}"
+        marker_client.echo(marker)
+        for event in monitor.listen():
+            if marker in event["command"]:
+                break
+            if event["client_type"] != "lua":
+                seen.append(event["command"])
+    watcher.close()
+    marker_client.close()
+
+
+def command_names(commands: list[str]) -> list[str]:
+    return [command.split(" ", 1)[0].strip('"').upper() for command in commands]
+
+
+@pytest.fixture
+def succeeded_token(real_redis: redis.Redis) -> str:
+    token_store = TokenStore(real_redis)
+    token = token_store.issue(IssueRequest(SCOPE, "user-1", None, 300))[0]
+    started = token_store.begin(token, SCOPE, "user-1")
+    token_store.complete(token, started.lease_id, {"order": 42})  # type: ignore[union-attr]
+    return token
+
+
+def test_store_replay_of_a_succeeded_token_is_one_evalsha(
+    redis_server: RedisServer, real_redis: redis.Redis, succeeded_token: str
+) -> None:
+    token_store = TokenStore(redis_server.client())
+    token_store.begin(succeeded_token, SCOPE, "user-1")  # warm: connection open, script cached
+    with commands_sent(redis_server) as seen:
+        outcome = token_store.begin(succeeded_token, SCOPE, "user-1")
+    assert outcome == Finished(result={"order": 42})
+    assert command_names(seen) == ["EVALSHA"]
+
+
+def test_sdk_direct_replay_of_a_succeeded_token_is_one_round_trip(
+    redis_server: RedisServer, real_redis: redis.Redis, succeeded_token: str
+) -> None:
+    sdk = TokenClient.from_redis(redis_server.url)
+    try:
+        sdk.begin(succeeded_token, SCOPE, subject="user-1")  # warm
+        with commands_sent(redis_server) as seen:
+            outcome = sdk.begin(succeeded_token, SCOPE, subject="user-1")
+    finally:
+        sdk.close()
+    assert isinstance(outcome, Finished)
+    assert outcome.result == {"order": 42}
+    assert command_names(seen) == ["EVALSHA"]
+
+
+def test_http_replay_of_a_succeeded_token_is_one_evalsha(
+    redis_server: RedisServer, real_redis: redis.Redis, succeeded_token: str
+) -> None:
+    app = create_app({"api_keys": API_KEY, "redis_url": redis_server.url})
+    http = app.test_client()
+    body = {"token": succeeded_token, "scope": SCOPE, "subject": "user-1"}
+    assert http.post("/token/begin", json=body, headers=AUTH).status_code == 200  # warm
+    with commands_sent(redis_server) as seen:
+        reply = http.post("/token/begin", json=body, headers=AUTH)
+    assert reply.status_code == 200
+    assert reply.get_json() == {"outcome": "succeeded", "replayed": True, "result": {"order": 42}}
+    assert command_names(seen) == ["EVALSHA"]
+
+
+def test_first_call_after_a_script_flush_reloads_and_still_answers(
+    redis_server: RedisServer, real_redis: redis.Redis, succeeded_token: str
+) -> None:
+    # The one-round-trip figure is the steady state; after a flush redis-py's
+    # NOSCRIPT handling costs a SCRIPT LOAD once, and the answer is unchanged.
+    token_store = TokenStore(redis_server.client())
+    token_store.client.ping()  # connected before the count starts
+    real_redis.script_flush()
+    with commands_sent(redis_server) as seen:
+        outcome = token_store.begin(succeeded_token, SCOPE, "user-1")
+    assert outcome == Finished(result={"order": 42})
+    assert command_names(seen) == ["EVALSHA", "SCRIPT", "EVALSHA"]
+
+
+def test_batch_issue_on_standalone_is_one_evalsha(redis_server: RedisServer, real_redis: redis.Redis) -> None:
+    token_store = TokenStore(redis_server.client())
+    token_store.issue(IssueRequest(SCOPE, None, None, 60), 2)  # warm
+    with commands_sent(redis_server) as seen:
+        tokens = token_store.issue(IssueRequest(SCOPE, "user-7", None, 60), 1000)
+    assert len(set(tokens)) == 1000
+    assert command_names(seen) == ["EVALSHA"]
+    assert all(real_redis.get(token_store.key(token)) == b"Ipayment.create\x1fuser-7" for token in tokens)
+
+
+def test_batch_issue_draws_again_for_a_digest_that_exists(
+    real_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token_store = TokenStore(real_redis)
+    taken = token_store.issue(IssueRequest("other.scope", None, None, 60))[0]
+    draws: Iterator[str] = iter([taken, "fresh-token-aaaaaaaaaaaaaaaa", "fresh-token-bbbbbbbbbbbbbbbb"])
+    monkeypatch.setattr(store, "new_token", lambda: next(draws))
+
+    tokens = token_store.issue(IssueRequest(SCOPE, None, None, 60), 2)
+
+    assert sorted(tokens) == ["fresh-token-aaaaaaaaaaaaaaaa", "fresh-token-bbbbbbbbbbbbbbbb"]
+    # the existing record was not overwritten
+    assert real_redis.get(token_store.key(taken)) == b"Iother.scope"
+
+
+async def test_async_batch_issue_is_one_evalsha(redis_server: RedisServer, real_redis: redis.Redis) -> None:
+    import redis.asyncio
+
+    client: Any = redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port)
+    token_store = store.AsyncTokenStore(client)
+    await token_store.issue(IssueRequest(SCOPE, None, None, 60), 2)  # warm
+    with commands_sent(redis_server) as seen:
+        tokens = await token_store.issue(IssueRequest(SCOPE, None, None, 60), 500)
+    await client.aclose()
+    assert len(set(tokens)) == 500
+    assert command_names(seen) == ["EVALSHA"]
