@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 # A development key so the curl walk-through works out of the box; set your own in production.
 export TOKEN_SERVICE_API_KEYS ?= dev-service-key-change-me
 
-.PHONY: run test lint install clean
+.PHONY: run test lint install clean bench
 
 $(BIN)/token-service: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ lint: install
 
 test: lint
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The performance suite (about 8 minutes): writes benchmarks/RESULTS.md and results.png.
+bench: install
+	$(BIN)/python -m benchmarks
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

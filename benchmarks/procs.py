@@ -1,0 +1,143 @@
+"""The processes a benchmark run owns: a redis-server and gunicorn servers on free ports.
+
+Everything is started here and stopped here; the machine's own Redis (6379)
+is never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# One gunicorn command line for the service and for the hand-written baseline:
+# the project's own config file (sync workers, keepalive, access log to
+# stdout), the same worker count, only the application differs.
+GUNICORN_FLAGS = ("--config", "python:token_service.gunicorn_conf")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], Any], timeout_seconds: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except Exception as exc:  # the thing is not up yet
+            last = exc
+        time.sleep(0.05)
+    raise RuntimeError(f"timed out waiting for {what}: {last!r}")
+
+
+def require(binary: str, hint: str) -> str:
+    path = shutil.which(binary)
+    if path is None:
+        raise SystemExit(f"benchmarks: {binary} is not installed ({hint})")
+    return path
+
+
+class RedisServer:
+    """A private redis-server: free port, temp dir, no persistence."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="ts-bench-redis-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)
+
+    def start(self) -> RedisServer:
+        binary = require("redis-server", "apt-get install redis-server")
+        args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
+        args += ["--save", "", "--appendonly", "no", "--logfile", str(self.dir / "redis.log")]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: self.client(socket_timeout=0.5).ping(), 10, f"redis-server on {self.port}")
+        return self
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Gunicorn:
+    """One WSGI app under gunicorn with :data:`GUNICORN_FLAGS` and ``workers`` sync workers."""
+
+    def __init__(self, app: str, env: dict[str, str], workers: int, extra: Sequence[str] = ()) -> None:
+        self.app = app
+        self.port = free_port()
+        self.env = {**os.environ, **env, "PYTHONPATH": str(REPO_ROOT)}
+        self.workers = workers
+        self.extra = list(extra)
+        self.log = Path(tempfile.mkstemp(prefix="ts-bench-gunicorn-", suffix=".log")[1])
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            *GUNICORN_FLAGS,
+            "--bind",
+            f"127.0.0.1:{self.port}",
+            "--workers",
+            str(self.workers),
+            *self.extra,
+            self.app,
+        ]
+
+    def start(self) -> Gunicorn:
+        # Access-log lines go to /dev/null (both servers pay for writing them);
+        # errors go to a file so a failed start can be shown.
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                self.command(), env=self.env, stdout=subprocess.DEVNULL, stderr=log, cwd=REPO_ROOT
+            )
+
+        def up() -> bool:
+            if self.process is not None and self.process.poll() is not None:
+                raise SystemExit(f"benchmarks: gunicorn {self.app} exited:\n{self.log.read_text()}")
+            with urllib.request.urlopen(self.url + "/healthz", timeout=1) as reply:  # noqa: S310
+                return bool(reply.status == 200)
+
+        wait_until(up, 30, f"gunicorn {self.app}")
+        return self
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.unlink(missing_ok=True)

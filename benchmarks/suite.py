@@ -1,0 +1,366 @@
+"""The measurements: each function runs one part of the suite and returns plain data.
+
+``run_suite`` starts one private redis-server, the service and the
+hand-written baseline (both under gunicorn with the same flags), then runs
+every part, alternating service and baseline A B A B and keeping medians.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from benchmarks import baseline_app
+from benchmarks.load import WrkResult, median_of, run_wrk
+from benchmarks.procs import Gunicorn, RedisServer, require
+from token_service.client import TokenClient
+from token_service.store import IssueRequest, TokenStore
+
+API_KEY = "bench-service-key-0123456789"
+SCOPE = "payment.create"
+TTL_SECONDS = 900
+# Distinct subjects in generate bodies: a realistic spread, not one hot user.
+SUBJECTS = 10000
+# wrk runs from one address, i.e. one client to the issuance limiter: the
+# limits are raised (never turned off) so that they are checked and charged on
+# every request but do not throttle the load generator.
+SERVICE_ENV = {
+    "TOKEN_SERVICE_API_KEYS": API_KEY,
+    "TOKEN_SERVICE_RATE_LIMIT": "1000000000/second",
+    "TOKEN_SERVICE_MAX_OUTSTANDING_PER_SUBJECT": "1000000000",
+    "TOKEN_SERVICE_DEFAULT_TTL_SECONDS": str(TTL_SECONDS),
+}
+
+
+@dataclass
+class Config:
+    quick: bool = False
+    rounds: int = 5
+    seconds: float = 5.0
+    curve_seconds: float = 3.0
+    peak_connections: int = 8
+    concurrencies: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    workers: int = 2
+    direct_ops: int = 4000
+    memory_tokens: int = 100_000
+    redis_benchmark_requests: int = 100_000
+
+    @classmethod
+    def quick_mode(cls) -> Config:
+        """Checks the harness end to end in seconds; its figures mean nothing."""
+        return cls(
+            quick=True,
+            rounds=1,
+            seconds=1,
+            curve_seconds=1,
+            peak_connections=2,
+            concurrencies=(2,),
+            direct_ops=200,
+            memory_tokens=2000,
+            redis_benchmark_requests=2000,
+        )
+
+
+@dataclass
+class Servers:
+    redis: RedisServer
+    service: Gunicorn
+    baseline: Gunicorn
+
+    def targets(self) -> list[tuple[str, Gunicorn]]:
+        return [("service", self.service), ("baseline", self.baseline)]
+
+
+@contextmanager
+def servers(config: Config) -> Iterator[Servers]:
+    redis_server = RedisServer().start()
+    env = {**SERVICE_ENV, "TOKEN_SERVICE_REDIS_URL": redis_server.url}
+    service = Gunicorn("token_service:create_app()", env, config.workers)
+    baseline = Gunicorn(
+        "benchmarks.baseline_app:create_app()", {"BENCH_REDIS_URL": redis_server.url}, config.workers
+    )
+    try:
+        service.start()
+        baseline.start()
+        yield Servers(redis_server, service, baseline)
+    finally:
+        service.stop()
+        baseline.stop()
+        redis_server.stop()
+
+
+# -- tokens for consume ------------------------------------------------------------
+
+
+class TokenSupply:
+    """Fresh tokens for consume runs, written where wrk's consume.lua reads them."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.store = TokenStore(client)
+        self.dir = Path(tempfile.mkdtemp(prefix="ts-bench-tokens-"))
+
+    def service_tokens(self, count: int) -> list[str]:
+        tokens: list[str] = []
+        request = IssueRequest(SCOPE, None, None, TTL_SECONDS)
+        while len(tokens) < count:
+            tokens += self.store.issue(request, min(1000, count - len(tokens)))
+        return tokens
+
+    def baseline_tokens(self, count: int) -> list[str]:
+        import secrets
+
+        tokens = [secrets.token_urlsafe(32) for _ in range(count)]
+        for start in range(0, count, 1000):
+            pipe = self.client.pipeline(transaction=False)
+            for token in tokens[start : start + 1000]:
+                pipe.set(baseline_app.KEY_PREFIX + token, SCOPE, ex=TTL_SECONDS)
+            pipe.execute()
+        return tokens
+
+    def file_for(self, target: str, count: int) -> Path:
+        tokens = self.service_tokens(count) if target == "service" else self.baseline_tokens(count)
+        path = self.dir / f"{target}-{time.monotonic_ns()}.txt"
+        path.write_text("\n".join(tokens) + "\n")
+        return path
+
+
+@dataclass
+class HttpRunner:
+    servers: Servers
+    supply: TokenSupply
+    # the fastest rate seen so far: sizes the token files of consume runs
+    fastest_rps: float = 3000.0
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+    def run(
+        self, target: str, endpoint: str, connections: int, seconds: float, delay_ms: float | None = None
+    ) -> WrkResult:
+        server = self.servers.service if target == "service" else self.servers.baseline
+        if endpoint == "consume":
+            # wrk wraps around if it runs out: size generously (repeats would show as errors)
+            count = int(self.fastest_rps * 1.6 * max(1, round(seconds))) + 1000
+            tokens = self.supply.file_for(target, count)
+            key = API_KEY if target == "service" else ""
+            args = [str(tokens), SCOPE, key]
+        elif endpoint == "generate":
+            args, tokens = [SCOPE, str(SUBJECTS)], None
+        else:
+            args, tokens = [SCOPE, "1000"], None
+        try:
+            result = run_wrk(
+                server.url, endpoint, args, connections=connections, seconds=seconds, delay_ms=delay_ms
+            )
+        finally:
+            if tokens is not None:
+                tokens.unlink(missing_ok=True)
+        if result.errors:
+            raise RuntimeError(f"{target} {endpoint}: {result.errors} failed requests in {result}")
+        self.fastest_rps = max(self.fastest_rps, result.rps)
+        self.results.append({"target": target, "endpoint": endpoint, **result.as_dict()})
+        return result
+
+
+def compare_peak(runner: HttpRunner, config: Config, endpoint: str) -> dict[str, Any]:
+    """Service vs baseline at the peak concurrency, A B A B ...; medians and the ratio."""
+    runs: dict[str, list[WrkResult]] = {"service": [], "baseline": []}
+    for _ in range(config.rounds):
+        for target in ("service", "baseline"):
+            runs[target].append(runner.run(target, endpoint, config.peak_connections, config.seconds))
+    summary: dict[str, Any] = {"connections": config.peak_connections, "rounds": config.rounds}
+    for target, results in runs.items():
+        summary[target] = {
+            "rps": median_of(results, "rps"),
+            "p50_ms": median_of(results, "p50_ms"),
+            "p99_ms": median_of(results, "p99_ms"),
+            "all_rps": [round(r.rps, 1) for r in results],
+        }
+    summary["ratio"] = summary["service"]["rps"] / summary["baseline"]["rps"]
+    summary["round_ratios"] = [
+        round(s.rps / b.rps, 3) for s, b in zip(runs["service"], runs["baseline"], strict=True)
+    ]
+    return summary
+
+
+def concurrency_curve(runner: HttpRunner, config: Config) -> list[dict[str, Any]]:
+    points = []
+    for connections in config.concurrencies:
+        for endpoint in ("generate", "consume"):
+            for target in ("service", "baseline"):
+                result = runner.run(target, endpoint, connections, config.curve_seconds)
+                points.append({"target": target, "endpoint": endpoint, **result.as_dict()})
+    return points
+
+
+def half_peak_latency(runner: HttpRunner, config: Config, peak_rps: float) -> dict[str, Any]:
+    """p99 of generate with the load held near half the measured peak.
+
+    wrk 4 is closed-loop: each of the connections sends, waits for the reply,
+    then waits a random delay (mean d). The rate is then about
+    connections / (latency + d); d is calibrated once from a first run. Being
+    closed-loop, a stall delays the next requests instead of queueing them, so
+    this p99 is a floor, not what an open-loop (wrk2) load would show.
+    """
+    connections = max(2, config.peak_connections // 2)
+    target_rps = peak_rps / 2
+    delay_ms = connections / target_rps * 1000
+    first = runner.run("service", "generate", connections, config.curve_seconds, delay_ms=delay_ms)
+    # rate ~ connections / (time per request + delay): keep the measured time, fix the delay
+    time_per_request_ms = connections / first.rps * 1000 - delay_ms
+    delay_ms = max(0.05, connections / target_rps * 1000 - time_per_request_ms)
+    runs = [
+        runner.run("service", "generate", connections, config.seconds, delay_ms=delay_ms)
+        for _ in range(max(1, config.rounds // 2 + 1))
+    ]
+    return {
+        "connections": connections,
+        "target_rps": target_rps,
+        "delay_ms": delay_ms,
+        "rps": median_of(runs, "rps"),
+        "p50_ms": median_of(runs, "p50_ms"),
+        "p99_ms": median_of(runs, "p99_ms"),
+        "all_p99_ms": [r.p99_ms for r in runs],
+    }
+
+
+def batch_throughput(runner: HttpRunner, config: Config) -> dict[str, Any]:
+    runs = [runner.run("service", "batch", config.workers, config.seconds) for _ in range(config.rounds)]
+    return {
+        "connections": config.workers,
+        "tokens_per_request": 1000,
+        "tokens_per_second": median_of(runs, "rps") * 1000,
+        "p50_ms": median_of(runs, "p50_ms"),
+        "p99_ms": median_of(runs, "p99_ms"),
+        "all_tokens_per_second": [round(r.rps * 1000) for r in runs],
+    }
+
+
+# -- SDK direct transport vs raw redis-py EVALSHA -------------------------------------
+
+
+def direct_transport(servers: Servers, config: Config) -> dict[str, Any]:
+    """consume ops/s in one Python process: the store / SDK vs a bare EVALSHA, A B A B."""
+    client = servers.redis.client()
+    supply = TokenSupply(client)
+    sha = client.script_load(baseline_app.CONSUME_LUA)
+    store = TokenStore(client)
+    contenders: dict[str, Callable[[list[str]], None]] = {}
+
+    def raw_evalsha(tokens: list[str]) -> None:
+        for token in tokens:
+            if client.evalsha(sha, 1, baseline_app.KEY_PREFIX + token, SCOPE) != 1:
+                raise RuntimeError("raw EVALSHA did not consume")
+
+    def store_consume(tokens: list[str]) -> None:
+        for token in tokens:
+            if store.consume(token, SCOPE).replayed:
+                raise RuntimeError("store consume replayed a fresh token")
+
+    contenders["redis-py EVALSHA"] = raw_evalsha
+    contenders["TokenStore.consume"] = store_consume
+    sdk = TokenClient.from_redis(client)
+
+    def sdk_consume(tokens: list[str]) -> None:
+        for token in tokens:
+            if sdk.consume(token, SCOPE).replayed:
+                raise RuntimeError("SDK consume replayed a fresh token")
+
+    contenders["TokenClient.from_redis consume"] = sdk_consume
+
+    # warm up connections and script caches
+    for name, run in contenders.items():
+        run(supply.baseline_tokens(50) if name == "redis-py EVALSHA" else supply.service_tokens(50))
+    rates: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(config.rounds):
+        for name, run in contenders.items():
+            tokens = (
+                supply.baseline_tokens(config.direct_ops)
+                if name == "redis-py EVALSHA"
+                else supply.service_tokens(config.direct_ops)
+            )
+            started = time.perf_counter()
+            run(tokens)
+            rates[name].append(len(tokens) / (time.perf_counter() - started))
+    client.close()
+    baseline = statistics.median(rates["redis-py EVALSHA"])
+    return {
+        "ops_per_round": config.direct_ops,
+        "rounds": config.rounds,
+        "ops_per_second": {name: statistics.median(values) for name, values in rates.items()},
+        "ratios": {name: statistics.median(values) / baseline for name, values in rates.items()},
+        "all_ops_per_second": {name: [round(v) for v in values] for name, values in rates.items()},
+    }
+
+
+# -- Redis memory per outstanding token ----------------------------------------------
+
+
+def memory_per_token(servers: Servers, config: Config) -> dict[str, Any]:
+    """used_memory growth per ISSUED token (scope and subject set), on an empty database."""
+    client = servers.redis.client()
+    client.flushall()
+    store = TokenStore(client)
+    before = int(client.info("memory")["used_memory"])
+    per_subject = 10
+    subjects = config.memory_tokens // per_subject
+    issued = 0
+    for start in range(0, subjects, 100):
+        pipe_subjects = [f"user-{n:06d}" for n in range(start, min(start + 100, subjects))]
+        for subject in pipe_subjects:
+            issued += len(store.issue(IssueRequest(SCOPE, subject, None, TTL_SECONDS), per_subject))
+    after = int(client.info("memory")["used_memory"])
+    keys = int(client.dbsize())
+    client.flushall()
+    client.close()
+    return {
+        "tokens": issued,
+        "subjects": subjects,
+        "scope": SCOPE,
+        "subject_example": "user-000042",
+        "bytes_per_token": (after - before) / issued,
+        "keys": keys,
+    }
+
+
+# -- the Redis ceiling -----------------------------------------------------------
+
+
+def redis_ceiling(servers: Servers, config: Config) -> list[dict[str, Any]]:
+    binary = require("redis-benchmark", "apt-get install redis-tools")
+    client = servers.redis.client()
+    sha = client.script_load(baseline_app.CONSUME_LUA)
+    client.close()
+    base = [
+        binary,
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(servers.redis.port),
+        "-n",
+        str(config.redis_benchmark_requests),
+    ]
+    base += ["-c", "50", "-r", "1000000", "--csv"]
+    runs = [
+        ("SET, 50 clients", ["-t", "set"]),
+        ("GET, 50 clients", ["-t", "get"]),
+        ("SET, 50 clients, pipeline 16", ["-t", "set", "-P", "16"]),
+        ("EVALSHA consume-like Lua, 50 clients", ["evalsha", sha, "1", "bl:__rand_int__", SCOPE]),
+    ]
+    results = []
+    for label, extra in runs:
+        done = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=300, check=True)
+        rows = [line.split('","') for line in done.stdout.strip().splitlines()[1:]]
+        rps = float(rows[-1][1])
+        p50 = float(rows[-1][4])
+        p99 = float(rows[-1][6])
+        results.append({"test": label, "rps": rps, "p50_ms": p50, "p99_ms": p99})
+    return results

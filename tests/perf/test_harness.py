@@ -1,0 +1,69 @@
+"""The benchmark harness runs end to end (``python -m benchmarks --quick``).
+
+Quick mode runs every part for about a second: it proves the harness,
+its servers and its report work. It asserts nothing about speed — speed is
+the full run's business (benchmarks/RESULTS.md) — only that every figure
+was measured and written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import REPO_ROOT
+
+pytestmark = [pytest.mark.slow, pytest.mark.real]
+
+
+def require_binary(name: str) -> None:
+    if shutil.which(name) is None:
+        message = f"{name} is not installed (apt-get install {name}): the benchmark harness needs it"
+        if os.environ.get("CI"):
+            pytest.fail(message + " — CI must run this test", pytrace=False)
+        pytest.skip(message)
+
+
+def test_quick_mode_runs_every_part_and_writes_the_report(tmp_path: Path) -> None:
+    for binary in ("wrk", "redis-server", "redis-benchmark"):
+        require_binary(binary)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    results = json.loads((tmp_path / "results.json").read_text())
+    for endpoint in ("generate", "consume"):
+        peak = results["peak"][endpoint]
+        assert peak["service"]["rps"] > 0
+        assert peak["baseline"]["rps"] > 0
+        assert peak["ratio"] > 0
+    assert {(p["endpoint"], p["target"]) for p in results["curve"]} == {
+        (e, t) for e in ("generate", "consume") for t in ("service", "baseline")
+    }
+    assert results["half_peak"]["p99_ms"] > 0
+    assert results["batch"]["tokens_per_second"] > 0
+    assert set(results["direct"]["ops_per_second"]) >= {"redis-py EVALSHA", "TokenStore.consume"}
+    assert results["memory"]["tokens"] == results["config"]["memory_tokens"]
+    assert 50 < results["memory"]["bytes_per_token"] < 1000  # a real measurement, not a placeholder
+    assert [r["rps"] > 0 for r in results["redis"]] == [True] * 4
+    assert len(results["budgets"]) >= 6
+
+    report = (tmp_path / "RESULTS.md").read_text()
+    assert "QUICK MODE" in report
+    for budget in results["budgets"]:
+        assert budget["budget"] in report
+    png = (tmp_path / "results.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+    assert len(png) > 10_000
