@@ -1,0 +1,233 @@
+"""The Idempotency-Key WSGI middleware and its Lua scripts, on fakeredis and a real redis-server."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+from flask import Flask, request
+
+from token_service.client.idempotency import IdempotencyMiddleware
+from token_service.idempotency_store import Claimed, IdempotencyStore, StoredResponse
+from token_service.store import lua_source
+
+KEY = '"8e03978e-40d5-43e8-bc93-6894a57f9324"'
+
+
+def orders_app(redis_client: Any, **options: Any) -> Flask:
+    app = Flask(__name__)
+    app.config["runs"] = []
+    app.config["gate"] = None
+
+    @app.post("/orders")
+    def create_order() -> Any:
+        body = request.get_json()
+        app.config["runs"].append(body)
+        gate: threading.Event | None = app.config["gate"]
+        if gate is not None:
+            gate.wait(10)
+        if body.get("fail") == "crash":
+            raise RuntimeError("bug")
+        if body.get("fail") == "503":
+            return {"error": "bank down"}, 503
+        if body.get("binary"):
+            return b"\x00\xffraw", 201, {"Content-Type": "application/octet-stream"}
+        number = len(app.config["runs"])
+        return {"order": number, **body}, 201, {"Location": f"/orders/{number}", "Set-Cookie": "s=1"}
+
+    @app.get("/orders")
+    def list_orders() -> Any:
+        return {"count": len(app.config["runs"])}
+
+    app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, redis_client, **options)  # type: ignore[method-assign]
+    return app
+
+
+def post(
+    app: Flask, body: Any, key: str | None = KEY, user: str = "Bearer alice", path: str = "/orders"
+) -> Any:
+    headers = {"Authorization": user}
+    if key is not None:
+        headers["Idempotency-Key"] = key
+    return app.test_client().post(path, json=body, headers=headers)
+
+
+def test_first_request_runs_and_a_repeat_is_replayed(redis_client: Any) -> None:
+    app = orders_app(redis_client)
+    first = post(app, {"item": "book"})
+    assert first.status_code == 201
+    assert first.get_json() == {"order": 1, "item": "book"}
+    assert "Idempotent-Replayed" not in first.headers
+    for _ in range(2):
+        again = post(app, {"item": "book"})
+        assert again.status_code == 201
+        assert again.get_data() == first.get_data()
+        assert again.headers["Idempotent-Replayed"] == "true"
+        assert again.headers["Location"] == "/orders/1"
+        assert again.headers["Content-Type"] == "application/json"
+        assert "Set-Cookie" not in again.headers
+    # the bare form of the same key is the same key
+    assert post(app, {"item": "book"}, key=KEY.strip('"')).headers["Idempotent-Replayed"] == "true"
+    assert len(app.config["runs"]) == 1
+
+
+def test_binary_responses_are_stored_compactly_and_replayed_exactly(redis_client: Any) -> None:
+    app = orders_app(redis_client, ttl_seconds=60)
+    first = post(app, {"binary": True})
+    again = post(app, {"binary": True})
+    assert again.get_data() == first.get_data() == b"\x00\xffraw"
+    assert again.headers["Content-Type"] == "application/octet-stream"
+    (record_key,) = redis_client.keys("ts:ik:*")
+    raw = redis_client.get(record_key)
+    assert raw.startswith(b"D")
+    assert raw.endswith(b"\n\x00\xffraw")  # raw bytes, not base64 or escaped JSON
+    assert len(raw) < 200
+    assert 0 < redis_client.pttl(record_key) <= 60_000
+    assert b"alice" not in record_key  # the identity is hashed into the key
+
+
+def test_missing_key_is_400_when_required(redis_client: Any) -> None:
+    app = orders_app(redis_client)
+    missing = post(app, {"item": "book"}, key=None)
+    assert missing.status_code == 400
+    assert missing.mimetype == "application/problem+json"
+    assert missing.get_json()["code"] == "invalid_request"
+    assert "Idempotency-Key" in missing.get_json()["errors"]
+    assert post(app, {"item": "book"}, key="x" * 300).status_code == 400
+    assert post(app, {"item": "book"}, key='"é"').status_code == 400
+    assert app.config["runs"] == []
+
+
+def test_missing_key_passes_through_when_optional(redis_client: Any) -> None:
+    app = orders_app(redis_client, required=False)
+    assert post(app, {"item": "a"}, key=None).status_code == 201
+    assert post(app, {"item": "a"}, key=None).status_code == 201
+    assert len(app.config["runs"]) == 2
+
+
+def test_safe_methods_are_untouched(redis_client: Any) -> None:
+    app = orders_app(redis_client)
+    response = app.test_client().get("/orders")
+    assert response.status_code == 200
+    assert "Idempotent-Replayed" not in response.headers
+
+
+def test_a_concurrent_repeat_gets_409_with_retry_after(redis_client: Any) -> None:
+    app = orders_app(redis_client, lock_seconds=30)
+    gate = threading.Event()
+    app.config["gate"] = gate
+    answers: list[Any] = []
+    first = threading.Thread(target=lambda: answers.append(post(app, {"item": "book"})))
+    first.start()
+    try:
+        deadline = time.monotonic() + 5
+        while not app.config["runs"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        busy = post(app, {"item": "book"})
+        assert busy.status_code == 409
+        assert busy.get_json()["code"] == "idempotency_key_in_use"
+        assert 1 <= int(busy.headers["Retry-After"]) <= 30
+    finally:
+        gate.set()
+        first.join()
+    assert answers[0].status_code == 201
+    assert post(app, {"item": "book"}).headers["Idempotent-Replayed"] == "true"
+    assert len(app.config["runs"]) == 1
+
+
+def test_the_same_key_with_a_different_request_is_422(redis_client: Any) -> None:
+    app = orders_app(redis_client)
+    assert post(app, {"item": "book"}).status_code == 201
+    for other in (
+        lambda: post(app, {"item": "lamp"}),
+        lambda: post(app, {"item": "book"}, path="/orders?express=1"),
+    ):
+        response = other()
+        assert response.status_code == 422
+        assert response.get_json()["code"] == "idempotency_key_mismatch"
+    assert len(app.config["runs"]) == 1
+
+
+def test_keys_are_namespaced_per_client(redis_client: Any) -> None:
+    app = orders_app(redis_client)
+    alice = post(app, {"item": "book"}, user="Bearer alice")
+    bob = post(app, {"item": "book"}, user="Bearer bob")
+    assert "Idempotent-Replayed" not in bob.headers
+    assert alice.get_json()["order"] == 1
+    assert bob.get_json()["order"] == 2
+
+
+def test_5xx_and_exceptions_are_not_stored_and_free_the_key(redis_client: Any) -> None:
+    app = orders_app(redis_client)
+    assert post(app, {"fail": "503"}).status_code == 503
+    assert redis_client.keys("ts:ik:*") == []
+    again = post(app, {"fail": "503"})
+    assert again.status_code == 503
+    assert "Idempotent-Replayed" not in again.headers
+    assert post(app, {"fail": "crash"}, key='"k2"').status_code == 500
+    assert redis_client.keys("ts:ik:*") == []
+    assert len(app.config["runs"]) == 3
+    # a fixed request with the freed key runs and is then stored
+    assert post(app, {"ok": 1}, key='"k3"').status_code == 201
+    assert post(app, {"ok": 1}, key='"k3"').headers["Idempotent-Replayed"] == "true"
+
+
+def test_oversized_bodies_are_413(redis_client: Any) -> None:
+    app = orders_app(redis_client, max_body_bytes=100)
+    response = post(app, {"blob": "x" * 200})
+    assert response.status_code == 413
+    assert response.get_json()["code"] == "payload_too_large"
+    assert app.config["runs"] == []
+
+
+def test_redis_down_fails_closed_with_503() -> None:
+    import redis
+
+    dead = redis.Redis(port=1, socket_connect_timeout=0.2, retry=None)
+    app = orders_app(dead)
+    response = post(app, {"item": "book"})
+    assert response.status_code == 503
+    assert response.get_json()["code"] == "store_unavailable"
+    assert app.config["runs"] == []
+
+
+def test_a_stale_claim_is_fenced_out(redis_client: Any) -> None:
+    store = IdempotencyStore(redis_client)
+    key = store.key("alice", "k")
+    assert store.begin(key, "fp", "owner-1", lock_seconds=30) == Claimed()
+    redis_client.pexpire(key, 1)  # the first attempt's lock runs out (its process died)
+    time.sleep(0.01)
+    assert store.begin(key, "fp", "owner-2", lock_seconds=30) == Claimed()
+    response = StoredResponse(201, [("Content-Type", "text/plain")], b"late")
+    assert store.store(key, "fp", "owner-1", response, ttl_seconds=60) is False
+    assert store.release(key, "fp", "owner-1") is False
+    assert store.store(key, "fp", "owner-2", response, ttl_seconds=60) is True
+    assert store.begin(key, "fp", "owner-3", lock_seconds=30) == response
+
+
+@pytest.mark.parametrize(
+    ("script", "args"),
+    [
+        ("idempotency_begin", ["", "owner", "1000"]),
+        ("idempotency_begin", ["fp\x1fx", "owner", "1000"]),
+        ("idempotency_begin", ["fp", "", "1000"]),
+        ("idempotency_begin", ["fp", "owner", "0"]),
+        ("idempotency_store", ["fp", "owner", "resp", "-5"]),
+        ("idempotency_release", ["fp", ""]),
+    ],
+)
+def test_scripts_reject_bad_arguments_before_writing(redis_client: Any, script: str, args: list[str]) -> None:
+    reply = redis_client.eval(lua_source(script), 1, "ts:ik:test", *args)
+    assert reply[0] == b"invalid_argument"
+    assert redis_client.exists("ts:ik:test") == 0
+
+
+def test_scripts_open_with_their_contract() -> None:
+    for name in ("idempotency_begin", "idempotency_store", "idempotency_release"):
+        head = lua_source(name).split("\n-- " + name, 1)[1].splitlines()[:8]
+        text = "\n".join(head)
+        assert "KEYS[1]" in text
+        assert "ARGV[1]" in text
+        assert "returns" in text
