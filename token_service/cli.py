@@ -1,4 +1,5 @@
-"""The ``token-service`` command: ``serve`` runs gunicorn, ``check`` validates config and Redis."""
+"""The ``token-service`` command: ``serve`` runs gunicorn, ``check`` validates config and Redis,
+``db-cleanup`` deletes expired idempotency records from a business database."""
 
 from __future__ import annotations
 
@@ -67,6 +68,66 @@ def check(args: argparse.Namespace) -> int:
     return 0
 
 
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_seconds(text: str) -> int:
+    """``90``, ``90s``, ``15m``, ``2h`` or ``7d`` → seconds."""
+    text = text.strip().lower()
+    unit = text[-1:] if text[-1:] in _DURATION_UNITS else "s"
+    number = text[:-1] if text[-1:] in _DURATION_UNITS else text
+    if not number.isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 90s, 15m, 2h or 7d")
+    return int(number) * _DURATION_UNITS[unit]
+
+
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
+
+
+def db_cleanup(args: argparse.Namespace) -> int:
+    try:
+        import sqlalchemy as sa
+
+        from token_service.client.durable import delete_expired, records_table
+    except ImportError as exc:
+        print(
+            f"token-service: db-cleanup needs the db extra (pip install 'token-service[db]'): {exc}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        engine = sa.create_engine(args.url)
+    except (sa.exc.ArgumentError, ImportError) as exc:
+        print(f"token-service: cannot use database URL: {exc}", file=sys.stderr)
+        return 2
+    table = records_table(args.table, schema=args.schema)
+    name = f"{args.schema}.{args.table}" if args.schema else args.table
+
+    def progress(deleted: int, total: int) -> None:
+        print(f"db-cleanup: deleted {deleted} records in this batch, {total} so far", flush=True)
+
+    try:
+        total = delete_expired(
+            engine,
+            table=table,
+            older_than_seconds=args.older_than,
+            batch_size=args.batch_size,
+            pause_seconds=args.pause,
+            progress=progress,
+        )
+    except sa.exc.SQLAlchemyError as exc:
+        reason = getattr(exc, "orig", None) or exc
+        print(f"token-service: db-cleanup failed on {name}: {reason}", file=sys.stderr)
+        return 1
+    finally:
+        engine.dispose()
+    print(f"db-cleanup: done, {total} expired records deleted from {name}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="token-service", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -79,6 +140,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve_cmd.set_defaults(handler=serve)
     check_cmd = commands.add_parser("check", help="validate the configuration and ping Redis")
     check_cmd.set_defaults(handler=check)
+    cleanup_cmd = commands.add_parser(
+        "db-cleanup", help="delete expired idempotency records from a database, in small batches"
+    )
+    cleanup_cmd.add_argument(
+        "--url", required=True, help="SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db"
+    )
+    cleanup_cmd.add_argument("--table", default="idempotency_records", help="(default: idempotency_records)")
+    cleanup_cmd.add_argument("--schema", default=None, help="schema of the table (default: the URL's)")
+    cleanup_cmd.add_argument(
+        "--older-than",
+        type=duration_seconds,
+        default=0,
+        help="only records that expired at least this long ago: 90s, 15m, 2h, 7d (default: 0)",
+    )
+    cleanup_cmd.add_argument(
+        "--batch-size", type=positive_int, default=1000, help="rows per transaction (default: 1000)"
+    )
+    cleanup_cmd.add_argument("--pause", type=float, default=0.0, help="seconds to sleep between batches")
+    cleanup_cmd.set_defaults(handler=db_cleanup)
     args = parser.parse_args(argv)
     return int(args.handler(args))
 

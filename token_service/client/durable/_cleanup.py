@@ -1,0 +1,69 @@
+"""Deleting expired records in small batches.
+
+One big ``DELETE … WHERE expires_at < :cutoff`` would hold its row locks (and,
+on InnoDB, gap locks on the index) until it finished, stalling the very
+inserts it races with, and would bloat one transaction's undo/WAL. Instead
+each batch is its own short transaction: pick at most ``batch_size`` keys by
+the ``expires_at`` index, then delete those keys — re-checking the expiry, so
+that a record reset by a new claim in between is kept. (MySQL does not allow
+``LIMIT`` in an ``IN`` subquery, hence the two statements.)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from token_service.client.durable._guard import Clock, utc_now
+from token_service.client.durable._schema import IDEMPOTENCY_RECORDS
+
+
+def delete_expired(
+    engine: Engine,
+    *,
+    table: sa.Table = IDEMPOTENCY_RECORDS,
+    older_than_seconds: float = 0,
+    batch_size: int = 1000,
+    pause_seconds: float = 0.0,
+    progress: Callable[[int, int], None] | None = None,
+    clock: Clock = utc_now,
+) -> int:
+    """Delete records that expired more than ``older_than_seconds`` ago; returns how many.
+
+    ``progress(deleted_in_batch, deleted_so_far)`` is called after each batch;
+    ``pause_seconds`` between batches leaves room for other writers on a busy
+    database.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    if older_than_seconds < 0:
+        raise ValueError("older_than_seconds must not be negative")
+    cutoff = clock() - timedelta(seconds=older_than_seconds)
+    expired = table.c.expires_at < cutoff
+    total = 0
+    while True:
+        with engine.begin() as conn:
+            keys = (
+                conn.execute(
+                    sa.select(table.c.record_key)
+                    .where(expired)
+                    .order_by(table.c.expires_at)
+                    .limit(batch_size)
+                )
+                .scalars()
+                .all()
+            )
+            if not keys:
+                return total
+            deleted = conn.execute(sa.delete(table).where(table.c.record_key.in_(keys), expired)).rowcount
+        total += deleted
+        if progress is not None:
+            progress(deleted, total)
+        if len(keys) < batch_size:
+            return total
+        if pause_seconds:
+            time.sleep(pause_seconds)

@@ -1,0 +1,412 @@
+"""The transactional guard: claim a record, run the business writes, store the response.
+
+Everything happens on the caller's ``Connection`` inside the caller's
+transaction, so the record and the business effect commit together or not at
+all. The claim is one atomic insert-or-detect statement — never a SELECT
+followed by an INSERT, which two requests can both pass:
+
+- PostgreSQL and SQLite: ``INSERT … ON CONFLICT (record_key) DO NOTHING``;
+  one row inserted means we own the key.
+- MySQL/MariaDB: ``INSERT … ON DUPLICATE KEY UPDATE record_key = record_key``.
+  Its row count cannot tell "inserted" from "found" (SQLAlchemy sets
+  CLIENT_FOUND_ROWS), and ``INSERT IGNORE`` would also turn other errors into
+  warnings, so ownership is read back: the row carries our fresh 128-bit
+  lease id only if our INSERT created it.
+
+What a concurrent request sees: the first request's uncommitted row holds the
+unique-index entry, so PostgreSQL and InnoDB make the second INSERT wait until
+the first transaction ends (SQLite serialises writers on the database lock;
+give it a busy timeout). If the first commits, the second finds the row and
+reads it with ``SELECT … FOR UPDATE`` — a locking read, which sees the latest
+committed version even under InnoDB's REPEATABLE READ snapshot — and replays
+the stored response. If the first rolls back (crash, exception), the row is
+gone and the second inserts and runs. Under PostgreSQL REPEATABLE READ or
+SERIALIZABLE the second gets a serialization failure instead: retry the
+whole transaction, as those levels require. InnoDB may report a deadlock when
+several waiters race a rolled-back key; that is also "retry the transaction".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+from token_service.client.durable._schema import (
+    FAILED,
+    IDEMPOTENCY_RECORDS,
+    PROCESSING,
+    SUCCEEDED,
+    check_fingerprint,
+    check_key,
+)
+from token_service.errors import (
+    FingerprintMismatch,
+    LeaseLost,
+    RecordFailed,
+    RecordInProgress,
+    TokenInvalid,
+    TokenUsed,
+)
+from token_service.tokens import is_well_formed, token_digest
+
+# Longer than the longest token TTL (MAX_TTL_SECONDS, 86400 by default) on
+# purpose: the record must outlive every token that could still be presented.
+DEFAULT_RECORD_TTL_SECONDS = 7 * 86400
+DEFAULT_LEASE_SECONDS = 30
+_CLAIM_ATTEMPTS = 3
+
+Clock = Callable[[], datetime]
+_T = TypeVar("_T")
+
+
+def utc_now() -> datetime:
+    """Naive UTC, as the table stores it."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """What a duplicate gets back: the first execution's status, body bytes and headers."""
+
+    status: int
+    body: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def json(cls, status: int, payload: Any, headers: Mapping[str, str] | None = None) -> StoredResponse:
+        body = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
+        return cls(status, body, {"Content-Type": "application/json", **(headers or {})})
+
+    def payload(self) -> Any:
+        return json.loads(self.body)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of ``run_once``: the response, and whether it was replayed from the record."""
+
+    response: StoredResponse
+    replayed: bool
+
+
+@dataclass(frozen=True)
+class Claim:
+    """We own the key: do the work, then ``complete`` or ``fail`` with ``lease_id``."""
+
+    key: str
+    lease_id: str
+    lease_expires_at: datetime
+    taken_over: bool = False
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The key finished before: here is its stored response."""
+
+    key: str
+    response: StoredResponse
+
+
+def request_fingerprint(*parts: Any) -> str:
+    """SHA-256 (hex) of the canonical JSON of ``parts``: the same request gives the same fingerprint."""
+    canonical = json.dumps(parts, separators=(",", ":"), sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def token_record_key(token: str, namespace: str = "token") -> str:
+    """The record key of a token: its digest (never the token), so Redis and the database agree."""
+    if not is_well_formed(token):
+        raise TokenInvalid("malformed token")
+    return f"{namespace}:{token_digest(token)}"
+
+
+def _require_transaction(conn: Connection) -> None:
+    if not isinstance(conn, Connection) or not conn.in_transaction():
+        raise ValueError(
+            "the guard runs inside your transaction: pass the Connection of a "
+            "`with engine.begin() as conn:` block"
+        )
+
+
+def _insert_or_detect(conn: Connection, table: sa.Table, values: dict[str, Any]) -> bool | None:
+    """Insert the claim unless the key exists; True/False when the row count can tell, else None."""
+    name = conn.dialect.name
+    if name == "postgresql":
+        pg = postgresql.insert(table).values(values).on_conflict_do_nothing(index_elements=["record_key"])
+        return conn.execute(pg).rowcount == 1
+    if name == "sqlite":
+        lite = sqlite.insert(table).values(values).on_conflict_do_nothing(index_elements=["record_key"])
+        return conn.execute(lite).rowcount == 1
+    if name in ("mysql", "mariadb"):
+        my = mysql.insert(table).values(values)
+        conn.execute(my.on_duplicate_key_update(record_key=my.inserted.record_key))
+        return None
+    raise NotImplementedError(f"idempotency records support PostgreSQL, MySQL/MariaDB and SQLite, not {name}")
+
+
+def _stored_response(row: sa.Row[Any]) -> StoredResponse:
+    headers = json.loads(row.response_headers) if row.response_headers else {}
+    return StoredResponse(int(row.response_status), bytes(row.response_body or b""), headers)
+
+
+def claim(
+    conn: Connection,
+    key: str,
+    *,
+    fingerprint: str | None = None,
+    lease_seconds: int = DEFAULT_LEASE_SECONDS,
+    ttl_seconds: int = DEFAULT_RECORD_TTL_SECONDS,
+    table: sa.Table = IDEMPOTENCY_RECORDS,
+    clock: Clock = utc_now,
+) -> Claim | Replay:
+    """Claim ``key`` on ``conn`` (inside its transaction), or learn what became of it.
+
+    Returns a ``Claim`` when the caller owns the key — new, expired, or a
+    PROCESSING record whose lease ran out (``taken_over``) — or a ``Replay`` of
+    the stored response. Raises ``FingerprintMismatch`` when the key was used
+    for another request, ``RecordFailed`` for a recorded terminal failure and
+    ``RecordInProgress`` while another holder's committed lease is live (only
+    possible in the two-transaction flow, where the claim is committed first).
+    """
+    _require_transaction(conn)
+    check_key(key)
+    check_fingerprint(fingerprint)
+    if not 1 <= lease_seconds <= ttl_seconds:
+        raise ValueError("lease_seconds must be at least 1 and at most ttl_seconds")
+    now = clock()
+    lease_id = secrets.token_urlsafe(16)
+    lease_expires_at = now + timedelta(seconds=lease_seconds)
+    fresh = {
+        "status": PROCESSING,
+        "fingerprint": fingerprint,
+        "lease_id": lease_id,
+        "lease_expires_at": lease_expires_at,
+        "response_status": None,
+        "response_headers": None,
+        "response_body": None,
+        "error": None,
+        "created_at": now,
+        "updated_at": now,
+        "expires_at": now + timedelta(seconds=ttl_seconds),
+    }
+    mine = Claim(key, lease_id, lease_expires_at)
+    where_key = table.c.record_key == key
+    for _ in range(_CLAIM_ATTEMPTS):
+        if _insert_or_detect(conn, table, {"record_key": key, **fresh}):
+            return mine
+        row = conn.execute(sa.select(table).where(where_key).with_for_update()).one_or_none()
+        if row is None:
+            # Deleted between our INSERT and our read (cleanup, a retryable fail): try again.
+            continue
+        if row.lease_id == lease_id:
+            return mine  # MySQL: our INSERT created it
+        if row.expires_at <= now:
+            # An expired record counts as absent; the row lock we hold makes the reset safe.
+            conn.execute(sa.update(table).where(where_key).values(fresh))
+            return mine
+        if row.fingerprint is not None and fingerprint is not None and row.fingerprint != fingerprint:
+            raise FingerprintMismatch(f"key {key!r} was first used for a different request", key=key)
+        if row.status == SUCCEEDED:
+            return Replay(key, _stored_response(row))
+        if row.status == FAILED:
+            error = json.loads(row.error) if row.error else None
+            raise RecordFailed(f"key {key!r} failed for good", key=key, error=error)
+        if row.lease_expires_at is not None and row.lease_expires_at > now:
+            retry_after = max(1, math.ceil((row.lease_expires_at - now).total_seconds()))
+            raise RecordInProgress(
+                f"key {key!r} is being processed by another request", key=key, retry_after_seconds=retry_after
+            )
+        # PROCESSING with a dead lease: the holder crashed after committing its claim. Take over,
+        # fenced by the old lease id so that exactly one of several takers wins.
+        taken = conn.execute(
+            sa.update(table)
+            .where(where_key, table.c.status == PROCESSING, table.c.lease_id == row.lease_id)
+            .values(lease_id=lease_id, lease_expires_at=lease_expires_at, updated_at=now)
+        )
+        if taken.rowcount == 1:
+            return Claim(key, lease_id, lease_expires_at, taken_over=True)
+    raise RecordInProgress(f"key {key!r} keeps changing under us; retry", key=key)
+
+
+def _fenced(table: sa.Table, key: str, lease_id: str) -> list[sa.ColumnElement[bool]]:
+    return [table.c.record_key == key, table.c.status == PROCESSING, table.c.lease_id == lease_id]
+
+
+def complete(
+    conn: Connection,
+    claimed: Claim,
+    response: StoredResponse,
+    *,
+    table: sa.Table = IDEMPOTENCY_RECORDS,
+    clock: Clock = utc_now,
+) -> None:
+    """Mark the claimed record SUCCEEDED with ``response`` (in the transaction of the business writes)."""
+    _require_transaction(conn)
+    if not isinstance(response, StoredResponse):
+        raise TypeError(f"store a StoredResponse, not {type(response).__name__}")
+    done = conn.execute(
+        sa.update(table)
+        .where(*_fenced(table, claimed.key, claimed.lease_id))
+        .values(
+            status=SUCCEEDED,
+            lease_id=None,
+            lease_expires_at=None,
+            response_status=response.status,
+            response_headers=json.dumps(dict(response.headers), separators=(",", ":")),
+            response_body=response.body,
+            updated_at=clock(),
+        )
+    )
+    if done.rowcount != 1:
+        raise LeaseLost(f"the lease on key {claimed.key!r} was taken over; the outcome was not stored")
+
+
+def fail(
+    conn: Connection,
+    claimed: Claim,
+    *,
+    retryable: bool,
+    error: Any = None,
+    table: sa.Table = IDEMPOTENCY_RECORDS,
+    clock: Clock = utc_now,
+) -> None:
+    """Give the key up: delete the record (``retryable``) or mark it FAILED with ``error`` (JSON)."""
+    _require_transaction(conn)
+    fenced = _fenced(table, claimed.key, claimed.lease_id)
+    if retryable:
+        done = conn.execute(sa.delete(table).where(*fenced))
+    else:
+        done = conn.execute(
+            sa.update(table)
+            .where(*fenced)
+            .values(
+                status=FAILED,
+                lease_id=None,
+                lease_expires_at=None,
+                error=json.dumps(error, separators=(",", ":")),
+                updated_at=clock(),
+            )
+        )
+    if done.rowcount != 1:
+        raise LeaseLost(f"the lease on key {claimed.key!r} was taken over; the failure was not stored")
+
+
+def run_once(
+    conn: Connection,
+    key: str,
+    handler: Callable[[Connection], StoredResponse],
+    *,
+    fingerprint: str | None = None,
+    ttl_seconds: int = DEFAULT_RECORD_TTL_SECONDS,
+    table: sa.Table = IDEMPOTENCY_RECORDS,
+    clock: Clock = utc_now,
+) -> Outcome:
+    """Run ``handler(conn)`` at most once per ``key``, in the caller's transaction.
+
+    ::
+
+        with engine.begin() as conn:
+            outcome = run_once(conn, key, lambda conn: charge(conn, order), fingerprint=fp)
+
+    The first call claims the key, runs the handler and stores the response it
+    returns; all of it commits with the caller's transaction. If the handler
+    (or anything later in the transaction) raises, the transaction rolls back
+    and leaves neither the record nor the business writes: the request may be
+    retried. Later calls get ``Outcome(response, replayed=True)`` — the same
+    status, headers and body bytes — without running the handler.
+    """
+    claimed = claim(conn, key, fingerprint=fingerprint, ttl_seconds=ttl_seconds, table=table, clock=clock)
+    if isinstance(claimed, Replay):
+        return Outcome(claimed.response, replayed=True)
+    response = handler(conn)
+    complete(conn, claimed, response, table=table, clock=clock)
+    return Outcome(response, replayed=False)
+
+
+def run_once_for_token(
+    conn: Connection,
+    token: str,
+    handler: Callable[[Connection], StoredResponse],
+    *,
+    replay: bool = True,
+    fingerprint: str | None = None,
+    ttl_seconds: int = DEFAULT_RECORD_TTL_SECONDS,
+    table: sa.Table = IDEMPOTENCY_RECORDS,
+    clock: Clock = utc_now,
+) -> Outcome:
+    """``run_once`` keyed by the token's digest: the database backstop behind Redis.
+
+    Consume (or begin) the token in Redis first, then call this in the
+    transaction of the business writes. If Redis ever forgets that the token
+    was used (failover to a replica that missed the write, a restart between
+    fsyncs) and lets it through again, the record refuses the second
+    execution: the stored response is replayed, or with ``replay=False``
+    ``TokenUsed`` is raised, as a one-shot consume would have.
+    """
+    outcome = run_once(
+        conn,
+        token_record_key(token),
+        handler,
+        fingerprint=fingerprint,
+        ttl_seconds=ttl_seconds,
+        table=table,
+        clock=clock,
+    )
+    if outcome.replayed and not replay:
+        raise TokenUsed("this token's operation already ran (database record)")
+    return outcome
+
+
+# SQLSTATEs (PostgreSQL, and MySQL's 40001 for a deadlock) and MySQL error numbers after
+# which the database has rolled the whole transaction back and asks for it to be run again.
+_RETRY_SQLSTATES = frozenset({"40001", "40P01"})
+_RETRY_MYSQL_ERRORS = frozenset({1213})  # ER_LOCK_DEADLOCK
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """True for a deadlock or serialization failure: the transaction was rolled back; run it again."""
+    if not isinstance(exc, sa.exc.DBAPIError):
+        return False
+    orig = exc.orig
+    if getattr(orig, "sqlstate", None) in _RETRY_SQLSTATES:
+        return True
+    args: tuple[Any, ...] = tuple(getattr(orig, "args", ()))
+    return len(args) > 0 and args[0] in _RETRY_MYSQL_ERRORS
+
+
+def retry_transaction(
+    engine: sa.Engine,
+    work: Callable[[Connection], _T],
+    *,
+    attempts: int = 5,
+    backoff_seconds: float = 0.05,
+) -> _T:
+    """Run ``work(conn)`` in ``engine.begin()``, again if the database reports a deadlock.
+
+    Several requests waiting on the same key may deadlock on InnoDB when the
+    holder rolls back, and PostgreSQL's REPEATABLE READ / SERIALIZABLE report
+    serialization failures; in both cases the database has undone the whole
+    transaction, so running it again (guard included) is safe and gives the
+    right answer — usually the replay of the winner's response.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            with engine.begin() as conn:
+                return work(conn)
+        except sa.exc.DBAPIError as exc:
+            if attempt == attempts or not is_retryable(exc):
+                raise
+            time.sleep(backoff_seconds * attempt * (0.5 + random.random()))
+    raise AssertionError("unreachable")  # pragma: no cover
