@@ -8,7 +8,7 @@ from typing import Any
 
 from flask import Flask
 
-from token_service import api, health
+from token_service import api, frontend, health
 from token_service.config import Settings
 from token_service.connection import redis_client
 from token_service.responses import register_error_handlers
@@ -37,4 +37,5 @@ def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
     register_error_handlers(app)
     app.register_blueprint(api.make_blueprint(settings, store))
     app.register_blueprint(health.make_blueprint(store))
+    app.register_blueprint(frontend.make_blueprint())
     return app

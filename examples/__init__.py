@@ -1,0 +1,1 @@
+"""Runnable examples of token-service (not part of the installed package)."""

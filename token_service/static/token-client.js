@@ -1,0 +1,329 @@
+// token-client.js — the browser helper of token-service. No dependencies.
+//
+// Load it as an ES module from the token service:
+//
+//   import { TokenClient, isReplayed } from "https://tokens.example.com/static/token-client.js";
+//
+// or with a script tag, <script type="module" src=".../token-client.js">, which
+// also sets window.TokenClient (with the helpers below as static members).
+//
+// One *action* is one user intent ("pay for this order"): it holds ONE token,
+// fetched lazily, and every request of the action carries it in the
+// Idempotency-Token header — a double click, a retry after a network error or
+// a 503, all send the same token, so the backend runs the action at most once
+// and answers the duplicates with the stored response (Idempotent-Replayed:
+// true). A new action fetches a fresh token.
+
+const DEFAULT_HEADER = "Idempotency-Token";
+const REPLAYED_HEADER = "Idempotent-Replayed";
+
+/** Base class of every error this module throws. */
+export class TokenClientError extends Error {
+  constructor(message, { status = 0, code = "", problem = null, response = null, cause } = {}) {
+    super(message, cause === undefined ? undefined : { cause });
+    this.name = new.target.name;
+    this.status = status; // HTTP status, 0 when no response came back
+    this.code = code; // the service's stable problem code, e.g. "token_used"
+    this.problem = problem; // the parsed problem+json body, when there was one
+    this.response = response; // the Response (its body already read into `problem`)
+  }
+}
+
+/**
+ * 409: the token was already used. `code` says how: "token_used" (done by an
+ * earlier request), "token_failed" (the first attempt failed for good; the
+ * stored error is in `problem.error`) or "token_in_progress" (another request
+ * of the same action still runs and did not finish within the retries).
+ */
+export class DuplicateRequestError extends TokenClientError {
+  constructor(message, details = {}) {
+    super(message, details);
+    this.retryAfterSeconds = details.retryAfterSeconds ?? null;
+  }
+}
+
+/** 429: too many tokens or requests; try again after `retryAfterSeconds`. */
+export class RateLimitedError extends TokenClientError {
+  constructor(message, details = {}) {
+    super(message, details);
+    this.retryAfterSeconds = details.retryAfterSeconds ?? null;
+  }
+}
+
+/** The network failed on every attempt (the last error is `cause`). */
+export class NetworkError extends TokenClientError {}
+
+/** True when the backend answered with the stored response of an earlier request. */
+export function isReplayed(response) {
+  return (response?.headers?.get(REPLAYED_HEADER) ?? "").toLowerCase() === "true";
+}
+
+const sleep = (ms, signal) =>
+  new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const timer = setTimeout(resolve, ms);
+    signal?.addEventListener(
+      "abort",
+      () => {
+        clearTimeout(timer);
+        reject(signal.reason);
+      },
+      { once: true },
+    );
+  });
+
+const isAbort = (error) => error?.name === "AbortError" || error?.name === "TimeoutError";
+
+async function readProblem(response) {
+  try {
+    const body = await response.clone().json();
+    return body && typeof body === "object" ? body : null;
+  } catch {
+    return null;
+  }
+}
+
+// Retry-After is not a CORS-safelisted header: a cross-origin page only sees it
+// when the server exposes it, so the problem body's retry_after_seconds counts too.
+function retryAfterSeconds(response, problem) {
+  const header = response.headers.get("Retry-After");
+  if (header !== null) {
+    const seconds = Number(header);
+    if (Number.isFinite(seconds) && seconds >= 0) return seconds;
+    const date = Date.parse(header);
+    if (!Number.isNaN(date)) return Math.max(0, (date - Date.now()) / 1000);
+  }
+  const fromBody = Number(problem?.retry_after_seconds);
+  return Number.isFinite(fromBody) && fromBody >= 0 ? fromBody : null;
+}
+
+function defaultBaseUrl() {
+  // The module is served by the token service at <base>/static/token-client.js.
+  try {
+    return new URL("../", import.meta.url).href;
+  } catch {
+    return globalThis.location?.origin ?? "";
+  }
+}
+
+/**
+ * A client of one token service.
+ *
+ * options:
+ *   baseUrl        the token service, default: where this module was loaded from
+ *   header         the header carrying the token, default "Idempotency-Token"
+ *   retries        retries of one request after a network error, a 503 or a
+ *                  409 token_in_progress, always with the same token (default 3)
+ *   retryDelayMs   first backoff delay, doubled each time, with jitter (default 250)
+ *   maxRetryDelayMs  cap on any wait, Retry-After included (default 5000)
+ *   credentials    fetch credentials for the token service (default "omit")
+ *   fetch          the fetch function to use (default globalThis.fetch)
+ *   onRetry        called as onRetry({attempt, reason, delayMs}) before each retry
+ */
+export class TokenClient {
+  constructor(options = {}) {
+    this.baseUrl = String(options.baseUrl ?? defaultBaseUrl());
+    this.header = options.header ?? DEFAULT_HEADER;
+    this.retries = options.retries ?? 3;
+    this.retryDelayMs = options.retryDelayMs ?? 250;
+    this.maxRetryDelayMs = options.maxRetryDelayMs ?? 5000;
+    this.credentials = options.credentials ?? "omit";
+    this.onRetry = options.onRetry ?? null;
+    const fetchImpl = options.fetch ?? globalThis.fetch;
+    this._fetch = (...args) => fetchImpl.apply(globalThis, args);
+  }
+
+  /**
+   * Ask the service for a one-time token (POST /token/generate).
+   * options: subject, fingerprint, ttlSeconds, signal.
+   * Resolves to the service's JSON: {token, scope, subject, fingerprint, ttl_seconds, expires_at}.
+   */
+  async getToken(scope, options = {}) {
+    const body = { scope };
+    if (options.subject != null) body.subject = options.subject;
+    if (options.fingerprint != null) body.fingerprint = options.fingerprint;
+    if (options.ttlSeconds != null) body.ttl_seconds = options.ttlSeconds;
+    const url = new URL("token/generate", this.baseUrl.endsWith("/") ? this.baseUrl : this.baseUrl + "/");
+    // Issuing is harmless to repeat (an unused token just expires), so every
+    // kind of retry is allowed here.
+    const response = await this._send(
+      () =>
+        this._fetch(url.href, {
+          method: "POST",
+          headers: { "Content-Type": "application/json" },
+          body: JSON.stringify(body),
+          credentials: this.credentials,
+          cache: "no-store",
+          signal: options.signal,
+        }),
+      options.signal,
+    );
+    if (response.status === 201) return response.json();
+    const problem = await readProblem(response);
+    throw this._errorFor(response, problem, "The token service refused to issue a token");
+  }
+
+  /** Start a new action: one token, shared by every request of the action. */
+  action(scope, options = {}) {
+    return new TokenAction(this, scope, options);
+  }
+
+  /** One request as one action: a fresh token, kept across this call's own retries. */
+  fetch(input, init = {}, options = {}) {
+    const { scope, ...actionOptions } = options;
+    if (!scope) throw new TypeError("TokenClient.fetch needs options.scope");
+    return this.action(scope, actionOptions).fetch(input, init);
+  }
+
+  // Runs send() until it yields a response that is not worth retrying.
+  async _send(send, signal, { retryInProgress = false, onRetry = null } = {}) {
+    for (let attempt = 1; ; attempt++) {
+      let response;
+      let reason;
+      let waitSeconds = null;
+      try {
+        response = await send();
+      } catch (error) {
+        if (isAbort(error) || signal?.aborted) throw error;
+        if (attempt > this.retries) {
+          throw new NetworkError(`The request failed after ${attempt} attempts: ${error.message}`, {
+            cause: error,
+          });
+        }
+        reason = "network";
+      }
+      if (response) {
+        if (response.status === 503 && attempt <= this.retries) {
+          reason = "unavailable";
+          waitSeconds = retryAfterSeconds(response, await readProblem(response));
+        } else if (response.status === 409 && retryInProgress && attempt <= this.retries) {
+          const problem = await readProblem(response);
+          if (problem?.code !== "token_in_progress") return response;
+          // Another request of this action holds the token: wait for its result.
+          reason = "in_progress";
+          waitSeconds = retryAfterSeconds(response, problem);
+        } else {
+          return response;
+        }
+      }
+      const backoff = this.retryDelayMs * 2 ** (attempt - 1) * (0.75 + Math.random() / 2);
+      let delayMs = waitSeconds !== null ? waitSeconds * 1000 : backoff;
+      // In progress, Retry-After is when the holder's lease would run out (a
+      // crash); the usual finish is much sooner, so poll with the backoff.
+      if (reason === "in_progress") delayMs = Math.min(delayMs, backoff);
+      delayMs = Math.min(this.maxRetryDelayMs, delayMs);
+      this.onRetry?.({ attempt, reason, delayMs });
+      onRetry?.({ attempt, reason, delayMs });
+      await sleep(delayMs, signal);
+    }
+  }
+
+  _errorFor(response, problem, what) {
+    const code = problem?.code ?? "";
+    const detail = problem?.detail ?? problem?.title ?? response.statusText;
+    const details = { status: response.status, code, problem, response };
+    const message = `${what}: ${response.status}${code ? " " + code : ""}${detail ? " — " + detail : ""}`;
+    if (response.status === 429) {
+      return new RateLimitedError(message, { ...details, retryAfterSeconds: retryAfterSeconds(response, problem) });
+    }
+    if (response.status === 409) {
+      return new DuplicateRequestError(message, {
+        ...details,
+        retryAfterSeconds: retryAfterSeconds(response, problem),
+      });
+    }
+    return new TokenClientError(message, details);
+  }
+}
+
+/**
+ * One user intent. Its token is fetched on first use (or given as
+ * options.token) and reused by every request of the action.
+ */
+export class TokenAction {
+  constructor(client, scope, options = {}) {
+    this.client = client;
+    this.scope = scope;
+    this.options = options;
+    this.attempts = 0; // requests sent with this action's token, retries included
+    this._token = options.token ? Promise.resolve(options.token) : null;
+  }
+
+  /** The action's token (fetched once; a failed fetch is tried again next time). */
+  token() {
+    if (!this._token) {
+      this._token = this.client.getToken(this.scope, this.options).then(
+        (issued) => issued.token,
+        (error) => {
+          this._token = null;
+          throw error;
+        },
+      );
+    }
+    return this._token;
+  }
+
+  /**
+   * fetch() with the action's token in the header. Resolves to the Response
+   * (isReplayed(response) tells a stored answer to a duplicate); rejects with
+   * DuplicateRequestError on 409, RateLimitedError on 429, NetworkError when
+   * every attempt failed. The body must be re-readable (a string, Blob,
+   * FormData or URLSearchParams), since retries send it again.
+   * options.onRetry({attempt, reason, delayMs}) hears this call's retries;
+   * reason is "network", "unavailable" (503) or "in_progress" (409).
+   */
+  async fetch(input, init = {}, options = {}) {
+    const token = await this.token();
+    const template = new Request(input, init);
+    const response = await this.client._send(
+      () => {
+        const request = template.clone();
+        request.headers.set(this.client.header, token);
+        this.attempts += 1;
+        return this.client._fetch(request);
+      },
+      init.signal,
+      { retryInProgress: true, onRetry: options.onRetry },
+    );
+    if (response.status === 409 || response.status === 429) {
+      throw this.client._errorFor(response, await readProblem(response), "The request was refused");
+    }
+    return response;
+  }
+}
+
+const defaultClients = new Map();
+function defaultClient(options) {
+  const baseUrl = options?.baseUrl ?? defaultBaseUrl();
+  if (!defaultClients.has(baseUrl)) defaultClients.set(baseUrl, new TokenClient({ baseUrl }));
+  return defaultClients.get(baseUrl);
+}
+
+/** getToken(scope, {subject, fingerprint, ttlSeconds, baseUrl, signal}) with a default client. */
+export function getToken(scope, options = {}) {
+  return defaultClient(options).getToken(scope, options);
+}
+
+/** fetch(input, init) as one action: options {scope, subject, fingerprint, ttlSeconds, baseUrl}. */
+export function idempotentFetch(input, init = {}, options = {}) {
+  return defaultClient(options).fetch(input, init, options);
+}
+
+Object.assign(TokenClient, {
+  TokenAction,
+  TokenClientError,
+  DuplicateRequestError,
+  RateLimitedError,
+  NetworkError,
+  isReplayed,
+  getToken,
+  idempotentFetch,
+});
+
+// For pages that load the module with a tag instead of importing it.
+if (typeof window !== "undefined" && !("TokenClient" in window)) {
+  window.TokenClient = TokenClient;
+  window.dispatchEvent(new Event("tokenclient:ready"));
+}
+
+export default TokenClient;
