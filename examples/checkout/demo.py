@@ -19,11 +19,15 @@ from werkzeug.serving import BaseWSGIServer, make_server
 
 from examples.checkout.shop import SCOPE, Ledger, create_shop
 from token_service import create_app
+from token_service.client import TokenClient
+from token_service.client.flask import require_token
 from token_service.config import Settings
 
 # The shop's key for the token service's backend routes. A demo value: set
 # TOKEN_SERVICE_API_KEYS and CHECKOUT_API_KEY for anything else.
 DEMO_API_KEY = "demo-shop-key-not-for-production"
+# A crashed charge frees its token after this long (the page may then retry it).
+LEASE_SECONDS = 10
 
 
 def _placeholder_app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
@@ -53,6 +57,7 @@ class Demo:
         self.shop_server: BaseWSGIServer = make_server(host, shop_port, _placeholder_app, threaded=True)
         self.ledger = Ledger()
         self._threads: list[threading.Thread] = []
+        self.client: TokenClient | None = None
 
     @property
     def token_url(self) -> str:
@@ -82,7 +87,7 @@ class Demo:
         self.token_server.app = token_app
         api_key = self.environ.get("CHECKOUT_API_KEY", DEMO_API_KEY)
         self.shop_server.app = create_shop(
-            self._guard(token_app, api_key),
+            self._guard(api_key),
             self.token_url,
             charge_delay_seconds=self.charge_delay_seconds,
             ledger=self.ledger,
@@ -98,10 +103,10 @@ class Demo:
             self._threads.append(thread)
         return self
 
-    def _guard(self, token_app: Any, api_key: str) -> Any:
-        from examples.checkout.fallback_guard import store_guard
-
-        return store_guard(token_app.extensions["token_service"]["store"], SCOPE)
+    def _guard(self, api_key: str) -> Any:
+        # The shop talks to the token service over HTTP with its service key, like any backend.
+        self.client = TokenClient(self.token_url, api_key=api_key)
+        return require_token(self.client, scope=SCOPE, lease_seconds=LEASE_SECONDS)
 
     def stop(self) -> None:
         for server in (self.token_server, self.shop_server):
@@ -109,6 +114,8 @@ class Demo:
             server.server_close()
         for thread in self._threads:
             thread.join(timeout=5)
+        if self.client is not None:
+            self.client.close()
 
     def __enter__(self) -> Demo:
         return self.start()
