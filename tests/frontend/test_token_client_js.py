@@ -131,6 +131,22 @@ def test_in_progress_is_waited_out_and_the_replay_is_recognised(page: Any) -> No
     assert retry["delayMs"] < 1000  # polled, not the lease's whole Retry-After
 
 
+def test_waiting_for_another_request_of_the_action_is_bounded(page: Any) -> None:
+    in_progress = {"code": "token_in_progress", "retry_after_seconds": 30}
+    seen = script_backend(page, [answer(409, in_progress, {"Retry-After": "30"})])
+    error = run(
+        page,
+        """
+        const patient = new m.TokenClient({ retryDelayMs: 20, inProgressWaitMs: 100 });
+        try { await patient.action('payment.create').fetch(backend, post); return null; }
+        catch (e) { return { duplicate: e instanceof m.DuplicateRequestError, code: e.code,
+                             after: e.retryAfterSeconds }; }
+        """,
+    )
+    assert error == {"duplicate": True, "code": "token_in_progress", "after": 30}
+    assert 2 <= len(seen) <= 6  # polled a few times, not 30 s, and gave up
+
+
 def test_409_surfaces_as_a_duplicate_error_with_the_problem(page: Any) -> None:
     failed = {"code": "token_failed", "status": 409, "detail": "declined", "error": {"reason": "card"}}
     script_backend(page, [answer(409, failed)])

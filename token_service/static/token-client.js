@@ -33,7 +33,7 @@ export class TokenClientError extends Error {
  * 409: the token was already used. `code` says how: "token_used" (done by an
  * earlier request), "token_failed" (the first attempt failed for good; the
  * stored error is in `problem.error`) or "token_in_progress" (another request
- * of the same action still runs and did not finish within the retries).
+ * of the same action still runs and did not finish within inProgressWaitMs).
  */
 export class DuplicateRequestError extends TokenClientError {
   constructor(message, details = {}) {
@@ -112,8 +112,11 @@ function defaultBaseUrl() {
  * options:
  *   baseUrl        the token service, default: where this module was loaded from
  *   header         the header carrying the token, default "Idempotency-Token"
- *   retries        retries of one request after a network error, a 503 or a
- *                  409 token_in_progress, always with the same token (default 3)
+ *   retries        retries of one request after a network error or a 503,
+ *                  always with the same token (default 3)
+ *   inProgressWaitMs  how long a request polls (same token) while another request
+ *                  of its action holds the token (409 token_in_progress), for the
+ *                  stored result (default 10000)
  *   retryDelayMs   first backoff delay, doubled each time, with jitter (default 250)
  *   maxRetryDelayMs  cap on any wait, Retry-After included (default 5000)
  *   credentials    fetch credentials for the token service (default "omit")
@@ -127,6 +130,7 @@ export class TokenClient {
     this.retries = options.retries ?? 3;
     this.retryDelayMs = options.retryDelayMs ?? 250;
     this.maxRetryDelayMs = options.maxRetryDelayMs ?? 5000;
+    this.inProgressWaitMs = options.inProgressWaitMs ?? 10000;
     this.credentials = options.credentials ?? "omit";
     this.onRetry = options.onRetry ?? null;
     const fetchImpl = options.fetch ?? globalThis.fetch;
@@ -176,46 +180,58 @@ export class TokenClient {
   }
 
   // Runs send() until it yields a response that is not worth retrying.
+  // Failures (network, 503) spend `retries`; waiting for another request of
+  // the same action (409 token_in_progress) spends `inProgressWaitMs`.
   async _send(send, signal, { retryInProgress = false, onRetry = null } = {}) {
+    let failures = 0;
+    let polls = 0;
+    let waitedMs = 0;
     for (let attempt = 1; ; attempt++) {
       let response;
       let reason;
-      let waitSeconds = null;
+      let delayMs;
       try {
         response = await send();
       } catch (error) {
         if (isAbort(error) || signal?.aborted) throw error;
-        if (attempt > this.retries) {
+        if (failures >= this.retries) {
           throw new NetworkError(`The request failed after ${attempt} attempts: ${error.message}`, {
             cause: error,
           });
         }
         reason = "network";
       }
-      if (response) {
-        if (response.status === 503 && attempt <= this.retries) {
-          reason = "unavailable";
-          waitSeconds = retryAfterSeconds(response, await readProblem(response));
-        } else if (response.status === 409 && retryInProgress && attempt <= this.retries) {
-          const problem = await readProblem(response);
-          if (problem?.code !== "token_in_progress") return response;
-          // Another request of this action holds the token: wait for its result.
-          reason = "in_progress";
-          waitSeconds = retryAfterSeconds(response, problem);
-        } else {
-          return response;
-        }
+      if (response?.status === 503 && failures < this.retries) {
+        reason = "unavailable";
+        const after = retryAfterSeconds(response, await readProblem(response));
+        if (after !== null) delayMs = after * 1000;
+      } else if (response?.status === 409 && retryInProgress) {
+        const problem = await readProblem(response);
+        if (problem?.code !== "token_in_progress" || waitedMs >= this.inProgressWaitMs) return response;
+        // Another request of this action holds the token: poll for its stored
+        // result. Retry-After is when the holder's lease would run out (if it
+        // crashed); the usual finish is much sooner.
+        reason = "in_progress";
+        const after = retryAfterSeconds(response, problem);
+        delayMs = Math.min(this._backoff(polls++), after === null ? Infinity : after * 1000, 1000);
+      } else if (response) {
+        return response;
       }
-      const backoff = this.retryDelayMs * 2 ** (attempt - 1) * (0.75 + Math.random() / 2);
-      let delayMs = waitSeconds !== null ? waitSeconds * 1000 : backoff;
-      // In progress, Retry-After is when the holder's lease would run out (a
-      // crash); the usual finish is much sooner, so poll with the backoff.
-      if (reason === "in_progress") delayMs = Math.min(delayMs, backoff);
+      if (reason === "in_progress") {
+        waitedMs += delayMs;
+      } else {
+        delayMs ??= this._backoff(failures);
+        failures += 1;
+      }
       delayMs = Math.min(this.maxRetryDelayMs, delayMs);
       this.onRetry?.({ attempt, reason, delayMs });
       onRetry?.({ attempt, reason, delayMs });
       await sleep(delayMs, signal);
     }
+  }
+
+  _backoff(n) {
+    return this.retryDelayMs * 2 ** n * (0.75 + Math.random() / 2);
   }
 
   _errorFor(response, problem, what) {
