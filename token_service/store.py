@@ -74,13 +74,6 @@ def translate_errors() -> Iterator[None]:
         raise
 
 
-def _evalsha(sha: str, key: str, args: Sequence[str]) -> tuple[str, ...]:
-    # Sent by command name: redis-py's ClusterPipeline refuses its evalsha()
-    # method but routes the EVALSHA command by its key like any other, and a
-    # pipeline without registered scripts skips a SCRIPT EXISTS round trip.
-    return ("EVALSHA", sha, "1", key, *args)
-
-
 def _split_issue_reply(reply: Any, count: int) -> list[Any]:
     """One issue call's reply for ``count`` keys → one reply per key, as a call per key would give."""
     records.raise_for(reply)
@@ -141,9 +134,17 @@ class TokenStore(_StoreBase):
         self._cluster = isinstance(client, redis.cluster.RedisCluster)
         self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
 
+    def _call(self, name: str, keys: Sequence[str], args: Sequence[str]) -> Any:
+        try:
+            return self._scripts[name](keys=keys, args=list(args))
+        except redis_errors.NoScriptError:
+            # redis-py's reload (SCRIPT LOAD, then EVALSHA) lost a race with
+            # another flush or restart; EVAL loads and runs in one step.
+            return self.client.eval(lua_source(name), len(keys), *keys, *args)
+
     def _run(self, name: str, token: str, args: Sequence[str]) -> Any:
         with translate_errors():
-            return self._scripts[name](keys=[self.key(token)], args=list(args))
+            return self._call(name, [self.key(token)], args)
 
     def issue(self, request: IssueRequest, count: int = 1) -> list[str]:
         """Issue ``count`` tokens in one round trip; returns the raw tokens (never stored)."""
@@ -154,7 +155,7 @@ class TokenStore(_StoreBase):
             with translate_errors():
                 if len(tokens) == 1 or not self._cluster:
                     keys = [self.key(token) for token in tokens]
-                    replies = _split_issue_reply(self._scripts["issue"](keys=keys, args=args), len(keys))
+                    replies = _split_issue_reply(self._call("issue", keys, args), len(keys))
                 else:
                     replies = self._issue_pipelined(tokens, args)
             for token, reply in zip(tokens, replies, strict=True):
@@ -168,19 +169,29 @@ class TokenStore(_StoreBase):
         script = self._scripts["issue"]
         keys = [self.key(token) for token in tokens]
 
-        def send(indexes: Sequence[int]) -> list[Any]:
+        # EVALSHA is sent by command name: redis-py's ClusterPipeline refuses its
+        # evalsha() method but routes the command by its key like any other, and a
+        # pipeline without registered scripts skips a SCRIPT EXISTS round trip.
+        def send(indexes: Sequence[int], command: str, body: str) -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for i in indexes:
-                pipe.execute_command(*_evalsha(script.sha, keys[i], args))  # type: ignore[no-untyped-call]
+                pipe.execute_command(command, body, "1", keys[i], *args)  # type: ignore[no-untyped-call]
             return list(pipe.execute(raise_on_error=False))
 
-        replies = send(range(len(keys)))
-        missing = [i for i, reply in enumerate(replies) if isinstance(reply, redis_errors.NoScriptError)]
-        if missing:
-            # Redis restarted or SCRIPT FLUSH: those calls did not run. Load the
-            # script (on every master of a cluster) and send just those again.
-            self.client.script_load(script.script)
-            for i, reply in zip(missing, send(missing), strict=True):
+        replies = send(range(len(keys)), "EVALSHA", script.sha)
+        for attempt in ("load", "eval"):
+            missing = [i for i, reply in enumerate(replies) if isinstance(reply, redis_errors.NoScriptError)]
+            if not missing:
+                break
+            # Redis restarted or SCRIPT FLUSH: those calls did not run. Load the script
+            # (on every master of a cluster) and send them again; if a flush races
+            # that too, EVAL the source, which loads and runs in one step.
+            if attempt == "load":
+                self.client.script_load(script.script)
+                redone = send(missing, "EVALSHA", script.sha)
+            else:
+                redone = send(missing, "EVAL", lua_source("issue"))
+            for i, reply in zip(missing, redone, strict=True):
                 replies[i] = reply
         _raise_first_error(replies)
         return replies
@@ -253,9 +264,15 @@ class AsyncTokenStore(_StoreBase):
         self._cluster = isinstance(client, redis.asyncio.cluster.RedisCluster)
         self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
 
+    async def _call(self, name: str, keys: Sequence[str], args: Sequence[str]) -> Any:
+        try:
+            return await self._scripts[name](keys=keys, args=list(args))
+        except redis_errors.NoScriptError:
+            return await self.client.eval(lua_source(name), len(keys), *keys, *args)
+
     async def _run(self, name: str, token: str, args: Sequence[str]) -> Any:
         with translate_errors():
-            return await self._scripts[name](keys=[self.key(token)], args=list(args))
+            return await self._call(name, [self.key(token)], args)
 
     async def issue(self, request: IssueRequest, count: int = 1) -> list[str]:
         issued: list[str] = []
@@ -265,7 +282,7 @@ class AsyncTokenStore(_StoreBase):
             with translate_errors():
                 if len(tokens) == 1 or not self._cluster:
                     keys = [self.key(token) for token in tokens]
-                    reply = await self._scripts["issue"](keys=keys, args=args)
+                    reply = await self._call("issue", keys, args)
                     replies = _split_issue_reply(reply, len(keys))
                 else:
                     replies = await self._issue_pipelined(tokens, args)
@@ -279,17 +296,23 @@ class AsyncTokenStore(_StoreBase):
         script = self._scripts["issue"]
         keys = [self.key(token) for token in tokens]
 
-        async def send(indexes: Sequence[int]) -> list[Any]:
+        async def send(indexes: Sequence[int], command: str, body: str) -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for i in indexes:
-                pipe.execute_command(*_evalsha(script.sha, keys[i], args))
+                pipe.execute_command(command, body, "1", keys[i], *args)
             return list(await pipe.execute(raise_on_error=False))
 
-        replies = await send(range(len(keys)))
-        missing = [i for i, reply in enumerate(replies) if isinstance(reply, redis_errors.NoScriptError)]
-        if missing:
-            await self.client.script_load(script.script)
-            for i, reply in zip(missing, await send(missing), strict=True):
+        replies = await send(range(len(keys)), "EVALSHA", script.sha)
+        for attempt in ("load", "eval"):
+            missing = [i for i, reply in enumerate(replies) if isinstance(reply, redis_errors.NoScriptError)]
+            if not missing:
+                break
+            if attempt == "load":
+                await self.client.script_load(script.script)
+                redone = await send(missing, "EVALSHA", script.sha)
+            else:
+                redone = await send(missing, "EVAL", lua_source("issue"))
+            for i, reply in zip(missing, redone, strict=True):
                 replies[i] = reply
         _raise_first_error(replies)
         return replies

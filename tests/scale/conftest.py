@@ -46,14 +46,14 @@ def topology(request: pytest.FixtureRequest) -> Topology:
     return found
 
 
-def service_config(topology: Topology, **overrides: Any) -> dict[str, Any]:
-    """create_app settings for a topology, as an operator would write them (a URL)."""
-    return {"redis_url": topology.url, "api_keys": API_KEY, "rate_limit": "off", **overrides}
+def service_config(redis_url: str, **overrides: Any) -> dict[str, Any]:
+    """create_app settings as an operator would write them: a URL picks the topology."""
+    return {"redis_url": redis_url, "api_keys": API_KEY, "rate_limit": "off", **overrides}
 
 
 @pytest.fixture(scope="session")
 def topology_app(topology: Topology) -> Any:
-    return create_app(service_config(topology))
+    return create_app(service_config(topology.url))
 
 
 @pytest.fixture
