@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import queue
 import signal
+import threading
 import time
 from typing import Any
 
@@ -113,3 +114,40 @@ def test_waiters_behind_a_holder_that_is_killed_run_the_write_once(db: Db) -> No
     assert db.count(db.payments) == 1
     with db.engine.connect() as conn:
         assert conn.execute(sa.select(db.payments.c.executed_by)).scalar_one().startswith("w")
+
+
+def test_a_duplicate_waits_for_the_uncommitted_first_request_then_replays_it(db: Db) -> None:
+    inside = threading.Event()
+    release = threading.Event()
+    outcomes: dict[str, Any] = {}
+
+    def first() -> None:
+        def handler(conn: sa.Connection) -> Any:
+            response = charge(db.payments, "order-1", 500, "first")(conn)
+            inside.set()
+            release.wait(timeout=30)
+            return response
+
+        with db.engine.begin() as conn:
+            outcomes["first"] = run_once(conn, "wait-1", handler, table=db.records)
+
+    def duplicate() -> None:
+        with db.engine.begin() as conn:
+            outcomes["duplicate"] = run_once(
+                conn, "wait-1", charge(db.payments, "order-1", 500, "duplicate"), table=db.records
+            )
+
+    holder = threading.Thread(target=first)
+    holder.start()
+    assert inside.wait(timeout=30)
+    waiter = threading.Thread(target=duplicate)
+    waiter.start()
+    waiter.join(timeout=0.5)
+    assert waiter.is_alive(), "the duplicate did not wait for the first request's transaction"
+    release.set()
+    holder.join(timeout=30)
+    waiter.join(timeout=30)
+    assert outcomes["first"].replayed is False
+    assert outcomes["duplicate"].replayed is True
+    assert outcomes["duplicate"].response == outcomes["first"].response
+    assert db.count(db.payments) == 1
