@@ -74,13 +74,22 @@ def translate_errors() -> Iterator[None]:
         raise
 
 
-def _split_issue_reply(reply: Any, count: int) -> list[Any]:
-    """One issue call's reply for ``count`` keys → one reply per key, as a call per key would give."""
+def _collisions(reply: Any) -> set[int]:
+    """Indexes (0-based) of the keys one issue call found taken; raises what the script reported."""
     records.raise_for(reply)
     if records.text(reply[0]) == "issued":
-        return [reply] * count
-    collided = {int(index) - 1 for index in reply[1:]}
-    return [[b"collision"] if i in collided else [b"issued"] for i in range(count)]
+        return set()
+    return {int(index) - 1 for index in reply[1:]}
+
+
+def _collisions_each(replies: Sequence[Any]) -> set[int]:
+    """The same for a pipeline of one-key issue calls."""
+    return {i for i, reply in enumerate(replies) if _collisions(reply)}
+
+
+def _keep(tokens: list[str], collided: set[int]) -> list[str]:
+    # a 128-bit digest collision is astronomically unlikely; the caller draws again if it happens
+    return [token for i, token in enumerate(tokens) if i not in collided] if collided else tokens
 
 
 def _raise_first_error(replies: Sequence[Any]) -> None:
@@ -155,14 +164,10 @@ class TokenStore(_StoreBase):
             with translate_errors():
                 if len(tokens) == 1 or not self._cluster:
                     keys = [self.key(token) for token in tokens]
-                    replies = _split_issue_reply(self._call("issue", keys, args), len(keys))
+                    collided = _collisions(self._call("issue", keys, args))
                 else:
-                    replies = self._issue_pipelined(tokens, args)
-            for token, reply in zip(tokens, replies, strict=True):
-                records.raise_for(reply)
-                # a 128-bit digest collision is astronomically unlikely; draw again if it happens
-                if records.text(reply[0]) == "issued":
-                    issued.append(token)
+                    collided = _collisions_each(self._issue_pipelined(tokens, args))
+            issued += _keep(tokens, collided)
         return issued
 
     def _issue_pipelined(self, tokens: Sequence[str], args: Sequence[str]) -> list[Any]:
@@ -282,14 +287,10 @@ class AsyncTokenStore(_StoreBase):
             with translate_errors():
                 if len(tokens) == 1 or not self._cluster:
                     keys = [self.key(token) for token in tokens]
-                    reply = await self._call("issue", keys, args)
-                    replies = _split_issue_reply(reply, len(keys))
+                    collided = _collisions(await self._call("issue", keys, args))
                 else:
-                    replies = await self._issue_pipelined(tokens, args)
-            for token, reply in zip(tokens, replies, strict=True):
-                records.raise_for(reply)
-                if records.text(reply[0]) == "issued":
-                    issued.append(token)
+                    collided = _collisions_each(await self._issue_pipelined(tokens, args))
+            issued += _keep(tokens, collided)
         return issued
 
     async def _issue_pipelined(self, tokens: Sequence[str], args: Sequence[str]) -> list[Any]:
