@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from benchmarks.procs import require
+from benchmarks.procs import cpu_seconds, require
 
 WRK_DIR = Path(__file__).resolve().parent / "wrk"
 
@@ -32,6 +32,9 @@ class WrkResult:
     p90_ms: float
     p99_ms: float
     errors: int  # socket errors, timeouts and non-2xx replies together
+    # CPU the server side (gunicorn master + workers, redis-server) spent per request:
+    # robust to a busy machine, where throughput is not
+    server_cpu_ms: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -56,6 +59,7 @@ def run_wrk(
     connections: int,
     seconds: float,
     delay_ms: float | None = None,
+    server_pids: Sequence[int] = (),
 ) -> WrkResult:
     path = script(name, delay_ms)
     command = [
@@ -71,10 +75,12 @@ def run_wrk(
         "--",
         *args,
     ]
+    cpu_before = cpu_seconds(server_pids)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60, check=False)
     finally:
         path.unlink(missing_ok=True)
+    server_cpu = cpu_seconds(server_pids) - cpu_before
     lines = [line for line in done.stdout.splitlines() if line.startswith("BENCH_JSON ")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"wrk failed ({done.returncode}): {done.stdout}\n{done.stderr}")
@@ -93,6 +99,7 @@ def run_wrk(
         p90_ms=raw["p90_us"] / 1000,
         p99_ms=raw["p99_us"] / 1000,
         errors=errors,
+        server_cpu_ms=server_cpu * 1000 / max(1, raw["requests"]),
     )
 
 

@@ -48,6 +48,28 @@ def wait_until(predicate: Callable[[], Any], timeout_seconds: float, what: str) 
     raise RuntimeError(f"timed out waiting for {what}: {last!r}")
 
 
+_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User + system CPU time the processes have used so far (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # a worker that exited: its time is lost, the run shows it as cheaper
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / _TICKS_PER_SECOND
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def require(binary: str, hint: str) -> str:
     path = shutil.which(binary)
     if path is None:
@@ -77,6 +99,9 @@ class RedisServer:
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(lambda: self.client(socket_timeout=0.5).ping(), 10, f"redis-server on {self.port}")
         return self
+
+    def pids(self) -> list[int]:
+        return [self.process.pid] if self.process else []
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
@@ -131,6 +156,10 @@ class Gunicorn:
 
         wait_until(up, 30, f"gunicorn {self.app}")
         return self
+
+    def pids(self) -> list[int]:
+        """The master and its workers."""
+        return [self.process.pid, *children(self.process.pid)] if self.process else []
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

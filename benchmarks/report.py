@@ -190,6 +190,8 @@ def markdown(results: dict[str, Any]) -> str:
                 "round ratios",
                 "service p50 / p99 ms",
                 "baseline p50 / p99 ms",
+                "server CPU ms/req service / baseline",
+                "CPU ratio",
             ],
             [
                 [
@@ -200,10 +202,16 @@ def markdown(results: dict[str, Any]) -> str:
                     ", ".join(f"{r:.2f}" for r in p["round_ratios"]),
                     f"{p['service']['p50_ms']:.2f} / {p['service']['p99_ms']:.2f}",
                     f"{p['baseline']['p50_ms']:.2f} / {p['baseline']['p99_ms']:.2f}",
+                    f"{p['service']['server_cpu_ms']:.3f} / {p['baseline']['server_cpu_ms']:.3f}",
+                    f"{p['cpu_ratio']:.2f}",
                 ]
                 for endpoint, p in results["peak"].items()
             ],
         ),
+        "",
+        "Server CPU is what gunicorn (master and workers) and redis-server used per request, read",
+        "from /proc around each run; the CPU ratio (baseline CPU / service CPU) is the throughput",
+        "ratio an otherwise idle machine would show, and moves far less than throughput on a shared one.",
         "",
         "## Throughput and latency vs concurrency",
         "",
@@ -268,7 +276,8 @@ def _batch(batch: dict[str, Any]) -> str:
     return (
         f"`POST /token/generate/batch` with `count: 1000`, {batch['connections']} connections: "
         f"**{batch['tokens_per_second']:.0f} tokens/s** end to end (p50 {batch['p50_ms']:.1f} ms, "
-        f"p99 {batch['p99_ms']:.1f} ms per request; runs: "
+        f"p99 {batch['p99_ms']:.1f} ms per request; server CPU {batch['server_cpu_ms']:.1f} ms "
+        "per request; runs: "
         f"{', '.join(str(v) for v in batch['all_tokens_per_second'])})."
     )
 

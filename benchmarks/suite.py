@@ -158,7 +158,13 @@ class HttpRunner:
             args, tokens = [SCOPE, "1000"], None
         try:
             result = run_wrk(
-                server.url, endpoint, args, connections=connections, seconds=seconds, delay_ms=delay_ms
+                server.url,
+                endpoint,
+                args,
+                connections=connections,
+                seconds=seconds,
+                delay_ms=delay_ms,
+                server_pids=[*server.pids(), *self.servers.redis.pids()],
             )
         finally:
             if tokens is not None:
@@ -183,8 +189,11 @@ def compare_peak(runner: HttpRunner, config: Config, endpoint: str) -> dict[str,
             "p50_ms": median_of(results, "p50_ms"),
             "p99_ms": median_of(results, "p99_ms"),
             "all_rps": [round(r.rps, 1) for r in results],
+            "server_cpu_ms": median_of(results, "server_cpu_ms"),
         }
     summary["ratio"] = summary["service"]["rps"] / summary["baseline"]["rps"]
+    # baseline CPU / service CPU per request: the throughput ratio a quiet machine would show
+    summary["cpu_ratio"] = summary["baseline"]["server_cpu_ms"] / summary["service"]["server_cpu_ms"]
     summary["round_ratios"] = [
         round(s.rps / b.rps, 3) for s, b in zip(runs["service"], runs["baseline"], strict=True)
     ]
@@ -240,6 +249,7 @@ def batch_throughput(runner: HttpRunner, config: Config) -> dict[str, Any]:
         "tokens_per_second": median_of(runs, "rps") * 1000,
         "p50_ms": median_of(runs, "p50_ms"),
         "p99_ms": median_of(runs, "p99_ms"),
+        "server_cpu_ms": median_of(runs, "server_cpu_ms"),
         "all_tokens_per_second": [round(r.rps * 1000) for r in runs],
     }
 
