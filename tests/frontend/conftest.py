@@ -47,7 +47,8 @@ def cors_ready() -> None:
         pytest.skip("the CORS allowlist (issue 4) is not on main yet")
 
 
-@pytest.fixture(scope="session")
+# Package scope: the browser (and Playwright's event loop) is gone before other packages' asyncio tests.
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     if not CHROMIUM.is_file():
         _unavailable(f"{CHROMIUM} is missing: apt-get install chromium to run the browser tests")
