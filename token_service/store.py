@@ -42,6 +42,8 @@ _UNAVAILABLE: tuple[type[Exception], ...] = (
     redis_errors.MasterDownError,
     redis_errors.ClusterDownError,
     redis_errors.TryAgainError,
+    # maxmemory with noeviction: redis-py strips the "OOM " of the reply into this class
+    redis_errors.OutOfMemoryError,
     # a cluster slot with no reachable owner (not a RedisError subclass)
     redis_errors.SlotNotCoveredError,
 )
