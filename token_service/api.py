@@ -7,6 +7,7 @@ hold no token logic of their own (that lives in ``lua/``).
 from __future__ import annotations
 
 import json
+import math
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -45,12 +46,26 @@ def _json_body() -> dict[str, Any]:
         )
     raw = request.get_data(cache=False)  # raises 413 past MAX_CONTENT_LENGTH
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
     except (ValueError, UnicodeDecodeError):
         raise InvalidRequest("The body is not valid JSON.", {"body": ["Malformed JSON."]}) from None
+    except RecursionError:  # [[[[...: nested deeper than Python's parser goes, within the size limit
+        raise InvalidRequest("The body is nested too deeply.", {"body": ["Nested too deeply."]}) from None
     if not isinstance(body, dict):
         raise InvalidRequest("The body must be a JSON object.", {"body": ["Not an object."]})
     return body
+
+
+def _reject_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON: stored, they would make later replies invalid JSON
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400 is valid JSON but no float: refuse rather than store Infinity
+        raise ValueError("number out of range")
+    return value
 
 
 def _load(schema: Schema, body: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """Request bodies of the HTTP API, as marshmallow schemas.
 
 Unknown fields are rejected (marshmallow's default ``RAISE``); types are
-strict — ``"5"`` is not an integer and ``1`` is not a boolean — so what a
+strict — ``"5"`` and ``true`` are not integers and ``1`` is not a boolean — so what a
 client meant is never guessed. Limits that come from configuration (maximum
 TTL and lease) are passed to the schema when the app builds it.
 """
@@ -38,6 +38,21 @@ class StrictBoolean(fields.Boolean):
         return value
 
 
+class JsonInteger(fields.Integer):
+    """A JSON number with no fractional part: ``5`` and ``5.0`` (the same JSON number, and an
+    ``integer`` to JSON Schema, hence to openapi.yaml), never ``"5"``, ``5.5`` or ``true``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(strict=True, **kwargs)
+
+    def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.make_error("invalid")
+        if isinstance(value, float) and not value.is_integer():
+            raise self.make_error("invalid")
+        return int(value)
+
+
 class _Bounded(Schema):
     """A schema whose integer limits come from configuration."""
 
@@ -64,12 +79,12 @@ class GenerateSchema(_Bounded):
         ),
     )
     subject = _text(128, load_default=None, allow_none=True)
-    ttl_seconds = fields.Integer(strict=True, load_default=None, allow_none=True)
+    ttl_seconds = JsonInteger(load_default=None, allow_none=True)
     fingerprint = _text(128, load_default=None, allow_none=True)
 
 
 class GenerateBatchSchema(GenerateSchema):
-    count = fields.Integer(strict=True, required=True, validate=validate.Range(1, 1000))
+    count = JsonInteger(required=True, validate=validate.Range(1, 1000))
 
 
 class _TokenBody(Schema):
@@ -90,7 +105,7 @@ class ConsumeSchema(_TokenBody):
 
 
 class BeginSchema(ConsumeSchema, _Bounded):
-    lease_seconds = fields.Integer(strict=True, load_default=None, allow_none=True)
+    lease_seconds = JsonInteger(load_default=None, allow_none=True)
 
 
 class CompleteSchema(_TokenBody):
