@@ -10,7 +10,7 @@ database refuses to charge twice and answers with the first response.
 from __future__ import annotations
 
 import sqlalchemy as sa
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, request
 
 from token_service.client import TokenClient
 from token_service.client.durable import (
@@ -21,7 +21,8 @@ from token_service.client.durable import (
     retry_transaction,
     run_once_for_token,
 )
-from token_service.client.flask import current_guard, require_token
+from token_service.client.flask import current_guard, problem_response, require_token
+from token_service.errors import InvalidRequest
 
 metadata = sa.MetaData()
 payments = sa.Table(
@@ -47,7 +48,9 @@ def create_app(engine: sa.Engine, tokens: TokenClient) -> Flask:
             and isinstance(order.get("order_id"), str)
             and isinstance(order.get("amount_cents"), int)
         ):
-            return jsonify(code="invalid_request", detail="order_id (string) and amount_cents (int)"), 400
+            return problem_response(
+                InvalidRequest("order_id (string) and amount_cents (integer) are required")
+            )
         guard = current_guard()
         assert guard is not None  # set by @require_token
 
@@ -65,7 +68,7 @@ def create_app(engine: sa.Engine, tokens: TokenClient) -> Flask:
                 ),
             )
         except FingerprintMismatch as exc:
-            return jsonify(code=exc.code, detail=exc.detail), exc.status
+            return problem_response(exc)  # 422: this token already paid for another order
         stored = outcome.response
         response = Response(stored.body, status=stored.status, headers=dict(stored.headers))
         if outcome.replayed:

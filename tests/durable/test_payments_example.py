@@ -88,7 +88,13 @@ def test_payment_endpoint_charges_once_even_when_redis_forgets(
     real_redis.restore(record_key("ts:", token), 300_000, issued)
     tampered = client.post("/payments", json={**order, "amount_cents": 1}, headers=headers)
     assert tampered.status_code == 422
+    assert tampered.content_type == "application/problem+json"
     assert tampered.get_json()["code"] == "fingerprint_mismatch"
+
+    # A malformed order is refused with problem+json, not a 500.
+    other = tokens.generate("payment.create").token
+    bad = client.post("/payments", json={"order_id": 7}, headers={"Idempotency-Token": other})
+    assert (bad.status_code, bad.get_json()["code"]) == (400, "invalid_request")
 
     # Without a token, nothing runs.
     assert client.post("/payments", json=order).status_code == 400
