@@ -13,6 +13,10 @@ from typing import Literal
 
 import pytest
 import redis
+import redis.asyncio
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from tests.conftest import API_KEY
 from tests.support.processes import Gunicorn, RedisServer
@@ -40,6 +44,11 @@ def redis_proxy(redis_server: RedisServer, real_redis: redis.Redis) -> Iterator[
         yield proxy
 
 
+def without_inner_retry(proxy: FaultProxy) -> redis.Redis:
+    """A client whose redis-py layer does not retry: the SDK's RetryPolicy is what is tested."""
+    return redis.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
+
+
 def script_sha(name: str, client: redis.Redis) -> bytes:
     script = client.register_script(lua_source(name))
     client.script_load(script.script)  # loaded up front: the dropped call is the real one, not a NOSCRIPT
@@ -50,7 +59,7 @@ def script_sha(name: str, client: redis.Redis) -> bytes:
 def test_direct_consume_whose_reply_is_lost_is_reported_as_the_win(
     redis_proxy: FaultProxy, real_redis: redis.Redis, then: Literal["reset", "hang"]
 ) -> None:
-    client = TokenClient.from_redis(f"redis://127.0.0.1:{redis_proxy.port}/0", timeout=0.5, retry=RETRY)
+    client = TokenClient.from_redis(without_inner_retry(redis_proxy), retry=RETRY)
     other = TokenClient.from_redis(real_redis)
     with client:
         token = client.generate(SCOPE).token
@@ -66,7 +75,7 @@ def test_without_retries_the_lost_reply_is_unavailable_not_used(
     redis_proxy: FaultProxy, real_redis: redis.Redis
 ) -> None:
     # the control: the fault is real, and even then the caller never hears TokenUsed
-    client = TokenClient.from_redis(f"redis://127.0.0.1:{redis_proxy.port}/0", timeout=0.5, retry=1)
+    client = TokenClient.from_redis(without_inner_retry(redis_proxy), retry=1)
     with client:
         token = client.generate(SCOPE).token
         redis_proxy.drop_replies(1, match=script_sha("consume", real_redis))
@@ -79,7 +88,7 @@ def test_without_retries_the_lost_reply_is_unavailable_not_used(
 def test_direct_begin_whose_reply_is_lost_gets_its_lease_back(
     redis_proxy: FaultProxy, real_redis: redis.Redis
 ) -> None:
-    client = TokenClient.from_redis(f"redis://127.0.0.1:{redis_proxy.port}/0", timeout=0.5, retry=RETRY)
+    client = TokenClient.from_redis(without_inner_retry(redis_proxy), retry=RETRY)
     with client:
         token = client.generate(SCOPE).token
         redis_proxy.drop_replies(1, match=script_sha("begin", real_redis))
@@ -92,7 +101,10 @@ def test_direct_begin_whose_reply_is_lost_gets_its_lease_back(
 async def test_async_direct_consume_whose_reply_is_lost(
     redis_proxy: FaultProxy, real_redis: redis.Redis
 ) -> None:
-    client = AsyncTokenClient.from_redis(f"redis://127.0.0.1:{redis_proxy.port}/0", timeout=0.5, retry=RETRY)
+    async_redis = redis.asyncio.Redis(
+        host="127.0.0.1", port=redis_proxy.port, socket_timeout=0.5, retry=AsyncRetry(NoBackoff(), 0)
+    )
+    client = AsyncTokenClient.from_redis(async_redis, retry=RETRY)
     async with client:
         token = (await client.generate(SCOPE)).token
         redis_proxy.drop_replies(1, match=script_sha("consume", real_redis))
@@ -100,6 +112,7 @@ async def test_async_direct_consume_whose_reply_is_lost(
         assert redis_proxy.stats.replies_dropped == 1
         with pytest.raises(TokenUsed):
             await client.consume(token, SCOPE)
+    await async_redis.aclose()
 
 
 @pytest.fixture
@@ -132,3 +145,14 @@ def test_http_begin_whose_reply_is_lost_keeps_one_lease(http_proxy: FaultProxy, 
         assert isinstance(started, Started)
         assert started.replayed  # the retry got the lease the lost reply carried
         assert client.complete(token, started.lease_id, "ok").replayed is False
+
+
+async def test_async_client_from_a_url_survives_a_lost_reply(
+    redis_proxy: FaultProxy, real_redis: redis.Redis
+) -> None:
+    client = AsyncTokenClient.from_redis(f"redis://127.0.0.1:{redis_proxy.port}/0", timeout=0.5, retry=RETRY)
+    async with client:
+        token = (await client.generate(SCOPE)).token
+        redis_proxy.drop_replies(1, match=script_sha("consume", real_redis))
+        assert await client.consume(token, SCOPE) == Consumed(replayed=True)
+        assert redis_proxy.stats.replies_dropped == 1

@@ -12,11 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import redis
-import redis.asyncio
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-
+from token_service.connection import async_client_for, client_for
 from token_service.records import Completed, Consumed, FailRecorded, Finished, Inspection, Started
 from token_service.store import AsyncTokenStore, IssueRequest, TokenStore
 
@@ -37,17 +33,10 @@ class DirectLimits:
 
 
 def redis_from_url(url: str, timeout: float, *, asyncio: bool = False) -> Any:
-    # The client's RetryPolicy owns retries (with the same request id); redis-py retrying
-    # underneath as well would multiply the attempts and hide the failures from it.
-    options: dict[str, Any] = {
-        "socket_timeout": timeout,
-        "socket_connect_timeout": timeout,
-        "retry": Retry(NoBackoff(), 0),
-        "health_check_interval": 30,
-    }
+    """The client the service itself would build for this URL: one server, Sentinel or Cluster."""
     if asyncio:
-        return redis.asyncio.Redis.from_url(url, **options)
-    return redis.Redis.from_url(url, **options)
+        return async_client_for(url, timeout)
+    return client_for(url, timeout)
 
 
 def _issued(request: IssueRequest, tokens: list[str]) -> list[IssuedToken]:
