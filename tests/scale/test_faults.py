@@ -285,3 +285,33 @@ def _slot(key: str) -> int:
     from redis.cluster import key_slot
 
     return int(key_slot(key.encode()))
+
+
+def test_cluster_master_killed_and_restarted_under_load() -> None:
+    cluster = ClusterTopology(redis_args=("--appendonly", "yes", "--appendfsync", "always")).start()
+    try:
+        app = create_app(service_config(cluster.url, redis_timeout_seconds="0.5"))
+        tokens = issue(app, 300)
+        load = ConsumeLoad(flask_post(app, AUTH), tokens, scope=SCOPE).start()
+        load.wait_for_tokens(30)
+        victim = cluster.nodes[1]
+        victim.kill()  # kill -9 one of three masters (no replicas): its slots have no owner
+        killed = time.monotonic()
+        time.sleep(1.5)
+        victim.start()  # same port, dir and nodes.conf: it rejoins with its slots and its AOF
+        cluster.wait_healthy()
+        restarted = time.monotonic()
+        recovery_seconds = load.wait_for_success_after(restarted)
+        load.wait_for_tokens(len(tokens))
+        tally = load.stop()
+        report(
+            "cluster_master_kill9_restart",
+            tally,
+            downtime_seconds=round(restarted - killed, 3),
+            recovery_after_rejoin_seconds=round(recovery_seconds, 3),
+        )
+        assert_safe(tally, tokens)
+        assert tally.statuses[503] > 0
+        assert_all_consumed(app, tokens)
+    finally:
+        cluster.stop()

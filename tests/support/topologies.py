@@ -72,9 +72,12 @@ class ClusterTopology:
 
     name = "cluster"
 
-    def __init__(self, masters: int = 3, node_timeout_ms: int = 2000) -> None:
+    def __init__(
+        self, masters: int = 3, node_timeout_ms: int = 2000, redis_args: tuple[str, ...] = ()
+    ) -> None:
         self.nodes = [
             RedisServer(
+                *redis_args,
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
