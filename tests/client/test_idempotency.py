@@ -231,3 +231,28 @@ def test_scripts_open_with_their_contract() -> None:
         assert "KEYS[1]" in text
         assert "ARGV[1]" in text
         assert "returns" in text
+
+
+def test_simultaneous_repeats_run_the_request_once(redis_client: Any) -> None:
+    app = orders_app(redis_client, lock_seconds=30)
+    assert app.test_client().get("/orders").status_code == 200  # routing compiled before the threads
+    barrier = threading.Barrier(8)
+    answers: list[Any] = []
+
+    def send() -> None:
+        barrier.wait()
+        answers.append(post(app, {"item": "book"}))
+
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(app.config["runs"]) == 1
+    fresh = [a for a in answers if a.status_code == 201 and "Idempotent-Replayed" not in a.headers]
+    assert len(fresh) == 1
+    for answer in answers:
+        if answer.status_code == 201:
+            assert answer.get_data() == fresh[0].get_data()
+        else:
+            assert answer.status_code == 409
