@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from typing import Any
 
@@ -119,3 +120,51 @@ def test_the_page_imports_the_helper_from_the_token_service(demo: RunningDemo) -
     page = httpx.get(demo.shop_url + "/").text
     assert f'from "{demo.token_url}/static/token-client.js"' in page
     assert 'id="pay"' in page
+
+
+def test_one_command_starts_the_whole_demo(tmp_path: Any) -> None:
+    import signal
+    import subprocess
+    import sys
+
+    from tests.support.processes import REPO_ROOT, free_port, wait_until
+
+    token_port, shop_port = free_port(), free_port()
+    log = tmp_path / "demo.log"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("TOKEN_SERVICE_")}
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "examples.checkout",
+                "--token-port",
+                str(token_port),
+                "--shop-port",
+                str(shop_port),
+            ],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        shop = f"http://127.0.0.1:{shop_port}"
+        wait_until(lambda: httpx.get(shop + "/healthz").status_code == 200, what="the demo shop")
+        token = httpx.post(
+            f"http://127.0.0.1:{token_port}/token/generate",
+            json={"scope": "payment.create"},
+            headers={"Origin": shop},
+        )
+        assert token.status_code == 201
+        charged = httpx.post(
+            shop + "/api/charges", json=CHARGE, headers={"Idempotency-Token": token.json()["token"]}
+        )
+        assert charged.status_code == 201
+        assert f"http://127.0.0.1:{token_port}/static/token-client.js" in httpx.get(shop + "/").text
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0, log.read_text()
+    output = log.read_text()
+    assert f"shop:          {shop}" in output
+    assert "EMBEDDED IN-MEMORY STORE" in output
