@@ -243,3 +243,30 @@ def test_the_sdk_imports_and_runs_without_flask() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "flask-free"
+
+
+async def test_async_transport_failures_are_retried_with_the_same_request_id() -> None:
+    from token_service.client import AsyncTokenClient
+
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content)["request_id"])
+        if len(seen) == 1:
+            raise httpx.ReadTimeout("no reply", request=request)
+        if len(seen) == 2:
+            return problem_response(503, "store_unavailable")
+        return httpx.Response(200, json={"outcome": "consumed", "replayed": True})
+
+    client = AsyncTokenClient(
+        "http://mock", API_KEY, retry=FAST_RETRY, transport=httpx.MockTransport(handler)
+    )
+    async with client:
+        assert await client.consume(TOKEN, "scope") == Consumed(replayed=True)
+    assert len(seen) == 3
+    assert len(set(seen)) == 1
+
+
+def test_a_client_needs_somewhere_to_go() -> None:
+    with pytest.raises(ValueError, match="base_url"):
+        TokenClient()
