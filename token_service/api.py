@@ -19,8 +19,10 @@ from token_service import records
 from token_service.auth import check_service_key
 from token_service.config import Settings
 from token_service.errors import InvalidRequest, TokenInvalid
+from token_service.limits import IssuanceLimits, client_key
 from token_service.responses import json_response
 from token_service.schemas import (
+    _NO_CONTROL,
     BeginSchema,
     CompleteSchema,
     ConsumeSchema,
@@ -76,6 +78,17 @@ def _load(schema: Schema, body: dict[str, Any]) -> dict[str, Any]:
         raise InvalidRequest("The request does not match the schema.", errors) from None
 
 
+def _gateway_subject(header: str) -> str | None:
+    """The subject the gateway vouches for; held to the body's rules (it lands in the record)."""
+    subject = request.headers.get(header) or None
+    if subject is not None and (len(subject) > 128 or not _NO_CONTROL.match(subject)):
+        raise InvalidRequest(
+            f"The {header} header is not a valid subject.",
+            {header: ["1-128 characters, no control characters."]},
+        )
+    return subject
+
+
 def _token(data: dict[str, Any]) -> str:
     token: str = data["token"]
     if not is_well_formed(token):
@@ -93,6 +106,7 @@ def make_blueprint(settings: Settings, store: TokenStore) -> Blueprint:
     complete_schema = CompleteSchema()
     fail_schema = FailSchema()
     token_schema = TokenOnlySchema()
+    limits = IssuanceLimits(settings.rate_limit, settings.max_outstanding_per_subject)
 
     @bp.before_request
     def authenticate() -> None:
@@ -108,8 +122,15 @@ def make_blueprint(settings: Settings, store: TokenStore) -> Blueprint:
                     "The subject is set by the gateway, not the body.",
                     {"subject": [f"Not allowed: the subject comes from {settings.subject_header}."]},
                 )
-            subject = request.headers.get(settings.subject_header) or None
+            subject = _gateway_subject(settings.subject_header)
         ttl_seconds = data["ttl_seconds"] or settings.default_ttl_seconds
+        if limits.enabled:
+            limits.check_count(count)
+            # The trusted subject if the gateway set one, else the client address:
+            # a body subject is the client's own claim and names nobody.
+            trusted = settings.subject_header and subject is not None
+            identity = f"subject:{subject}" if trusted else f"addr:{request.remote_addr}"
+            store.admit(client_key(settings.key_prefix, identity), limits, count, ttl_seconds)
         issue_request = IssueRequest(data["scope"], subject, data["fingerprint"], ttl_seconds)
         tokens = store.issue(issue_request, count)
         shared = {

@@ -7,8 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from flask import Flask
+from werkzeug.middleware.proxy_fix import ProxyFix
 
-from token_service import api, frontend, health
+from token_service import api, cors, frontend, health
 from token_service.config import Settings
 from token_service.connection import redis_client
 from token_service.responses import register_error_handlers
@@ -38,4 +39,11 @@ def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
     app.register_blueprint(api.make_blueprint(settings, store))
     app.register_blueprint(health.make_blueprint(store))
     app.register_blueprint(frontend.make_blueprint())
+    cors.install(app, settings)
+    if settings.trusted_proxy_hops:
+        # X-Forwarded-For is believed for exactly this many proxies in front of us;
+        # anything a client wrote further left is ignored.
+        app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
+            app.wsgi_app, x_for=settings.trusted_proxy_hops, x_proto=settings.trusted_proxy_hops
+        )
     return app

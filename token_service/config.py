@@ -197,6 +197,30 @@ def _header_name(raw: str) -> str | None:
     return raw
 
 
+_ORIGIN = re.compile(r"https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)(:\d{1,5})?\Z")
+
+
+def _origins(raw: str) -> tuple[str, ...]:
+    """Exact origins only: a wildcard or a pattern would let any site mint tokens."""
+    origins = _list(raw)
+    for origin in origins:
+        if not _ORIGIN.match(origin):
+            raise ValueError(
+                f"each origin must be scheme://host[:port] exactly (no '*', path or pattern), got {origin!r}"
+            )
+    return tuple(origin.lower() for origin in origins)
+
+
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _log_level(raw: str) -> str:
+    level = raw.strip().upper()
+    if level not in _LOG_LEVELS:
+        raise ValueError(f"must be one of {', '.join(_LOG_LEVELS)}, got {raw!r}")
+    return level
+
+
 def _bool(raw: str) -> bool:
     text = raw.strip().lower()
     if text in ("1", "true", "yes", "on"):
@@ -218,7 +242,7 @@ class Settings:
     default_lease_seconds: int = field(default=30, metadata={"parse": _int(1)})
     max_lease_seconds: int = field(default=3600, metadata={"parse": _int(1)})
     key_prefix: str = field(default="ts:", metadata={"parse": _key_prefix})
-    cors_origins: tuple[str, ...] = field(default=(), metadata={"parse": _list})
+    cors_origins: tuple[str, ...] = field(default=(), metadata={"parse": _origins})
     subject_header: str | None = field(default=None, metadata={"parse": _header_name})
     rate_limit: RateLimit | None = field(default=RateLimit(60, 60), metadata={"parse": _rate_limit})
     max_outstanding_per_subject: int = field(default=100, metadata={"parse": _int(0)})
@@ -226,6 +250,12 @@ class Settings:
     max_body_bytes: int = field(default=65536, metadata={"parse": _int(256, 16 * 1024 * 1024)})
     max_result_bytes: int = field(default=16384, metadata={"parse": _int(2)})
     redis_timeout_seconds: float = field(default=2.0, metadata={"parse": _float(0.01)})
+    cors_max_age_seconds: int = field(default=600, metadata={"parse": _int(0, 86400)})
+    log_level: str = field(default="INFO", metadata={"parse": _log_level})
+    # Graceful shutdown: on SIGTERM /readyz fails for this long before gunicorn stops taking requests.
+    drain_seconds: int = field(default=0, metadata={"parse": _int(0, 300)})
+    # While this file exists /readyz answers 503 (set by the gunicorn config; operators may touch it).
+    drain_file: str = field(default="", metadata={"parse": str.strip})
     # Not from the environment: tests and embedders may hand a client in.
     redis_client: Any = field(default=None, metadata={"env": False})
 

@@ -27,9 +27,10 @@ from redis import exceptions as redis_errors
 
 from token_service import records
 from token_service.errors import ServiceUnavailable
+from token_service.limits import IssuanceLimits, admit_reply
 from token_service.tokens import new_lease_id, new_token, record_key
 
-SCRIPT_NAMES = ("issue", "consume", "begin", "complete", "fail", "inspect", "revoke")
+SCRIPT_NAMES = ("issue", "consume", "begin", "complete", "fail", "inspect", "revoke", "admit")
 DEFAULT_RESULT_TTL_SECONDS = 86400
 
 # Errors that mean "Redis cannot answer now", as opposed to a bug in a script.
@@ -218,6 +219,14 @@ class TokenStore(_StoreBase):
                 replies[i] = reply
         _raise_first_error(replies)
         return replies
+
+    def admit(self, client_key: str, limits: IssuanceLimits, count: int, ttl_seconds: int) -> None:
+        """Charge ``count`` tokens to a client's limits, or raise RateLimited and charge nothing."""
+        with translate_errors():
+            reply = self._scripts["admit"](
+                keys=[client_key], args=limits.args(count, ttl_seconds, self._now())
+            )
+        admit_reply(reply)
 
     def consume(
         self,

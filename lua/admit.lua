@@ -1,0 +1,98 @@
+-- admit: the per-client issuance limits, checked and charged in one step
+-- before tokens are issued. One key per client (not per token), so the
+-- script runs unchanged on Redis Cluster and costs memory per client.
+--
+-- KEYS[1] the client's limit record: a hash with
+--           't'           the rate limiter's theoretical arrival time (GCRA), in ms
+--           '<end_s>'     tokens issued whose expiry falls in the bucket ending at
+--                         <end_s> (epoch seconds, a multiple of BUCKET_SECONDS)
+-- ARGV[1] count: tokens asked for (positive integer)
+-- ARGV[2] rate limit: tokens per period ('0' = no rate limit)
+-- ARGV[3] period_ms (positive integer)
+-- ARGV[4] outstanding cap: tokens that may be live at once ('0' = no cap)
+-- ARGV[5] ttl_ms of the tokens about to be issued (positive integer)
+-- ARGV[6] now_ms ('' = Redis TIME)
+-- returns {'admitted'}
+--       | {'rate_limited', retry_after_ms}
+--       | {'too_many_outstanding', retry_after_ms}
+--       | {'invalid_argument', message}
+-- A refusal writes nothing: a refused request costs the client nothing either.
+--
+-- Rate: GCRA with a burst of one full period (60/minute lets 60 through at
+-- once, then one per second). Outstanding: a token counts from issue until its
+-- expiry, consumed or not -- its record stays in Redis until then anyway, so
+-- the cap bounds the memory one client can hold. Expiries are rounded UP to
+-- buckets of BUCKET_SECONDS, which keeps the hash to a few fields at the price
+-- of counting a token up to BUCKET_SECONDS longer than it lives.
+local BUCKET_SECONDS = 5
+
+for i = 1, 5 do
+  if i ~= 2 and i ~= 4 and not positive_int(ARGV[i]) then
+    return bad('ARGV[' .. i .. '] must be a positive integer')
+  end
+end
+local count = tonumber(ARGV[1])
+local limit = tonumber(ARGV[2])
+local period = tonumber(ARGV[3])
+local cap = tonumber(ARGV[4])
+local ttl = tonumber(ARGV[5])
+if limit == nil or cap == nil or limit < 0 or cap < 0 then
+  return bad('limit and cap must be integers >= 0')
+end
+if limit > 0 and count > limit then return bad('count exceeds the rate limit') end
+if cap > 0 and count > cap then return bad('count exceeds the outstanding cap') end
+local now = now_ms(ARGV[6])
+
+local tat = now
+local outstanding = 0
+local live = {}
+local expired = {}
+local flat = redis.call('HGETALL', KEYS[1])
+for i = 1, #flat, 2 do
+  local name, value = flat[i], tonumber(flat[i + 1])
+  if name == 't' then
+    if value > tat then tat = value end
+  else
+    local ends_ms = tonumber(name) * 1000
+    if ends_ms <= now then
+      expired[#expired + 1] = name
+    else
+      outstanding = outstanding + value
+      live[#live + 1] = {ends_ms, value}
+    end
+  end
+end
+
+local new_tat = nil
+if limit > 0 then
+  new_tat = tat + count * period / limit
+  local allowed_at = new_tat - period
+  if allowed_at > now then return {'rate_limited', math.ceil(allowed_at - now)} end
+end
+
+if cap > 0 and outstanding + count > cap then
+  -- when will enough of this client's tokens have expired to make room?
+  table.sort(live, function(a, b) return a[1] < b[1] end)
+  local needed = outstanding + count - cap
+  for _, bucket in ipairs(live) do
+    needed = needed - bucket[2]
+    if needed <= 0 then return {'too_many_outstanding', bucket[1] - now} end
+  end
+end
+
+if #expired > 0 then redis.call('HDEL', KEYS[1], unpack(expired)) end
+local keep_ms = 1
+if new_tat then
+  redis.call('HSET', KEYS[1], 't', string.format('%d', math.ceil(new_tat)))
+  keep_ms = math.ceil(new_tat - now)
+end
+if cap > 0 then
+  local ends = math.ceil((now + ttl) / 1000 / BUCKET_SECONDS) * BUCKET_SECONDS
+  redis.call('HINCRBY', KEYS[1], tostring(ends), count)
+  for _, bucket in ipairs(live) do
+    if bucket[1] - now > keep_ms then keep_ms = bucket[1] - now end
+  end
+  if ends * 1000 - now > keep_ms then keep_ms = ends * 1000 - now end
+end
+if limit > 0 or cap > 0 then redis.call('PEXPIRE', KEYS[1], keep_ms) end
+return {'admitted'}

@@ -1,0 +1,202 @@
+"""Issuance limits: the per-client rate limit and the cap on outstanding tokens (lua/admit.lua)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from tests.edge.conftest import token_keys
+from tests.support.processes import free_port
+from token_service import create_app
+from token_service.config import RateLimit
+from token_service.errors import InvalidRequest, RateLimited
+from token_service.limits import IssuanceLimits, OutstandingCapReached, admit_reply, client_key
+from token_service.store import TokenStore
+
+GENERATE = {"scope": "payment.create"}
+
+
+def generate(
+    client: Any, body: dict[str, Any] | None = None, addr: str = "203.0.113.7", **headers: str
+) -> Any:
+    return client.post(
+        "/token/generate", json=body or GENERATE, headers=headers, environ_base={"REMOTE_ADDR": addr}
+    )
+
+
+def test_rate_limit_hit_answers_429_with_retry_after_and_issues_nothing(
+    make_client: Callable[..., Any], redis_client: Any
+) -> None:
+    client = make_client(rate_limit="3/minute", max_outstanding_per_subject=0)
+    assert [generate(client).status_code for _ in range(3)] == [201, 201, 201]
+    assert token_keys(redis_client) == 3
+
+    refused = generate(client)
+
+    assert refused.status_code == 429
+    assert refused.mimetype == "application/problem+json"
+    assert refused.json["code"] == "rate_limited"
+    # 3/minute: one token's worth of credit comes back every 20 s
+    assert 1 <= int(refused.headers["Retry-After"]) <= 20
+    assert token_keys(redis_client) == 3
+
+
+def test_batch_counts_each_token(make_client: Callable[..., Any], redis_client: Any) -> None:
+    client = make_client(rate_limit="10/minute", max_outstanding_per_subject=0)
+    batch = {**GENERATE, "count": 8}
+    assert client.post("/token/generate/batch", json=batch).status_code == 201
+    assert client.post("/token/generate/batch", json={**GENERATE, "count": 3}).status_code == 429
+    assert client.post("/token/generate/batch", json={**GENERATE, "count": 2}).status_code == 201
+    assert generate(client, addr="127.0.0.1").status_code == 429
+    assert token_keys(redis_client) == 10
+
+
+def test_a_batch_over_the_limit_is_a_400_not_a_429_forever(make_client: Callable[..., Any]) -> None:
+    client = make_client(rate_limit="10/minute", max_outstanding_per_subject=5)
+    too_fast = client.post("/token/generate/batch", json={**GENERATE, "count": 11})
+    too_many = client.post("/token/generate/batch", json={**GENERATE, "count": 6})
+    assert (too_fast.status_code, too_many.status_code) == (400, 400)
+    assert "count" in too_fast.json["errors"]
+    assert "count" in too_many.json["errors"]
+
+
+def test_outstanding_cap(make_client: Callable[..., Any], redis_client: Any) -> None:
+    client = make_client(rate_limit="off", max_outstanding_per_subject=3)
+    body = {**GENERATE, "ttl_seconds": 60}
+    assert [generate(client, body).status_code for _ in range(3)] == [201, 201, 201]
+
+    refused = generate(client, body)
+
+    assert refused.status_code == 429
+    assert refused.json["code"] == "rate_limited"
+    # room comes back when the oldest token expires: its ttl, rounded up to a 5 s bucket
+    assert 55 <= int(refused.headers["Retry-After"]) <= 65
+    assert token_keys(redis_client) == 3
+    # another client is not affected
+    assert generate(client, body, addr="198.51.100.1").status_code == 201
+
+
+def test_limits_are_per_client_address(make_client: Callable[..., Any]) -> None:
+    client = make_client(rate_limit="1/hour")
+    assert generate(client, addr="192.0.2.1").status_code == 201
+    assert generate(client, addr="192.0.2.1").status_code == 429
+    assert generate(client, addr="192.0.2.2").status_code == 201
+
+
+def test_spoofed_forwarded_for_is_ignored_without_trusted_proxies(make_client: Callable[..., Any]) -> None:
+    client = make_client(rate_limit="1/hour", trusted_proxy_hops=0)
+    assert generate(client, **{"X-Forwarded-For": "10.0.0.1"}).status_code == 201
+    # a fresh X-Forwarded-For does not make a fresh client
+    again = generate(client, **{"X-Forwarded-For": "10.0.0.2"})
+    assert again.status_code == 429
+
+
+def test_only_the_trusted_hops_of_forwarded_for_count(make_client: Callable[..., Any]) -> None:
+    client = make_client(rate_limit="1/hour", trusted_proxy_hops=1)
+    # our one proxy appends the address it saw; what the client wrote before it is ignored
+    assert generate(client, **{"X-Forwarded-For": "6.6.6.6, 192.0.2.10"}).status_code == 201
+    spoofed = generate(client, **{"X-Forwarded-For": "7.7.7.7, 192.0.2.10"})
+    assert spoofed.status_code == 429
+    assert generate(client, **{"X-Forwarded-For": "192.0.2.11"}).status_code == 201
+
+
+def test_subject_header_mode_rejects_a_body_subject(make_client: Callable[..., Any]) -> None:
+    client = make_client(subject_header="X-Authenticated-User", rate_limit="off")
+    rejected = generate(client, {**GENERATE, "subject": "mallory"}, **{"X-Authenticated-User": "alice"})
+    assert rejected.status_code == 400
+    assert rejected.json["code"] == "invalid_request"
+    assert "subject" in rejected.json["errors"]
+
+    issued = generate(client, **{"X-Authenticated-User": "alice"})
+    assert issued.status_code == 201
+    assert issued.json["subject"] == "alice"
+
+
+def test_a_malformed_gateway_subject_is_a_400(make_client: Callable[..., Any]) -> None:
+    client = make_client(subject_header="X-Authenticated-User", rate_limit="off")
+    response = generate(client, **{"X-Authenticated-User": "a" * 129})
+    assert response.status_code == 400
+    assert response.json["code"] == "invalid_request"
+
+
+def test_with_a_trusted_subject_the_limit_follows_the_subject(make_client: Callable[..., Any]) -> None:
+    client = make_client(subject_header="X-Authenticated-User", rate_limit="1/hour")
+    assert generate(client, addr="192.0.2.1", **{"X-Authenticated-User": "alice"}).status_code == 201
+    # alice from another address is still alice
+    assert generate(client, addr="192.0.2.2", **{"X-Authenticated-User": "alice"}).status_code == 429
+    # bob behind the same address (a shared NAT) has his own budget
+    assert generate(client, addr="192.0.2.1", **{"X-Authenticated-User": "bob"}).status_code == 201
+
+
+def test_the_limit_record_holds_no_address_in_clear(
+    make_client: Callable[..., Any], redis_client: Any
+) -> None:
+    client = make_client(rate_limit="5/minute")
+    assert generate(client, addr="192.0.2.99").status_code == 201
+    keys = [key.decode() for key in redis_client.scan_iter(match="ts:c:*")]
+    assert keys == [client_key("ts:", "addr:192.0.2.99")]
+    assert "192.0.2.99" not in keys[0]
+    assert redis_client.pttl(keys[0]) > 0  # limit records expire on their own
+
+
+def test_store_unreachable_during_admission_fails_closed() -> None:
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.2, socket_timeout=0.2)
+    client = create_app({"redis_client": dead, "rate_limit": "5/minute"}).test_client()
+    response = generate(client)
+    assert response.status_code == 503
+    assert response.json["code"] == "store_unavailable"
+    dead.close()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ms = 1_700_000_000_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+def test_rate_credit_comes_back_over_time(redis_client: Any) -> None:
+    clock = Clock()
+    store = TokenStore(redis_client, clock_ms=clock)
+    limits = IssuanceLimits(RateLimit(2, 1), max_outstanding=0)
+    store.admit("ts:c:x", limits, 2, 60)
+    with pytest.raises(RateLimited) as refused:
+        store.admit("ts:c:x", limits, 1, 60)
+    assert refused.value.retry_after_seconds == 1  # 500 ms, rounded up
+    clock.ms += 499
+    with pytest.raises(RateLimited):
+        store.admit("ts:c:x", limits, 1, 60)
+    clock.ms += 1
+    store.admit("ts:c:x", limits, 1, 60)
+
+
+def test_outstanding_tokens_stop_counting_when_they_expire(redis_client: Any) -> None:
+    clock = Clock()
+    store = TokenStore(redis_client, clock_ms=clock)
+    limits = IssuanceLimits(None, max_outstanding=2)
+    store.admit("ts:c:y", limits, 2, 10)
+    with pytest.raises(OutstandingCapReached) as refused:
+        store.admit("ts:c:y", limits, 1, 10)
+    assert refused.value.code == "rate_limited"
+    # expiry is counted at the end of its 5 s bucket: between 10 and 15 s from now
+    assert 10 <= refused.value.retry_after_seconds <= 15
+    clock.ms += refused.value.retry_after_seconds * 1000 - 1000
+    with pytest.raises(OutstandingCapReached):
+        store.admit("ts:c:y", limits, 1, 10)
+    clock.ms += 1000
+    store.admit("ts:c:y", limits, 2, 10)
+    # the expired bucket was dropped, the new one is all that is left
+    assert len(redis_client.hgetall("ts:c:y")) == 1
+
+
+def test_admit_refuses_bad_arguments_before_writing(redis_client: Any) -> None:
+    store = TokenStore(redis_client)
+    with pytest.raises(InvalidRequest):
+        admit_reply(store._scripts["admit"](keys=["ts:c:z"], args=["0", "1", "1000", "0", "1000", ""]))
+    with pytest.raises(InvalidRequest):
+        store.admit("ts:c:z", IssuanceLimits(RateLimit(2, 1), 0), 3, 60)
+    assert redis_client.exists("ts:c:z") == 0

@@ -1,0 +1,83 @@
+"""Issuance limits: who a client is, and what ``lua/admit.lua`` is asked and answers.
+
+Pure, like :mod:`token_service.records`: the store runs the script, the API
+decides who the client is. A client is the trusted subject when the gateway
+sets one (``TOKEN_SERVICE_SUBJECT_HEADER``), else the client address (after
+``ProxyFix`` for the configured proxy hops). A subject in the request body
+is never an identity here: anyone can write any subject into a body.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from token_service.config import RateLimit
+from token_service.errors import InvalidRequest, RateLimited
+from token_service.records import raise_for, text
+
+
+@dataclass(frozen=True, slots=True)
+class IssuanceLimits:
+    rate: RateLimit | None
+    max_outstanding: int  # 0: no cap
+
+    @property
+    def enabled(self) -> bool:
+        return self.rate is not None or self.max_outstanding > 0
+
+    def check_count(self, count: int) -> None:
+        """A batch larger than a limit could never be admitted: say so instead of a useless 429."""
+        if self.rate is not None and count > self.rate.limit:
+            raise InvalidRequest(
+                "The batch is larger than the issuance rate limit allows.",
+                {"count": [f"At most {self.rate.limit} per {self.rate.period_seconds} s for one client."]},
+            )
+        if self.max_outstanding and count > self.max_outstanding:
+            raise InvalidRequest(
+                "The batch is larger than the cap on outstanding tokens.",
+                {"count": [f"At most {self.max_outstanding} outstanding tokens per client."]},
+            )
+
+    def args(self, count: int, ttl_seconds: int, now_ms: str) -> list[str]:
+        limit, period_seconds = (self.rate.limit, self.rate.period_seconds) if self.rate else (0, 1)
+        return [
+            str(count),
+            str(limit),
+            str(period_seconds * 1000),
+            str(self.max_outstanding),
+            str(ttl_seconds * 1000),
+            now_ms,
+        ]
+
+
+def client_key(key_prefix: str, identity: str) -> str:
+    """The client's limit record: a digest, so no address or subject is stored in clear."""
+    raw = hashlib.sha256(identity.encode("utf-8", "surrogateescape")).digest()[:16]
+    return f"{key_prefix}c:{base64.urlsafe_b64encode(raw).rstrip(b'=').decode('ascii')}"
+
+
+class OutstandingCapReached(RateLimited):
+    """Also ``429 rate_limited``; its own class so that metrics can tell the two limits apart."""
+
+
+def admit_reply(reply: list[Any]) -> None:
+    code = text(reply[0])
+    if code == "admitted":
+        return
+    if code == "rate_limited":
+        seconds = max(1, math.ceil(int(reply[1]) / 1000))
+        raise RateLimited(
+            f"The issuance rate limit is reached; retry in {seconds} s.", retry_after_seconds=seconds
+        )
+    if code == "too_many_outstanding":
+        seconds = max(1, math.ceil(int(reply[1]) / 1000))
+        raise OutstandingCapReached(
+            f"Too many of this client's tokens are outstanding; retry in {seconds} s.",
+            retry_after_seconds=seconds,
+        )
+    raise_for(reply)
+    raise ValueError(f"unexpected reply from admit: {code!r}")
