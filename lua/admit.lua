@@ -1,21 +1,15 @@
--- admit: the per-client issuance limits, checked and charged in one step
--- before tokens are issued. One key per client (not per token), so the
--- script runs unchanged on Redis Cluster and costs memory per client.
---
--- KEYS[1] the client's limit record: a hash with
---           't'           the rate limiter's theoretical arrival time (GCRA), in ms
---           '<end_s>'     tokens issued whose expiry falls in the bucket ending at
---                         <end_s> (epoch seconds, a multiple of BUCKET_SECONDS)
--- ARGV[1] count: tokens asked for (positive integer)
--- ARGV[2] rate limit: tokens per period ('0' = no rate limit)
--- ARGV[3] period_ms (positive integer)
--- ARGV[4] outstanding cap: tokens that may be live at once ('0' = no cap)
--- ARGV[5] ttl_ms of the tokens about to be issued (positive integer)
+-- admit: charge tokens to a client's issuance limits, before they are issued.
+-- KEYS[1] the client's limit record (a hash, one per client, not per token)
+-- ARGV[1] count; ARGV[2] rate limit per period ('0' = none); ARGV[3] period_ms;
+-- ARGV[4] outstanding cap ('0' = none); ARGV[5] ttl_ms of the tokens;
 -- ARGV[6] now_ms ('' = Redis TIME)
--- returns {'admitted'}
---       | {'rate_limited', retry_after_ms}
---       | {'too_many_outstanding', retry_after_ms}
---       | {'invalid_argument', message}
+-- returns {'admitted'} | {'rate_limited', retry_after_ms}
+--       | {'too_many_outstanding', retry_after_ms} | {'invalid_argument', message}
+--
+-- The record's fields: 't' is the rate limiter's theoretical arrival time
+-- (GCRA) in ms; '<end_s>' counts the tokens whose expiry falls in the bucket
+-- ending at <end_s> (epoch seconds, a multiple of BUCKET_SECONDS). One key
+-- per call, so the script runs unchanged on Redis Cluster.
 -- A refusal writes nothing: a refused request costs the client nothing either.
 --
 -- Rate: GCRA with a burst of one full period (60/minute lets 60 through at

@@ -60,7 +60,13 @@ def store(redis_client: Any) -> TokenStore:
 
 @pytest.fixture
 def app_config(redis_client: Any) -> dict[str, Any]:
-    return {"api_keys": API_KEY, "redis_client": redis_client, "rate_limit": "off"}
+    # No issuance limits here: tests/edge/ covers them; the rest exercise the token logic.
+    return {
+        "api_keys": API_KEY,
+        "redis_client": redis_client,
+        "rate_limit": "off",
+        "max_outstanding_per_subject": 0,
+    }
 
 
 @pytest.fixture
