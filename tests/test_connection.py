@@ -25,7 +25,12 @@ def socket_redis(tmp_path: Path) -> Iterator[tuple[RedisServer, Path]]:
 def test_unix_socket_url(socket_redis: tuple[RedisServer, Path]) -> None:
     server, socket_path = socket_redis
     client = create_app(
-        {"redis_url": f"unix://{socket_path}?db=0", "api_keys": API_KEY, "rate_limit": "off"}
+        {
+            "redis_url": f"unix://{socket_path}?db=0",
+            "api_keys": API_KEY,
+            "rate_limit": "off",
+            "max_outstanding_per_subject": 0,
+        }
     ).test_client()
     token = client.post("/token/generate", json={"scope": "s"}).json["token"]
     assert client.post("/token/consume", json={"token": token, "scope": "s"}, headers=AUTH).status_code == 200
@@ -35,7 +40,12 @@ def test_unix_socket_url(socket_redis: tuple[RedisServer, Path]) -> None:
 def test_redis_url_with_a_database_number(redis_server: RedisServer) -> None:
     redis_server.client(db=3).flushdb()
     client = create_app(
-        {"redis_url": redis_server.url[:-1] + "3", "api_keys": API_KEY, "rate_limit": "off"}
+        {
+            "redis_url": redis_server.url[:-1] + "3",
+            "api_keys": API_KEY,
+            "rate_limit": "off",
+            "max_outstanding_per_subject": 0,
+        }
     ).test_client()
     client.post("/token/generate", json={"scope": "s"})
     assert redis_server.client(db=3).dbsize() == 1

@@ -9,11 +9,10 @@ from typing import Any
 from flask import Flask
 from werkzeug.middleware.proxy_fix import ProxyFix
 
-from token_service import api, cors, frontend, health
+from token_service import api, cors, frontend, health, metrics, telemetry
 from token_service.config import Settings
 from token_service.connection import redis_client
 from token_service.responses import register_error_handlers
-from token_service.store import TokenStore
 
 
 def load_settings(config: Settings | Mapping[str, Any] | None) -> Settings:
@@ -29,15 +28,17 @@ def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
     # No implicit /static route: every route is declared (and documented in openapi.yaml).
     app = Flask("token_service", static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    store = TokenStore(
+    store = metrics.MeteredStore(
         redis_client(settings),
         key_prefix=settings.key_prefix,
         result_ttl_seconds=settings.result_ttl_seconds,
     )
     app.extensions["token_service"] = {"settings": settings, "store": store}
     register_error_handlers(app)
+    telemetry.install(app)
     app.register_blueprint(api.make_blueprint(settings, store))
-    app.register_blueprint(health.make_blueprint(store))
+    app.register_blueprint(health.make_blueprint(store, settings.drain_file))
+    app.register_blueprint(metrics.make_blueprint())
     app.register_blueprint(frontend.make_blueprint())
     cors.install(app, settings)
     if settings.trusted_proxy_hops:

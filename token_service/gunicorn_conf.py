@@ -1,22 +1,113 @@
 """gunicorn settings for token-service (``gunicorn -c python:token_service.gunicorn_conf``).
 
-Sync workers: every request is a short Redis round trip, so a process per
-core keeps latency flat without an event loop. Workers come from
-WEB_CONCURRENCY (the Heroku/Docker convention), else 2.
+Every choice here can be overridden the usual gunicorn ways (command line,
+``GUNICORN_CMD_ARGS``); the reasons:
+
+- **Configuration first.** The ``TOKEN_SERVICE_*`` settings are validated
+  here, in the master, before any worker starts: a bad value stops start-up
+  with one line naming the variable (exit status 2), not a worker crash loop.
+- **Sync workers, one per core** (``WEB_CONCURRENCY``, else the CPU count).
+  A request is a little CPU and one or two Redis round trips of well under a
+  millisecond, so processes, not threads or an event loop, keep every core
+  busy. Sync workers do not keep connections alive and expect a buffering
+  proxy (or load balancer) in front for slow clients; for a deployment without
+  one, ``GUNICORN_CMD_ARGS="--worker-class gthread --threads 4"`` (the app is
+  thread-safe).
+- **Timeouts.** ``timeout`` 30 s kills a worker stuck that long (a request
+  needs milliseconds; Redis calls time out after TOKEN_SERVICE_REDIS_TIMEOUT_SECONDS).
+  ``graceful_timeout`` 10 s lets requests in flight finish on shutdown.
+- **Draining.** On SIGTERM the master first marks the instance as draining --
+  ``/readyz`` answers 503 -- and keeps serving for TOKEN_SERVICE_DRAIN_SECONDS
+  (default 0; the Docker image sets 5) so the load balancer stops sending
+  traffic; then the normal graceful stop runs. A second SIGTERM, or SIGINT /
+  SIGQUIT, skips the wait. The orchestrator's stop timeout must exceed
+  drain + graceful_timeout.
+- **worker_tmp_dir** on /dev/shm: the workers' heartbeat files are touched
+  constantly and must not sit on a slow overlay disk.
+- **Metrics.** ``PROMETHEUS_MULTIPROC_DIR`` is set (a fresh temporary
+  directory unless the operator set one, which is emptied) before any worker
+  imports prometheus_client; ``child_exit`` tells the collector a worker died.
+- **Logs.** One JSON object per line on stderr for gunicorn and the app; the
+  app writes the access lines itself (with request ids), so gunicorn's access
+  log is off.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
 
-workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+from token_service.config import ConfigError, Settings
+from token_service.logs import logging_config
+
+try:
+    _settings = Settings.from_env(os.environ)
+except ConfigError as _exc:
+    print(f"token-service: configuration error: {_exc}", file=sys.stderr)
+    raise SystemExit(2) from None
+
+workers = int(os.environ.get("WEB_CONCURRENCY") or os.cpu_count() or 2)
 worker_class = "sync"
-# A request never needs more than a few Redis calls; a hung worker is killed.
 timeout = 30
-graceful_timeout = 20
+graceful_timeout = 10
 keepalive = 5
-# Heartbeat files on tmpfs, not the (possibly slow, overlay) container disk.
 _SHM = "/dev/shm"  # noqa: S108 — gunicorn heartbeat files, not user data
 worker_tmp_dir = _SHM if os.path.isdir(_SHM) else None
-accesslog = "-"
+
+accesslog = None
 errorlog = "-"
+loglevel = _settings.log_level.lower()
+logconfig_dict = logging_config(_settings.log_level)
+
+# --- metrics: one directory shared by the workers, fresh for each start ---------
+_tmp_root = worker_tmp_dir or tempfile.gettempdir()
+_own_metrics_dir = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+if _own_metrics_dir:
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="token-service-metrics-", dir=_tmp_root)
+_metrics_dir = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+
+# --- draining: a flag file the workers' /readyz looks at --------------------------
+if not _settings.drain_file:
+    os.environ["TOKEN_SERVICE_DRAIN_FILE"] = str(_metrics_dir / "draining")
+_drain_file = Path(os.environ["TOKEN_SERVICE_DRAIN_FILE"])
+
+
+def on_starting(server: Any) -> None:
+    # Samples left by a previous run would be added to this one's.
+    _metrics_dir.mkdir(parents=True, exist_ok=True)
+    for stale in _metrics_dir.glob("*.db"):
+        stale.unlink()
+    _drain_file.unlink(missing_ok=True)
+
+
+def when_ready(server: Any) -> None:
+    stop = server.handle_term
+
+    def drain_then_stop() -> None:
+        if _settings.drain_seconds <= 0 or _drain_file.exists():
+            stop()  # no drain configured, or a second SIGTERM: stop now
+            return
+        _drain_file.touch()
+        server.log.info("SIGTERM: draining for %d s (/readyz now fails)", _settings.drain_seconds)
+        # the alarm queues a second SIGTERM, which lands in the branch above
+        signal.signal(signal.SIGALRM, lambda signum, frame: server.signal(signal.SIGTERM, frame))
+        signal.alarm(_settings.drain_seconds)
+
+    server.handle_term = drain_then_stop
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
+
+
+def on_exit(server: Any) -> None:
+    _drain_file.unlink(missing_ok=True)
+    if _own_metrics_dir:
+        shutil.rmtree(_metrics_dir, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -23,7 +24,7 @@ def _openapi_text() -> str:
     return openapi_path().read_text(encoding="utf-8")
 
 
-def make_blueprint(store: TokenStore) -> Blueprint:
+def make_blueprint(store: TokenStore, drain_file: str = "") -> Blueprint:
     bp = Blueprint("ops", __name__)
 
     @bp.get("/healthz")
@@ -33,6 +34,9 @@ def make_blueprint(store: TokenStore) -> Blueprint:
 
     @bp.get("/readyz")
     def readyz() -> Response:
+        # Draining for shutdown (or taken out by an operator): alive, but send nothing new here.
+        if drain_file and os.path.exists(drain_file):
+            return json_response({"status": "draining"}, 503, {"Retry-After": "5"})
         store.ready()  # ServiceUnavailable → 503 store_unavailable
         return json_response({"status": "ready"})
 

@@ -1,0 +1,216 @@
+"""Prometheus metrics, correct under several gunicorn workers.
+
+Under gunicorn, ``token_service.gunicorn_conf`` points
+``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory before any worker imports
+prometheus_client: each worker then keeps its samples in memory-mapped files
+there (an increment is a write to mapped memory, no system call), and
+``GET /metrics`` adds up every worker's files, those of workers that died
+included, so a count survives a worker restart. Without that variable (tests,
+``flask run``) the metrics live in this process's default registry.
+
+Label values are bounded: routes are the app's URL rules (``unmatched`` for
+anything else), codes are SPEC's error codes, and scopes -- chosen by clients
+-- are kept for the first :data:`MAX_SCOPES` distinct values a worker sees
+and counted as ``_other`` after that.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from flask import Blueprint, Response, g, has_request_context
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
+
+from token_service import records
+from token_service.errors import RateLimited, TokenError
+from token_service.limits import IssuanceLimits, OutstandingCapReached
+from token_service.store import IssueRequest, TokenStore
+from token_service.tokens import token_digest
+
+MAX_SCOPES = 50
+OTHER_SCOPE = "_other"
+# A digest prefix is enough to find a token's record (SCAN ts:t:<prefix>*) and reveals nothing.
+TOKEN_REF_CHARS = 8
+
+TOKENS_ISSUED = Counter("token_service_tokens_issued", "Tokens issued.", ["scope"])
+OUTCOMES = Counter(
+    "token_service_token_outcomes",
+    "Outcomes of token operations: the success outcome or the error code.",
+    ["operation", "code", "scope"],
+)
+REPLAYS = Counter(
+    "token_service_replays", "Answers given again to a retry or a duplicate (replayed: true).", ["operation"]
+)
+RATE_LIMITED = Counter("token_service_rate_limited", "Issuance requests refused by a limit.", ["limit"])
+REDIS_ERRORS = Counter(
+    "token_service_redis_errors", "Requests answered 503 because Redis was unavailable.", ["route"]
+)
+REQUESTS = Counter("token_service_http_requests", "HTTP requests answered.", ["method", "route", "status"])
+LATENCY = Histogram(
+    "token_service_http_request_duration_seconds",
+    "Time from the request reaching the app to its response.",
+    ["method", "route"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+
+
+class ScopeLabels:
+    """Client-chosen scopes as label values, at most ``limit`` distinct ones per process."""
+
+    def __init__(self, limit: int = MAX_SCOPES) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def __call__(self, scope: str) -> str:
+        if scope in self._seen:
+            return scope
+        with self._lock:
+            if len(self._seen) < self.limit:
+                self._seen.add(scope)
+                return scope
+        return OTHER_SCOPE
+
+
+def note_token(token: str) -> None:
+    """Remember a short digest prefix of the request's token for the access log."""
+    if has_request_context():
+        g.token_ref = token_digest(token)[:TOKEN_REF_CHARS]
+
+
+class MeteredStore(TokenStore):
+    """The store, counting what each operation did. It adds no Redis calls."""
+
+    def __init__(self, client: Any, **options: Any) -> None:
+        super().__init__(client, **options)
+        self.scopes = ScopeLabels()
+
+    def _outcome(self, operation: str, code: str, scope: str | None) -> None:
+        OUTCOMES.labels(operation, code, self.scopes(scope) if scope else "").inc()
+
+    def _measured(self, operation: str, scope: str | None, call: Any) -> Any:
+        try:
+            result = call()
+        except TokenError as error:
+            self._outcome(operation, error.code, scope)
+            raise
+        return result
+
+    def admit(self, client_key: str, limits: IssuanceLimits, count: int, ttl_seconds: int) -> None:
+        try:
+            super().admit(client_key, limits, count, ttl_seconds)
+        except RateLimited as refused:
+            RATE_LIMITED.labels("outstanding" if isinstance(refused, OutstandingCapReached) else "rate").inc()
+            raise
+
+    def issue(self, request: IssueRequest, count: int = 1) -> list[str]:
+        tokens = super().issue(request, count)
+        TOKENS_ISSUED.labels(self.scopes(request.scope)).inc(len(tokens))
+        return tokens
+
+    def consume(
+        self,
+        token: str,
+        scope: str,
+        subject: str | None = None,
+        fingerprint: str | None = None,
+        request_id: str | None = None,
+    ) -> records.Consumed:
+        note_token(token)
+        outcome: records.Consumed = self._measured(
+            "consume",
+            scope,
+            lambda: super(MeteredStore, self).consume(token, scope, subject, fingerprint, request_id),
+        )
+        self._outcome("consume", "consumed", scope)
+        if outcome.replayed:
+            REPLAYS.labels("consume").inc()
+        return outcome
+
+    def begin(
+        self,
+        token: str,
+        scope: str,
+        subject: str | None = None,
+        fingerprint: str | None = None,
+        request_id: str | None = None,
+        lease_seconds: int = 30,
+    ) -> records.Started | records.Finished:
+        note_token(token)
+        outcome: records.Started | records.Finished = self._measured(
+            "begin",
+            scope,
+            lambda: super(MeteredStore, self).begin(
+                token, scope, subject, fingerprint, request_id, lease_seconds
+            ),
+        )
+        if isinstance(outcome, records.Finished):
+            self._outcome("begin", "succeeded", scope)
+            REPLAYS.labels("begin").inc()
+        else:
+            self._outcome("begin", "started", scope)
+            if outcome.replayed:
+                REPLAYS.labels("begin").inc()
+        return outcome
+
+    def complete(self, token: str, lease_id: str, result: Any) -> records.Completed:
+        note_token(token)
+        outcome: records.Completed = self._measured(
+            "complete", None, lambda: super(MeteredStore, self).complete(token, lease_id, result)
+        )
+        self._outcome("complete", "succeeded", None)
+        if outcome.replayed:
+            REPLAYS.labels("complete").inc()
+        return outcome
+
+    def fail(self, token: str, lease_id: str, *, retryable: bool, error: Any = None) -> records.FailRecorded:
+        note_token(token)
+        outcome: records.FailRecorded = self._measured(
+            "fail",
+            None,
+            lambda: super(MeteredStore, self).fail(token, lease_id, retryable=retryable, error=error),
+        )
+        self._outcome("fail", outcome.outcome, None)
+        if outcome.replayed:
+            REPLAYS.labels("fail").inc()
+        return outcome
+
+    def inspect(self, token: str) -> records.Inspection:
+        note_token(token)
+        return self._measured("inspect", None, lambda: super(MeteredStore, self).inspect(token))  # type: ignore[no-any-return]
+
+    def revoke(self, token: str) -> None:
+        note_token(token)
+        self._measured("revoke", None, lambda: super(MeteredStore, self).revoke(token))
+        self._outcome("revoke", "revoked", None)
+
+
+def _registry() -> CollectorRegistry:
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return REGISTRY
+    from prometheus_client import multiprocess
+
+    # A fresh registry per scrape: the collector reads every worker's files.
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return registry
+
+
+def make_blueprint() -> Blueprint:
+    bp = Blueprint("metrics", __name__)
+
+    @bp.get("/metrics")
+    def metrics() -> Response:
+        body = generate_latest(_registry())
+        return Response(body, headers={"Content-Type": CONTENT_TYPE_LATEST, "Cache-Control": "no-store"})
+
+    return bp

@@ -1,0 +1,75 @@
+"""Per-request telemetry: a request id, one JSON access line, request metrics.
+
+The request id is the caller's ``X-Request-ID`` when it is sane (1-128
+characters of ``A-Za-z0-9._:-``, so it cannot forge log fields or smuggle a
+header), else a new random one; either way it is returned in ``X-Request-ID``
+and is in every log line written while the request runs. The access line
+names the route, never the raw path of an unmatched URL, and never a token:
+at most :data:`token_service.metrics.TOKEN_REF_CHARS` characters of its digest.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+
+from flask import Flask, Response, g, request
+
+from token_service.errors import ServiceUnavailable
+from token_service.metrics import LATENCY, REDIS_ERRORS, REQUESTS
+from token_service.responses import problem_for
+
+REQUEST_ID_HEADER = "X-Request-ID"
+_SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
+UNMATCHED = "unmatched"
+
+access_log = logging.getLogger("token_service.access")
+
+
+def _route() -> str:
+    rule = request.url_rule
+    return rule.rule if rule is not None else UNMATCHED
+
+
+def _start() -> None:
+    g.started = time.perf_counter()
+    offered = request.headers.get(REQUEST_ID_HEADER, "")
+    g.request_id = offered if _SANE_REQUEST_ID.match(offered) else uuid.uuid4().hex
+
+
+def _finish(response: Response) -> Response:
+    duration = time.perf_counter() - g.get("started", time.perf_counter())
+    route = _route()
+    method = request.method
+    REQUESTS.labels(method, route, str(response.status_code)).inc()
+    LATENCY.labels(method, route).observe(duration)
+    rid = g.get("request_id") or uuid.uuid4().hex
+    response.headers[REQUEST_ID_HEADER] = rid
+    if access_log.isEnabledFor(logging.INFO):
+        fields = {
+            "request_id": rid,
+            "method": method,
+            "route": route,
+            "status": response.status_code,
+            "duration_ms": round(duration * 1000, 3),
+            "client": request.remote_addr,
+        }
+        token_ref = g.get("token_ref")
+        if token_ref:
+            fields["token_ref"] = token_ref
+        access_log.info("request", extra=fields)
+    return response
+
+
+def _store_unavailable(error: ServiceUnavailable) -> Response:
+    REDIS_ERRORS.labels(_route()).inc()
+    return problem_for(error)
+
+
+def install(app: Flask) -> None:
+    app.before_request(_start)
+    app.after_request(_finish)
+    # More specific than the TokenError handler, so Flask picks this one for 503s.
+    app.register_error_handler(ServiceUnavailable, _store_unavailable)
