@@ -8,16 +8,18 @@
 --
 -- The record's fields: 't' is the rate limiter's theoretical arrival time
 -- (GCRA) in ms; '<end_s>' counts the tokens whose expiry falls in the bucket
--- ending at <end_s> (epoch seconds, a multiple of BUCKET_SECONDS). One key
--- per call, so the script runs unchanged on Redis Cluster.
--- A refusal writes nothing: a refused request costs the client nothing either.
+-- ending at <end_s> (epoch seconds). One key per call, so the script runs
+-- unchanged on Redis Cluster. A refusal writes nothing.
 --
 -- Rate: GCRA with a burst of one full period (60/minute lets 60 through at
 -- once, then one per second). Outstanding: a token counts from issue until its
 -- expiry, consumed or not -- its record stays in Redis until then anyway, so
 -- the cap bounds the memory one client can hold. Expiries are rounded UP to
--- buckets of BUCKET_SECONDS, which keeps the hash to a few fields at the price
--- of counting a token up to BUCKET_SECONDS longer than it lives.
+-- buckets of BUCKET_SECONDS * 2^k, the smallest such width of at least a
+-- quarter of the TTL: a client's hash stays at a handful of fields (memory per
+-- client, not per token) at the price of counting a token up to a quarter of
+-- its TTL (at least 5 s) longer than it lives. Widths are nested, so tokens of
+-- different TTLs share bucket ends.
 local BUCKET_SECONDS = 5
 
 for i = 1, 5 do
@@ -81,7 +83,9 @@ if new_tat then
   keep_ms = math.ceil(new_tat - now)
 end
 if cap > 0 then
-  local ends = math.ceil((now + ttl) / 1000 / BUCKET_SECONDS) * BUCKET_SECONDS
+  local width = BUCKET_SECONDS
+  while width * 4000 < ttl do width = width * 2 end
+  local ends = math.ceil((now + ttl) / 1000 / width) * width
   redis.call('HINCRBY', KEYS[1], tostring(ends), count)
   for _, bucket in ipairs(live) do
     if bucket[1] - now > keep_ms then keep_ms = bucket[1] - now end

@@ -59,6 +59,10 @@ keepalive = 5
 _SHM = "/dev/shm"  # noqa: S108 — gunicorn heartbeat files, not user data
 worker_tmp_dir = _SHM if os.path.isdir(_SHM) else None
 
+# No control socket (gunicorn >= 25): every instance of a user would share
+# $HOME/.gunicorn/gunicorn.ctl, and it is one more way to steer the master.
+control_socket_disable = True
+
 accesslog = None
 errorlog = "-"
 loglevel = _settings.log_level.lower()

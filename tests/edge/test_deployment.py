@@ -1,0 +1,149 @@
+"""The Dockerfile and docker-compose.yml: checked as files, and the image's commands run for real.
+
+There is no Docker engine here, so the image's CMD and HEALTHCHECK are run
+directly, with the image's ENV, against a real redis-server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    result: list[tuple[str, str]] = []
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = pending + line
+        pending = ""
+        keyword, _, rest = line.partition(" ")
+        result.append((keyword.upper(), rest.strip()))
+    return result
+
+
+def final_stage(steps: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    last_from = max(i for i, (keyword, _) in enumerate(steps) if keyword == "FROM")
+    return steps[last_from:]
+
+
+def exec_form(arguments: str) -> list[str]:
+    parsed = json.loads(arguments)
+    assert isinstance(parsed, list), "exec form (a JSON array), so signals reach gunicorn"
+    return [str(part) for part in parsed]
+
+
+def image_env(stage: list[tuple[str, str]]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for keyword, arguments in stage:
+        if keyword == "ENV":
+            for pair in shlex.split(arguments):
+                name, _, value = pair.partition("=")
+                env[name] = value
+    return env
+
+
+DOCKERFILE = instructions(REPO_ROOT / "Dockerfile")
+RUNTIME = final_stage(DOCKERFILE)
+
+
+def the(keyword: str) -> str:
+    found = [arguments for kw, arguments in RUNTIME if kw == keyword]
+    assert len(found) == 1, f"one {keyword} in the runtime stage"
+    return found[0]
+
+
+def test_the_image_is_multi_stage_slim_and_runs_as_a_user() -> None:
+    froms = [arguments for keyword, arguments in DOCKERFILE if keyword == "FROM"]
+    assert len(froms) >= 2
+    assert "slim" in RUNTIME[0][1]
+    user = the("USER").split(":")[0]
+    assert user not in ("root", "0")
+    # nothing runs as root after the switch, and the build stage's tools stay behind
+    after_user = RUNTIME[[kw for kw, _ in RUNTIME].index("USER") :]
+    assert "RUN" not in [kw for kw, _ in after_user]
+    for keyword, arguments in DOCKERFILE:
+        if keyword == "COPY" and not arguments.startswith("--from"):
+            assert (REPO_ROOT / arguments.split()[0]).exists(), arguments
+
+
+def test_the_healthcheck_needs_no_curl() -> None:
+    healthcheck = the("HEALTHCHECK")
+    command = exec_form(healthcheck[healthcheck.index("CMD") + 3 :].strip())
+    assert command[0] == "python"
+    assert not {"curl", "wget"} & set(" ".join(command).split())
+
+
+def test_the_command_is_gunicorn_with_the_config() -> None:
+    command = exec_form(the("CMD"))
+    assert command[:3] == ["gunicorn", "--config", "python:token_service.gunicorn_conf"]
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_the_image_command_serves_and_its_healthcheck_passes(redis_server: RedisServer) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        **image_env(RUNTIME),
+        "PORT": str(port),
+        # the image binds 0.0.0.0:$PORT; here, stay on the loopback
+        "GUNICORN_CMD_ARGS": f"--bind 127.0.0.1:{port} --workers 2",
+        "TOKEN_SERVICE_REDIS_URL": redis_server.url,
+        "TOKEN_SERVICE_API_KEYS": "image-test-key-0123456789",
+    }
+    command = exec_form(the("CMD"))
+    healthcheck = the("HEALTHCHECK")
+    probe = exec_form(healthcheck[healthcheck.index("CMD") + 3 :].strip())
+    python = [sys.executable]
+
+    def healthy() -> bool:
+        return subprocess.run(python + probe[1:], env=env, capture_output=True, timeout=10).returncode == 0
+
+    assert not healthy(), "nothing is listening yet: the probe must fail"
+    server = subprocess.Popen([*python, "-m", *command], env=env, cwd=REPO_ROOT, stderr=subprocess.PIPE)
+    try:
+        wait_until(healthy, timeout_seconds=30, what="the HEALTHCHECK command to pass")
+        url = f"http://127.0.0.1:{port}"
+        assert httpx.post(url + "/token/generate", json={"scope": "image"}).status_code == 201
+        assert httpx.get(url + "/readyz").status_code == 200
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        assert server.stderr is not None
+        server.stderr.close()
+    assert server.returncode == 0
+    assert not healthy()
+
+
+def test_compose_runs_redis_with_aof_and_points_the_service_at_it() -> None:
+    compose = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())
+    redis_service = compose["services"]["redis"]
+    command = redis_service["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert any(volume.endswith(":/data") for volume in redis_service["volumes"])
+    service = compose["services"]["token-service"]
+    assert service["build"] == "."
+    assert service["environment"]["TOKEN_SERVICE_REDIS_URL"].startswith("redis://redis:")
+    assert service["depends_on"]["redis"]["condition"] == "service_healthy"
+    # drain + graceful_timeout must fit in the stop timeout
+    assert (
+        int(service["stop_grace_period"].rstrip("s"))
+        > int(image_env(RUNTIME)["TOKEN_SERVICE_DRAIN_SECONDS"]) + 10
+    )
