@@ -135,7 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve_cmd.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve_cmd.add_argument("--port", type=int, default=8000, help="port to bind (default: 8000)")
     serve_cmd.add_argument(
-        "--workers", type=int, default=None, help="gunicorn workers (default: WEB_CONCURRENCY or 2)"
+        "--workers",
+        type=int,
+        default=None,
+        help="gunicorn workers (default: WEB_CONCURRENCY, else the CPU count)",
     )
     serve_cmd.set_defaults(handler=serve)
     check_cmd = commands.add_parser("check", help="validate the configuration and ping Redis")

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.conftest import API_KEY
-from tests.support.processes import REPO_ROOT, Gunicorn, RedisServer, wait_until
+from tests.support.processes import REPO_ROOT, Gunicorn, RedisServer, free_port, wait_until
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -172,9 +172,14 @@ def test_readiness_fails_while_draining_then_the_server_stops() -> None:
 BAD_ENV = {"TOKEN_SERVICE_RATE_LIMIT": "lots"}
 
 
-def run(args: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, **BAD_ENV, "TOKEN_SERVICE_REDIS_URL": "redis://127.0.0.1:1/0"}
-    return subprocess.run(args, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+def run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        **BAD_ENV,
+        "TOKEN_SERVICE_REDIS_URL": "redis://127.0.0.1:1/0",
+        "PYTHONPATH": str(REPO_ROOT),
+    }
+    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
 
 
 def assert_one_line_naming_the_variable(result: subprocess.CompletedProcess[str]) -> None:
@@ -194,10 +199,19 @@ def assert_one_line_naming_the_variable(result: subprocess.CompletedProcess[str]
             ["-m", "gunicorn", "-c", "python:token_service.gunicorn_conf", "token_service:create_app()"],
             id="gunicorn-with-config",
         ),
-        pytest.param(
-            ["-m", "gunicorn", "-b", "127.0.0.1:1", "token_service:create_app()"], id="bare-gunicorn"
-        ),
+        # from the repository, gunicorn finds ./gunicorn.conf.py by itself
+        pytest.param(["-m", "gunicorn", "token_service:create_app()"], id="gunicorn-in-the-repo"),
     ],
 )
 def test_a_bad_setting_stops_start_up_with_one_line(args: list[str]) -> None:
-    assert_one_line_naming_the_variable(run([sys.executable, *args]))
+    assert_one_line_naming_the_variable(run([sys.executable, *args], REPO_ROOT))
+
+
+def test_a_bad_setting_stops_gunicorn_without_our_config(tmp_path: Path) -> None:
+    """gunicorn loading create_app() with no config file at all: the app factory's own check."""
+    result = run(
+        [sys.executable, "-m", "gunicorn", "-b", f"127.0.0.1:{free_port()}", "token_service:create_app()"],
+        tmp_path,
+    )
+    assert_one_line_naming_the_variable(result)
+    assert "App failed to load" in result.stderr  # the master stopped, no respawn loop
