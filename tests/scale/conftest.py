@@ -48,7 +48,14 @@ def topology(request: pytest.FixtureRequest) -> Topology:
 
 def service_config(redis_url: str, **overrides: Any) -> dict[str, Any]:
     """create_app settings as an operator would write them: a URL picks the topology."""
-    return {"redis_url": redis_url, "api_keys": API_KEY, "rate_limit": "off", **overrides}
+    # no issuance limits: these tests issue thousands of tokens from one address
+    return {
+        "redis_url": redis_url,
+        "api_keys": API_KEY,
+        "rate_limit": "off",
+        "max_outstanding_per_subject": 0,
+        **overrides,
+    }
 
 
 @pytest.fixture(scope="session")

@@ -35,6 +35,7 @@ def service(topology: Topology) -> Iterator[Gunicorn]:
         "TOKEN_SERVICE_REDIS_URL": topology.url,
         "TOKEN_SERVICE_API_KEYS": API_KEY,
         "TOKEN_SERVICE_RATE_LIMIT": "off",
+        "TOKEN_SERVICE_MAX_OUTSTANDING_PER_SUBJECT": "0",
     }
     # threads: enough in-flight requests that contenders really meet in Redis
     server = Gunicorn(env, workers=2, extra_args=["--threads", "16", "--access-logfile", "/dev/null"]).start()
