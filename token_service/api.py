@@ -125,7 +125,6 @@ def make_blueprint(settings: Settings, store: TokenStore) -> Blueprint:
             subject = _gateway_subject(settings.subject_header)
         ttl_seconds = data["ttl_seconds"] or settings.default_ttl_seconds
         if limits.enabled:
-            limits.check_count(count)
             # The trusted subject if the gateway set one, else the client address:
             # a body subject is the client's own claim and names nobody.
             trusted = settings.subject_header and subject is not None

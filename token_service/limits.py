@@ -16,8 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from token_service.config import RateLimit
-from token_service.errors import InvalidRequest, RateLimited
+from token_service.errors import RateLimited
 from token_service.records import raise_for, text
+
+
+class OutstandingCapReached(RateLimited):
+    """Also ``429 rate_limited``; its own class so that metrics can tell the two limits apart."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,17 +33,23 @@ class IssuanceLimits:
     def enabled(self) -> bool:
         return self.rate is not None or self.max_outstanding > 0
 
-    def check_count(self, count: int) -> None:
-        """A batch larger than a limit could never be admitted: say so instead of a useless 429."""
+    def check_count(self, count: int, ttl_seconds: int) -> None:
+        """A batch larger than a limit can never be admitted: say so plainly.
+
+        Still ``429 rate_limited`` (the count is schema-valid; it is the limit
+        that refuses it), with a detail naming the largest batch that can pass.
+        """
         if self.rate is not None and count > self.rate.limit:
-            raise InvalidRequest(
-                "The batch is larger than the issuance rate limit allows.",
-                {"count": [f"At most {self.rate.limit} per {self.rate.period_seconds} s for one client."]},
+            raise RateLimited(
+                f"A batch of {count} can never pass the issuance rate limit of "
+                f"{self.rate.limit} per {self.rate.period_seconds} s: ask for at most {self.rate.limit}.",
+                retry_after_seconds=self.rate.period_seconds,
             )
         if self.max_outstanding and count > self.max_outstanding:
-            raise InvalidRequest(
-                "The batch is larger than the cap on outstanding tokens.",
-                {"count": [f"At most {self.max_outstanding} outstanding tokens per client."]},
+            raise OutstandingCapReached(
+                f"A batch of {count} can never pass the cap of {self.max_outstanding} outstanding "
+                f"tokens per client: ask for at most {self.max_outstanding}.",
+                retry_after_seconds=ttl_seconds,
             )
 
     def args(self, count: int, ttl_seconds: int, now_ms: str) -> list[str]:
@@ -58,10 +68,6 @@ def client_key(key_prefix: str, identity: str) -> str:
     """The client's limit record: a digest, so no address or subject is stored in clear."""
     raw = hashlib.sha256(identity.encode("utf-8", "surrogateescape")).digest()[:16]
     return f"{key_prefix}c:{base64.urlsafe_b64encode(raw).rstrip(b'=').decode('ascii')}"
-
-
-class OutstandingCapReached(RateLimited):
-    """Also ``429 rate_limited``; its own class so that metrics can tell the two limits apart."""
 
 
 def admit_reply(reply: list[Any]) -> None:

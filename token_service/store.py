@@ -222,6 +222,7 @@ class TokenStore(_StoreBase):
 
     def admit(self, client_key: str, limits: IssuanceLimits, count: int, ttl_seconds: int) -> None:
         """Charge ``count`` tokens to a client's limits, or raise RateLimited and charge nothing."""
+        limits.check_count(count, ttl_seconds)
         with translate_errors():
             reply = self._scripts["admit"](
                 keys=[client_key], args=limits.args(count, ttl_seconds, self._now())

@@ -54,13 +54,20 @@ def test_batch_counts_each_token(make_client: Callable[..., Any], redis_client: 
     assert token_keys(redis_client) == 10
 
 
-def test_a_batch_over_the_limit_is_a_400_not_a_429_forever(make_client: Callable[..., Any]) -> None:
+def test_a_batch_over_a_limit_says_it_can_never_pass(
+    make_client: Callable[..., Any], redis_client: Any
+) -> None:
     client = make_client(rate_limit="10/minute", max_outstanding_per_subject=5)
     too_fast = client.post("/token/generate/batch", json={**GENERATE, "count": 11})
     too_many = client.post("/token/generate/batch", json={**GENERATE, "count": 6})
-    assert (too_fast.status_code, too_many.status_code) == (400, 400)
-    assert "count" in too_fast.json["errors"]
-    assert "count" in too_many.json["errors"]
+    assert (too_fast.status_code, too_many.status_code) == (429, 429)
+    assert too_fast.json["code"] == too_many.json["code"] == "rate_limited"
+    assert "at most 10" in too_fast.json["detail"]
+    assert "at most 5" in too_many.json["detail"]
+    assert too_fast.headers["Retry-After"] == "60"
+    # refused before Redis: nothing issued, nothing charged
+    assert redis_client.dbsize() == 0
+    assert client.post("/token/generate/batch", json={**GENERATE, "count": 5}).status_code == 201
 
 
 def test_outstanding_cap(make_client: Callable[..., Any], redis_client: Any) -> None:
@@ -197,6 +204,10 @@ def test_admit_refuses_bad_arguments_before_writing(redis_client: Any) -> None:
     store = TokenStore(redis_client)
     with pytest.raises(InvalidRequest):
         admit_reply(store._scripts["admit"](keys=["ts:c:z"], args=["0", "1", "1000", "0", "1000", ""]))
+    # the script's own guard, behind the store's check that says it in words
+    too_big = ["3", "2", "1000", "0", "60000", ""]
     with pytest.raises(InvalidRequest):
+        admit_reply(store._scripts["admit"](keys=["ts:c:z"], args=too_big))
+    with pytest.raises(RateLimited):
         store.admit("ts:c:z", IssuanceLimits(RateLimit(2, 1), 0), 3, 60)
     assert redis_client.exists("ts:c:z") == 0
