@@ -114,12 +114,14 @@ def async_client_for(target: RedisTarget | str, timeout_seconds: float = 2.0) ->
             list(target.nodes),
             sentinel_kwargs={"socket_timeout": timeout_seconds, "socket_connect_timeout": timeout_seconds},
         )
-        return sentinel.master_for(
+        master = sentinel.master_for(
             target.service_name,
             db=target.db,
             retry=AsyncRetry(_backoff(), retries=_RETRIES),
             **_node_options(target, timeout_seconds),
         )
+        _close_sentinels_with(master, sentinel.sentinels)
+        return master
     if target.kind == "cluster":
         return redis.asyncio.cluster.RedisCluster(
             startup_nodes=[redis.asyncio.cluster.ClusterNode(host, port) for host, port in target.nodes],
@@ -133,6 +135,19 @@ def async_client_for(target: RedisTarget | str, timeout_seconds: float = 2.0) ->
         retry=AsyncRetry(_backoff(), retries=_RETRIES),
         health_check_interval=30,
     )
+
+
+def _close_sentinels_with(master: Any, sentinels: list[Any]) -> None:
+    """Closing the master client also closes the connections to the sentinels
+    (redis-py leaves them open, and asyncio reports each as an unclosed socket)."""
+    close_master = master.aclose
+
+    async def aclose(*args: Any, **kwargs: Any) -> None:
+        await close_master(*args, **kwargs)
+        for sentinel in sentinels:
+            await sentinel.aclose()
+
+    master.aclose = aclose
 
 
 def embedded_client() -> Any:
