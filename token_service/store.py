@@ -224,9 +224,7 @@ class TokenStore(_StoreBase):
         """Charge ``count`` tokens to a client's limits, or raise RateLimited and charge nothing."""
         limits.check_count(count, ttl_seconds)
         with translate_errors():
-            reply = self._scripts["admit"](
-                keys=[client_key], args=limits.args(count, ttl_seconds, self._now())
-            )
+            reply = self._call("admit", [client_key], limits.args(count, ttl_seconds, self._now()))
         admit_reply(reply)
 
     def consume(

@@ -165,3 +165,21 @@ def _flush_scripts(topology: Topology) -> None:
 def test_readyz_and_healthz(http: Any) -> None:
     assert http.get("/healthz").status_code == 200
     assert http.get("/readyz").get_json() == {"status": "ready"}
+
+
+def test_issuance_limit_on_each_topology(topology: Topology) -> None:
+    from tests.scale.conftest import service_config
+    from token_service import create_app
+
+    # a fresh key prefix: the limiter's counters of other tests do not count here
+    app = create_app(
+        service_config(topology.url, rate_limit="3/minute", key_prefix=f"lim{uuid.uuid4().hex[:8]}:")
+    )
+    http = app.test_client()
+    statuses = [http.post("/token/generate", json={"scope": "payment.create"}).status_code for _ in range(3)]
+    assert statuses == [201, 201, 201]
+    _flush_scripts(topology)  # the limiter's script comes back too
+    limited = http.post("/token/generate", json={"scope": "payment.create"})
+    assert limited.status_code == 429
+    assert limited.get_json()["code"] == "rate_limited"
+    assert "Retry-After" in limited.headers
