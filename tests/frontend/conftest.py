@@ -38,15 +38,6 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture
-def cors_ready() -> None:
-    # TEMPORARY until issue 4's CORS allowlist is on main; then this fixture goes.
-    import importlib.util
-
-    if importlib.util.find_spec("token_service.cors") is None:
-        pytest.skip("the CORS allowlist (issue 4) is not on main yet")
-
-
 # Package scope: the browser (and Playwright's event loop) is gone before other packages' asyncio tests.
 @pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:

@@ -16,7 +16,7 @@ import pytest
 
 from tests.frontend.conftest import RunningDemo
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("cors_ready")]
+pytestmark = pytest.mark.slow
 
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "checkout-double-click.png"
 

@@ -48,7 +48,6 @@ def test_only_the_documented_asset_is_served(client: Any) -> None:
         assert response.mimetype == "application/problem+json"
 
 
-@pytest.mark.usefixtures("cors_ready")
 def test_the_helper_may_be_loaded_only_by_allowed_origins(redis_client: Any) -> None:
     from token_service import create_app
 
