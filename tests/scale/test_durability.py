@@ -136,3 +136,20 @@ def test_full_redis_refuses_new_tokens_with_503_and_loses_none(server: RedisServ
 
 def _batch(http: Any, count: int) -> Any:
     return http.post("/token/generate/batch", json={"scope": SCOPE, "count": count})
+
+
+@pytest.mark.parametrize("server_args", [("--maxmemory-policy", "noeviction")])
+def test_full_redis_with_the_limiter_on_is_503_not_500(server: RedisServer) -> None:
+    # the limiter's own script writes its counters first: Redis refuses that write too
+    app = create_app(service_config(server.url, rate_limit="100000/minute", redis_timeout_seconds="0.5"))
+    http = app.test_client()
+    token = generate(http)
+    with server.client() as redis_client:
+        redis_client.config_set("maxmemory", redis_client.info("memory")["used_memory"] - 50_000)
+        refused = http.post("/token/generate", json={"scope": SCOPE})
+        assert refused.status_code == 503
+        assert refused.get_json()["code"] == "store_unavailable"
+        assert _batch(http, 10).status_code == 503
+        redis_client.config_set("maxmemory", 0)
+    assert consume(http, token, "after").status_code == 200
+    assert http.post("/token/generate", json={"scope": SCOPE}).status_code == 201
