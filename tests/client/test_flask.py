@@ -17,7 +17,7 @@ class CardDeclined(Exception):
     pass
 
 
-def payment_app(client: TokenClient, **options: Any) -> Flask:
+def payment_app(client: TokenClient, terminal: Any = (CardDeclined,), **options: Any) -> Flask:
     app = Flask(__name__)
     app.config["calls"] = []
 
@@ -26,7 +26,7 @@ def payment_app(client: TokenClient, **options: Any) -> Flask:
         client,
         SCOPE,
         subject=lambda req: req.headers.get("X-User"),
-        terminal=(CardDeclined,),
+        terminal=terminal,
         replay_headers=("Content-Type", "Location"),
         **options,
     )
@@ -132,6 +132,13 @@ def test_an_exception_or_5xx_frees_the_token_for_a_retry(sdk: Sdk) -> None:
     assert ok.status_code == 201
     assert post(app, token, {"amount": 5}).headers["Idempotent-Replayed"] == "true"
     assert len(app.config["calls"]) == 3
+
+
+def test_a_5xx_frees_the_token_even_when_every_exception_is_terminal(sdk: Sdk) -> None:
+    app = payment_app(sdk.client, terminal=lambda exc: True)
+    token = sdk.client.generate(SCOPE, subject="alice").token
+    assert post(app, token, {"mode": "down"}).status_code == 503
+    assert sdk.client.verify(token).state == "ISSUED"
 
 
 def test_a_terminal_exception_is_replayed_as_token_failed(sdk: Sdk) -> None:

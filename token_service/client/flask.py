@@ -143,7 +143,7 @@ def require_token(
                 raise
             if response.status_code >= 500:
                 # not an answer to keep: free the token so the client can retry with it
-                guard.abandon_quietly(RuntimeError(f"the view answered {response.status_code}"))
+                guard.abandon_quietly(None, retryable=True)
                 return response
             try:
                 guard.succeed(stored_response(response, replay_headers, max_body_bytes))

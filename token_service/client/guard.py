@@ -178,9 +178,10 @@ class Guard(_GuardState):
         self.lease = None
         self.client.fail(self.token, lease_id, retryable=retryable, error=error)
 
-    def abandon_quietly(self, exc: BaseException) -> None:
+    def abandon_quietly(self, exc: BaseException | None, *, retryable: bool | None = None) -> None:
+        """:meth:`abandon`, logging (not raising) a failure to reach the store."""
         try:
-            self.abandon(exc)
+            self.abandon(exc, retryable=retryable)
         except TokenError as fail_error:
             # the caller's exception matters more; the lease runs out on its own
             log.warning("could not end the lease after a failure: %s", fail_error)
