@@ -24,6 +24,7 @@ from token_service.responses import json_response
 from token_service.schemas import (
     _NO_CONTROL,
     BeginSchema,
+    BodySchema,
     CompleteSchema,
     ConsumeSchema,
     FailSchema,
@@ -71,6 +72,9 @@ def _finite_float(text: str) -> float:
 
 
 def _load(schema: Schema, body: dict[str, Any]) -> dict[str, Any]:
+    fast = schema.fast_load(body) if isinstance(schema, BodySchema) else None
+    if fast is not None:
+        return fast
     try:
         return schema.load(body)  # type: ignore[no-any-return]
     except ValidationError as exc:
