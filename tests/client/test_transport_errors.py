@@ -224,14 +224,18 @@ def test_the_sdk_imports_and_runs_without_flask() -> None:
     script = textwrap.dedent(
         """
         import sys
-        for name in ("flask", "werkzeug", "marshmallow"):
-            sys.modules[name] = None  # any import of them now fails
+        for name in ("flask", "werkzeug", "marshmallow", "httpx"):
+            sys.modules[name] = None  # any import of them now fails (httpx: only HTTP needs it)
         import fakeredis
         from token_service.client import TokenClient, AsyncTokenClient, TokenUsed
         from token_service.client import guard, problems
         client = TokenClient.from_redis(fakeredis.FakeRedis())
         token = client.generate("scope").token
         assert client.guard(token, "scope").run(lambda: {"ok": 1}) == {"ok": 1}
+        try:
+            TokenClient("http://service", "key")
+        except ImportError:
+            print("httpx only for HTTP")
         try:
             from token_service.client import require_token
         except ImportError:
@@ -242,7 +246,7 @@ def test_the_sdk_imports_and_runs_without_flask() -> None:
         [sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "flask-free"
+    assert done.stdout.split() == ["httpx", "only", "for", "HTTP", "flask-free"]
 
 
 async def test_async_transport_failures_are_retried_with_the_same_request_id() -> None:
