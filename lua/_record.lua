@@ -71,3 +71,17 @@ end
 local function bad(message)
   return {'invalid_argument', message}
 end
+
+-- A value holding the separator would shift every field after it (a request id
+-- "a\31b" turns the lease id into the lease expiry and bricks the token; a subject
+-- "a\31b" matches subject "a" with fingerprint "b"). The HTTP API and the SDK
+-- refuse control characters, but every caller of the scripts is held to it here,
+-- before any write.
+local function separator_in(...)
+  for _, i in ipairs({...}) do
+    if ARGV[i] ~= nil and string.find(ARGV[i], SEP, 1, true) then
+      return bad('ARGV[' .. i .. '] must not contain the field separator \\31')
+    end
+  end
+  return nil
+end

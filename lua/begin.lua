@@ -10,6 +10,8 @@
 --       | {'invalid_argument', message}
 if not positive_int(ARGV[5]) then return bad('lease_ms must be a positive integer') end
 if ARGV[6] == nil or ARGV[6] == '' then return bad('lease_id is required') end
+local refused = separator_in(1, 2, 3, 4, 6)
+if refused then return refused end
 local value = redis.call('GET', KEYS[1])
 if not value then return {'token_invalid'} end
 local state, f = parse(value)

@@ -7,6 +7,8 @@
 --       | {'token_used'} | {'token_in_progress', retry_after_ms}
 --       | {'token_failed', error_json} | {'invalid_argument', message}
 if ARGV[4] == nil then return bad('expected 5 arguments') end
+local refused = separator_in(1, 2, 3, 4)
+if refused then return refused end
 local value = redis.call('GET', KEYS[1])
 if not value then return {'token_invalid'} end
 local state, f = parse(value)

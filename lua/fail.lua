@@ -8,6 +8,8 @@
 if ARGV[1] == nil or ARGV[1] == '' then return bad('lease_id is required') end
 if ARGV[2] ~= '1' and ARGV[2] ~= '0' then return bad('retryable must be 1 or 0') end
 if not positive_int(ARGV[4]) then return bad('result_ttl_ms must be a positive integer') end
+local refused = separator_in(1)
+if refused then return refused end
 local value = redis.call('GET', KEYS[1])
 if not value then return {'token_invalid'} end
 local state, f = parse(value)

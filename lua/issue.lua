@@ -9,6 +9,8 @@
 --       | {'invalid_argument', message}
 if ARGV[1] == nil or ARGV[1] == '' then return bad('scope is required') end
 if not positive_int(ARGV[4]) then return bad('ttl_ms must be a positive integer') end
+local refused = separator_in(1, 2, 3)
+if refused then return refused end
 local value = record('I', {ARGV[1], ARGV[2], ARGV[3]})
 local collisions = {'collision'}
 for i = 1, #KEYS do

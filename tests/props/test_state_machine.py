@@ -23,14 +23,18 @@ Time. The store gets ``clock_ms`` = the model's clock, so leases run on a
 controlled clock. Redis's key TTLs run in real time, so "time passes" also
 moves Redis's clock by hand: every record's PTTL is reduced by the same amount
 (deleted when it reaches zero). Token expiry is therefore modelled too, and an
-example never waits. All durations are whole multiples of ``TICK_MS`` (5 s),
-so the few milliseconds of real time an example takes can never move a record
-across a boundary the model draws; TTLs are 5-40 s, so Redis never expires a
-record on its own during an example.
+example never waits. All durations are whole multiples of ``TICK_MS`` (one
+minute), so the real time an example takes (milliseconds; the slowest one is
+printed) can never move a record across a boundary the model draws, and Redis
+never expires a record on its own during an example. (With a 5 s tick, one
+run on a starved 2-core machine had an inspect see 111 ms left where the model
+expected 15 s, and hypothesis could not replay it: most likely real time had
+crossed a tick.)
 """
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -51,6 +55,7 @@ from tests.props.model import TokenModel
 from tests.props.profiles import props_settings
 from token_service import records
 from token_service.errors import (
+    InvalidRequest,
     LeaseLost,
     TokenFailed,
     TokenInProgress,
@@ -60,7 +65,8 @@ from token_service.errors import (
 )
 from token_service.store import IssueRequest, TokenStore
 
-TICK_MS = 5000
+TICK_MS = 60_000  # every model duration is whole ticks; an example runs for well under one
+SEP = "\x1f"
 BASE_NOW_MS = 1_800_000_000_000
 RESULT_TTL_MS = 3 * TICK_MS
 
@@ -94,9 +100,12 @@ RARE_ACTIONS = [
     "unknown token: begin",
     "unknown token: inspect",
     "unknown token: revoke",
+    "separator: consume",
+    "separator: begin",
 ]
 
 Binding = tuple[str, str | None, str | None]
+Lease = tuple[str, str, str | None, Binding]  # token, lease id, the begin's request id and binding
 
 # Test-only: age every given key by ARGV[1] ms in one round trip; returns how
 # many keys had no expiry at all (which no token record may have).
@@ -131,6 +140,8 @@ def outcome(call: Callable[[], Any]) -> tuple[Any, ...]:
         return ("token_failed", exc.error)
     except LeaseLost:
         return ("lease_lost",)
+    except InvalidRequest:
+        return ("invalid_request",)
     if isinstance(reply, records.Consumed):
         return ("consumed", reply.replayed)
     if isinstance(reply, records.Started):
@@ -159,6 +170,7 @@ def outcome(call: Callable[[], Any]) -> tuple[Any, ...]:
 class TokenStateMachine(RuleBasedStateMachine):
     client: Any = None  # the Redis connection, set by the test
     examples = 0
+    slowest_seconds = 0.0  # the longest example in real time: must stay far below a tick
     seen: Counter[tuple[str, Any]]  # (rule, outcome kind) over the whole run, set by the test
 
     tokens = Bundle("tokens")
@@ -168,6 +180,7 @@ class TokenStateMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         type(self).examples += 1
+        self.started = time.monotonic()
         self.model = TokenModel(BASE_NOW_MS, RESULT_TTL_MS)
         self.store = TokenStore(
             self.client,
@@ -182,6 +195,7 @@ class TokenStateMachine(RuleBasedStateMachine):
         self.lease_expires: dict[str, int] = {}  # lease -> its expiry as the store reported it
 
     def teardown(self) -> None:
+        type(self).slowest_seconds = max(self.slowest_seconds, time.monotonic() - self.started)
         self.seen[("time", "expired")] += self.model.expirations
         keys = [self.store.key(token) for token in self.bindings]
         if keys:
@@ -240,20 +254,31 @@ class TokenStateMachine(RuleBasedStateMachine):
 
     @rule(target=wins, token=tokens, binding=BINDINGS, request_id=REQUEST_IDS)
     def consume(self, token: str, binding: Binding | None, request_id: str | None) -> Any:
-        scope, subject, fingerprint = self._binding(token, binding)
+        won = self._consume("consume", token, self._binding(token, binding), request_id)
+        return multiple(won) if won and request_id is not None else multiple()
+
+    @rule(lease=leases)
+    def duplicate_consume(self, lease: Lease) -> None:
+        """A one-shot consume of a token that went through begin (in progress, done, failed...)."""
+        token, _, _, binding = lease
+        self._consume("consume", token, binding, None)
+
+    def _consume(
+        self, rule_name: str, token: str, binding: Binding, request_id: str | None
+    ) -> tuple[str, Binding, str | None] | None:
+        scope, subject, fingerprint = binding
         before = self._raw(token)
         expected = self.model.consume(token, scope, subject, fingerprint, request_id)
         actual = outcome(lambda: self.store.consume(token, scope, subject, fingerprint, request_id))
         assert actual == expected
-        self._note("consume", actual)
+        self._note(rule_name, actual)
         if actual[0] == "token_mismatch":
             self._assert_unchanged(token, before)
-        if actual == ("consumed", False):
-            self.wins_per_token[token] += 1
-            self.live_lease[token] = None
-            if request_id is not None:
-                return multiple((token, (scope, subject, fingerprint), request_id))
-        return multiple()
+        if actual != ("consumed", False):
+            return None
+        self.wins_per_token[token] += 1
+        self.live_lease[token] = None
+        return (token, binding, request_id)
 
     @rule(win=wins)
     def replay_consume(self, win: tuple[str, Binding, str]) -> None:
@@ -273,7 +298,16 @@ class TokenStateMachine(RuleBasedStateMachine):
         lease_ticks=st.integers(1, 4),
     )
     def begin(self, token: str, binding: Binding | None, request_id: str | None, lease_ticks: int) -> Any:
-        scope, subject, fingerprint = self._binding(token, binding)
+        return self._begin(token, self._binding(token, binding), request_id, lease_ticks)
+
+    @rule(target=leases, lease=leases, lease_ticks=st.integers(1, 4))
+    def retry_begin(self, lease: Lease, lease_ticks: int) -> Any:
+        """A begin sent again with its request id (its reply was lost): the same lease while live."""
+        token, _, request_id, binding = lease
+        return self._begin(token, binding, request_id, lease_ticks)
+
+    def _begin(self, token: str, binding: Binding, request_id: str | None, lease_ticks: int) -> Any:
+        scope, subject, fingerprint = binding
         lease_ms = lease_ticks * TICK_MS
         before = self._raw(token)
         expected = self.model.begin(token, scope, subject, fingerprint, request_id, lease_ms)
@@ -290,16 +324,16 @@ class TokenStateMachine(RuleBasedStateMachine):
             self.live_lease[token] = lease_id
             self.lease_expires[lease_id] = actual[3]
             self._note("begin", actual)
-            return multiple((token, lease_id))
+            return multiple((token, lease_id, request_id, binding))
         assert actual == expected
         self._note("begin", actual)
         if actual[0] == "token_mismatch":
             self._assert_unchanged(token, before)
         return multiple()
 
-    @rule(lease=leases, result=JSON_VALUES)
-    def complete(self, lease: tuple[str, str], result: Any) -> None:
-        token, lease_id = lease
+    @rule(lease=leases, result=JSON_VALUES, lost_reply=st.booleans())
+    def complete(self, lease: Lease, result: Any, lost_reply: bool) -> None:
+        token, lease_id, _, _ = lease
         stale = self._stale(token, lease_id)
         expected = self.model.complete(token, lease_id, result)
         actual = outcome(lambda: self.store.complete(token, lease_id, result))
@@ -309,10 +343,16 @@ class TokenStateMachine(RuleBasedStateMachine):
             assert not stale, "a stale lease completed the token"
             self.wins_per_token[token] += 1
             self.live_lease[token] = None
+            self._inspect(token)  # read the stored result back
+            if lost_reply:  # the holder retries: the first result stands, flagged replayed
+                retried = outcome(lambda: self.store.complete(token, lease_id, "a different result"))
+                assert retried == self.model.complete(token, lease_id, "a different result")
+                assert retried == ("succeeded", True)
+                self._note("complete", retried)
 
-    @rule(lease=leases, retryable=st.booleans(), error=JSON_VALUES)
-    def fail(self, lease: tuple[str, str], retryable: bool, error: Any) -> None:
-        token, lease_id = lease
+    @rule(lease=leases, retryable=st.booleans(), error=JSON_VALUES, lost_reply=st.booleans())
+    def fail(self, lease: Lease, retryable: bool, error: Any, lost_reply: bool) -> None:
+        token, lease_id, _, _ = lease
         stale = self._stale(token, lease_id)
         expected = self.model.fail(token, lease_id, retryable, error)
         actual = outcome(lambda: self.store.fail(token, lease_id, retryable=retryable, error=error))
@@ -323,9 +363,19 @@ class TokenStateMachine(RuleBasedStateMachine):
             self.live_lease[token] = None
         if actual == ("failed", False):
             self.wins_per_token[token] += 1
+            self._inspect(token)  # read the stored error back
+        if lost_reply and actual in (("failed", False), ("released", False)):
+            retried = outcome(lambda: self.store.fail(token, lease_id, retryable=retryable, error="other"))
+            assert retried == self.model.fail(token, lease_id, retryable, "other")
+            if actual == ("failed", False):
+                assert retried == ("failed", True)
+            self._note("fail", retried)
 
     @rule(token=tokens)
     def inspect(self, token: str) -> None:
+        self._inspect(token)
+
+    def _inspect(self, token: str) -> None:
         before = self._raw(token)
         expected = self.model.inspect(token)
         found: list[records.Inspection] = []
@@ -345,7 +395,8 @@ class TokenStateMachine(RuleBasedStateMachine):
         action=st.sampled_from(RARE_ACTIONS),
     )
     def rarely(self, token: str, action: str) -> None:
-        """Revoke, or present a lease or token the store never issued (one rule: kept rare)."""
+        """Revoke, present a lease or token the store never issued, or a value holding the
+        record's field separator (one rule, so each of these stays rare)."""
         if action == "revoke":
             expected = self.model.revoke(token)
             actual = outcome(lambda: self.store.revoke(token))
@@ -353,6 +404,18 @@ class TokenStateMachine(RuleBasedStateMachine):
             self._note("revoke", actual)
             self.live_lease[token] = None
             assert self._raw(token)[0] is None
+        elif action.startswith("separator"):
+            # \x1f separates the record's fields: refused before any write, whatever the state
+            scope, subject, fingerprint = self.bindings[token]
+            request_id = "req" + SEP + "x"
+            before = self._raw(token)
+            if action.endswith("consume"):
+                actual = outcome(lambda: self.store.consume(token, scope, subject, fingerprint, request_id))
+            else:
+                actual = outcome(lambda: self.store.begin(token, scope, subject, fingerprint, request_id))
+            assert actual == ("invalid_request",)
+            self._note("rarely", actual)
+            self._assert_unchanged(token, before)
         elif action.startswith("unknown lease"):
             lease_id = "not-a-lease-" + uuid.uuid4().hex[:8]
             before = self._raw(token)
@@ -420,6 +483,7 @@ MUST_SEE = {
     ("inspect", "FAILED"),
     ("inspect", "token_invalid"),
     ("revoke", "revoked"),
+    ("rarely", "invalid_request"),
     ("time", "expired"),
 }
 
@@ -428,13 +492,18 @@ MUST_SEE = {
 def test_store_follows_the_spec_state_table(redis_client: Any) -> None:
     seen: Counter[tuple[str, Any]] = Counter()
     machine = type(
-        "StoreMachine", (TokenStateMachine,), {"client": redis_client, "examples": 0, "seen": seen}
+        "StoreMachine",
+        (TokenStateMachine,),
+        {"client": redis_client, "examples": 0, "slowest_seconds": 0.0, "seen": seen},
     )
     profile = props_settings()
     run_state_machine_as_test(machine, settings=profile)
     # the figures for the issue note (shown with -s)
-    print(f"state machine: {machine.examples} examples, {sum(seen.values())} checked operations")
+    print(
+        f"state machine: {machine.examples} examples, {sum(seen.values())} checked operations, "
+        f"slowest example {machine.slowest_seconds:.2f} s"
+    )
     print(sorted(seen.items(), key=str))
     assert machine.examples >= profile.max_examples
-    if profile.max_examples >= 500:  # a quick local run may not reach every corner
+    if profile.derandomize:  # a random run (quick, explore) may miss a corner by chance
         assert set(seen) >= MUST_SEE, f"never seen: {MUST_SEE - set(seen)}"
