@@ -170,3 +170,23 @@ def test_store_down_answers_503() -> None:
     assert response.status_code == 503
     assert response.get_json()["code"] == "store_unavailable"
     assert "Retry-After" in response.headers
+
+
+def test_a_wrong_backend_key_fails_closed_with_503_not_500(redis_client: Any) -> None:
+    import httpx
+
+    from tests.conftest import API_KEY
+    from token_service import create_app
+
+    service = create_app({"api_keys": API_KEY, "redis_client": redis_client, "rate_limit": "off"})
+    transport = httpx.WSGITransport(app=service)
+    issued = httpx.Client(transport=transport, base_url="http://ts").post(
+        "/token/generate", json={"scope": SCOPE}
+    )
+    token = issued.json()["token"]
+    wrong_key = TokenClient(base_url="http://ts", api_key="not-the-key-not-the-key", transport=transport)
+    app = payment_app(wrong_key)
+    response = app.test_client().post("/payments", json={"amount": 1}, headers={"Idempotency-Token": token})
+    assert response.status_code == 503
+    assert response.json["code"] == "store_unavailable"
+    assert app.config["calls"] == []

@@ -32,7 +32,7 @@ from typing import Any
 
 from flask import Request, Response, g, make_response, request
 
-from token_service.errors import InvalidRequest, TokenError, Unauthorized
+from token_service.errors import InvalidRequest, ServiceUnavailable, TokenError, Unauthorized
 
 from ._client import TokenClient
 from .guard import Guard, Terminal
@@ -130,7 +130,12 @@ def require_token(
             try:
                 fresh = guard.start()
             except Unauthorized:
-                raise  # this service's key for the token service is wrong: not the client's fault
+                # This backend's own key for the token service is wrong: not the end user's
+                # fault and nothing they can fix. Fail closed (no work is done) and tell ops.
+                log.error("the token service refused this backend's service key; check its configuration")
+                return problem_response(
+                    ServiceUnavailable("The token service is not available to this backend.")
+                )
             except TokenError as exc:
                 return problem_response(exc)
             if not fresh:
