@@ -128,14 +128,16 @@ def make_blueprint(settings: Settings, store: TokenStore) -> Blueprint:
                 )
             subject = _gateway_subject(settings.subject_header)
         ttl_seconds = data["ttl_seconds"] or settings.default_ttl_seconds
+        issue_request = IssueRequest(data["scope"], subject, data["fingerprint"], ttl_seconds)
         if limits.enabled:
             # The trusted subject if the gateway set one, else the client address:
             # a body subject is the client's own claim and names nobody.
             trusted = settings.subject_header and subject is not None
             identity = f"subject:{subject}" if trusted else f"addr:{request.remote_addr}"
-            store.admit(client_key(settings.key_prefix, identity), limits, count, ttl_seconds)
-        issue_request = IssueRequest(data["scope"], subject, data["fingerprint"], ttl_seconds)
-        tokens = store.issue(issue_request, count)
+            key = client_key(settings.key_prefix, identity)
+            tokens = store.admit_and_issue(key, limits, issue_request, count)
+        else:
+            tokens = store.issue(issue_request, count)
         shared = {
             "scope": issue_request.scope,
             "subject": subject,

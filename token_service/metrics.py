@@ -117,6 +117,19 @@ class MeteredStore(TokenStore):
         TOKENS_ISSUED.labels(self.scopes(request.scope)).inc(len(tokens))
         return tokens
 
+    def admit_and_issue(
+        self, client_key: str, limits: IssuanceLimits, request: IssueRequest, count: int = 1
+    ) -> list[str]:
+        if self._cluster:  # two calls, admit and issue above: each counts itself
+            return super().admit_and_issue(client_key, limits, request, count)
+        try:
+            tokens = super().admit_and_issue(client_key, limits, request, count)
+        except RateLimited as refused:
+            RATE_LIMITED.labels("outstanding" if isinstance(refused, OutstandingCapReached) else "rate").inc()
+            raise
+        TOKENS_ISSUED.labels(self.scopes(request.scope)).inc(len(tokens))
+        return tokens
+
     def consume(
         self,
         token: str,

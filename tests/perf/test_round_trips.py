@@ -150,3 +150,29 @@ async def test_async_batch_issue_is_one_evalsha(redis_server: RedisServer, real_
     await client.aclose()
     assert len(set(tokens)) == 500
     assert command_names(seen) == ["EVALSHA"]
+
+
+def test_generate_with_issuance_limits_on_is_one_evalsha(
+    redis_server: RedisServer, real_redis: redis.Redis
+) -> None:
+    # the limiter is charged and the token issued in one script run (admit.lua + issue.lua)
+    app = create_app({"api_keys": API_KEY, "redis_url": redis_server.url, "rate_limit": "100/minute"})
+    http = app.test_client()
+    assert http.post("/token/generate", json={"scope": SCOPE}).status_code == 201  # warm
+    with commands_sent(redis_server) as seen:
+        reply = http.post("/token/generate", json={"scope": SCOPE, "subject": "user-3"})
+    assert reply.status_code == 201
+    assert command_names(seen) == ["EVALSHA"]
+    token = reply.get_json()["token"]
+    assert real_redis.get(TokenStore(real_redis).key(token)) == b"Ipayment.create\x1fuser-3"
+    client_records = [key for key in real_redis.scan_iter("ts:c:*")]
+    assert len(client_records) == 1  # and the client was charged
+    assert real_redis.hget(client_records[0], "t") is not None
+
+
+def test_a_refused_generate_issues_nothing(redis_server: RedisServer, real_redis: redis.Redis) -> None:
+    app = create_app({"api_keys": API_KEY, "redis_url": redis_server.url, "rate_limit": "2/minute"})
+    http = app.test_client()
+    statuses = [http.post("/token/generate", json={"scope": SCOPE}).status_code for _ in range(4)]
+    assert statuses == [201, 201, 429, 429]
+    assert len(list(real_redis.scan_iter("ts:t:*"))) == 2
