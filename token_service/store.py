@@ -78,13 +78,16 @@ def admit_issue_source() -> str:
     client's key and the token keys live in different slots.
     """
     directory = lua_dir()
+    # The helpers go inside each function: some read ARGV, which must be that script's own.
+    helpers = (directory / "_record.lua").read_text(encoding="utf-8")
     return "\n".join(
         [
-            (directory / "_record.lua").read_text(encoding="utf-8"),
             "local function admit_script(KEYS, ARGV)",
+            helpers,
             (directory / "admit.lua").read_text(encoding="utf-8"),
             "end",
             "local function issue_script(KEYS, ARGV)",
+            helpers,
             (directory / "issue.lua").read_text(encoding="utf-8"),
             "end",
             "local admitted = admit_script({KEYS[1]},",

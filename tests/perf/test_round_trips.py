@@ -176,3 +176,19 @@ def test_a_refused_generate_issues_nothing(redis_server: RedisServer, real_redis
     statuses = [http.post("/token/generate", json={"scope": SCOPE}).status_code for _ in range(4)]
     assert statuses == [201, 201, 429, 429]
     assert len(list(real_redis.scan_iter("ts:t:*"))) == 2
+
+
+def test_the_one_script_generate_checks_issue_arguments_as_issue_lua_does(real_redis: redis.Redis) -> None:
+    from token_service.config import RateLimit
+    from token_service.errors import InvalidRequest
+    from token_service.limits import IssuanceLimits
+
+    token_store = TokenStore(real_redis)
+    limits = IssuanceLimits(RateLimit(100, 60), 10)
+    # the Lua guard (the API's schema stops this earlier): a separator in a field
+    with pytest.raises(InvalidRequest, match="separator"):
+        token_store.admit_and_issue("ts:c:x", limits, IssueRequest(SCOPE, "a\x1fb", None, 60), 1)
+    assert list(real_redis.scan_iter("ts:t:*")) == []
+    tokens = token_store.admit_and_issue("ts:c:x", limits, IssueRequest(SCOPE, "user-1", None, 60), 3)
+    assert len(tokens) == 3
+    assert [real_redis.get(token_store.key(t)) for t in tokens] == [b"Ipayment.create\x1fuser-1"] * 3
