@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 import time
-import uuid
+from functools import cache
+from typing import Any
 
 from flask import Flask, Response, g, request
 
@@ -24,6 +26,7 @@ from token_service.responses import problem_for
 REQUEST_ID_HEADER = "X-Request-ID"
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
 UNMATCHED = "unmatched"
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 access_log = logging.getLogger("token_service.access")
 
@@ -33,19 +36,31 @@ def _route() -> str:
     return rule.rule if rule is not None else UNMATCHED
 
 
+# Labelled children looked up once per (method, route, status), not on every request.
+@cache
+def _requests(method: str, route: str, status: int) -> Any:
+    return REQUESTS.labels(method, route, str(status))
+
+
+@cache
+def _latency(method: str, route: str) -> Any:
+    return LATENCY.labels(method, route)
+
+
 def _start() -> None:
     g.started = time.perf_counter()
     offered = request.headers.get(REQUEST_ID_HEADER, "")
-    g.request_id = offered if _SANE_REQUEST_ID.match(offered) else uuid.uuid4().hex
+    g.request_id = offered if _SANE_REQUEST_ID.match(offered) else secrets.token_hex(16)
 
 
 def _finish(response: Response) -> Response:
     duration = time.perf_counter() - g.get("started", time.perf_counter())
     route = _route()
-    method = request.method
-    REQUESTS.labels(method, route, str(response.status_code)).inc()
-    LATENCY.labels(method, route).observe(duration)
-    rid = g.get("request_id") or uuid.uuid4().hex
+    # the method is the client's word: keep the label (and the caches) bounded
+    method = request.method if request.method in _METHODS else "other"
+    _requests(method, route, response.status_code).inc()
+    _latency(method, route).observe(duration)
+    rid = g.get("request_id") or secrets.token_hex(16)
     response.headers[REQUEST_ID_HEADER] = rid
     if access_log.isEnabledFor(logging.INFO):
         fields = {

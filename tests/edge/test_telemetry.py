@@ -148,3 +148,12 @@ def test_scope_labels_are_bounded() -> None:
         OTHER_SCOPE,
         "b",
     ]
+
+
+def test_a_made_up_method_does_not_make_a_new_label(client: Any) -> None:
+    labels = {"method": "other", "route": "unmatched", "status": "405"}
+    before = sample("token_service_http_requests_total", **labels)
+    for verb in ("BREW", "WHEN", "XYZZY"):
+        assert client.open("/healthz", method=verb).status_code == 405
+    assert sample("token_service_http_requests_total", **labels) == before + 3
+    assert sample("token_service_http_requests_total", **{**labels, "method": "BREW"}) == 0
