@@ -157,3 +157,16 @@ def test_a_made_up_method_does_not_make_a_new_label(client: Any) -> None:
         assert client.open("/healthz", method=verb).status_code == 405
     assert sample("token_service_http_requests_total", **labels) == before + 3
     assert sample("token_service_http_requests_total", **{**labels, "method": "BREW"}) == 0
+
+
+def test_readiness_follows_the_drain_file(make_client: Callable[..., Any], tmp_path: Any) -> None:
+    flag = tmp_path / "draining"
+    client = make_client(drain_file=str(flag))
+    assert client.get("/readyz").status_code == 200
+    flag.touch()
+    draining = client.get("/readyz")
+    assert draining.status_code == 503
+    assert draining.json == {"status": "draining"}
+    assert client.get("/healthz").status_code == 200  # alive all along
+    flag.unlink()
+    assert client.get("/readyz").status_code == 200
