@@ -119,6 +119,9 @@ class _TranslateErrors:
             raise ServiceUnavailable(f"Redis is unavailable: {type(exc).__name__}.") from exc
         if isinstance(exc, redis_errors.ResponseError) and str(exc).startswith(_UNAVAILABLE_REPLY_PREFIXES):
             raise ServiceUnavailable(f"Redis refused the command: {str(exc).split(' ', 1)[0]}.") from exc
+        if isinstance(exc, redis_errors.RedisClusterException) and isinstance(exc.__cause__, _UNAVAILABLE):
+            # "Redis Cluster cannot be connected": no node answered the slot-map refresh
+            raise ServiceUnavailable("Redis is unavailable: no cluster node answers.") from exc
         return False
 
 

@@ -315,3 +315,30 @@ def test_cluster_master_killed_and_restarted_under_load() -> None:
         assert_all_consumed(app, tokens)
     finally:
         cluster.stop()
+
+
+def test_whole_cluster_down_is_503_then_recovers() -> None:
+    cluster = ClusterTopology(redis_args=("--appendonly", "yes", "--appendfsync", "always")).start()
+    try:
+        app = create_app(service_config(cluster.url, redis_timeout_seconds="0.3"))
+        http = app.test_client()
+        token = issue(app, 1)[0]
+        for node in cluster.nodes:
+            node.kill()
+        body = {"token": token, "scope": SCOPE, "request_id": "caller"}
+        # no node answers the slot-map refresh: redis-py's RedisClusterException is a 503 too
+        down = http.post("/token/consume", json=body, headers=AUTH)
+        assert down.status_code == 503
+        assert down.get_json()["code"] == "store_unavailable"
+        assert http.post("/token/generate", json={"scope": SCOPE}).status_code == 503
+        assert http.get("/readyz").status_code == 503
+        for node in cluster.nodes:
+            node.start()
+        cluster.wait_healthy()
+        assert http.post("/token/consume", json=body, headers=AUTH).get_json() == {
+            "outcome": "consumed",
+            "replayed": False,
+        }
+        assert http.get("/readyz").status_code == 200
+    finally:
+        cluster.stop()
