@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from tests.edge.conftest import token_keys
 from tests.support.processes import free_port
@@ -150,7 +152,7 @@ def test_the_limit_record_holds_no_address_in_clear(
 
 
 def test_store_unreachable_during_admission_fails_closed() -> None:
-    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.2, socket_timeout=0.2)
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
     client = create_app({"redis_client": dead, "rate_limit": "5/minute"}).test_client()
     response = generate(client)
     assert response.status_code == 503

@@ -8,10 +8,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 from prometheus_client import REGISTRY
 from pythonjsonlogger.json import JsonFormatter
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from tests.conftest import AUTH
+from tests.support.processes import free_port
+from token_service import create_app
 from token_service.logs import JSON_FORMAT, RequestIdFilter
 from token_service.metrics import OTHER_SCOPE, ScopeLabels
 
@@ -124,13 +129,9 @@ def test_metrics_endpoint_serves_the_text_format(client: Any) -> None:
     assert b"token_service_http_request_duration_seconds_bucket" in response.data
 
 
-def test_redis_errors_are_counted(make_client: Callable[..., Any]) -> None:
-    import redis
-
-    from tests.support.processes import free_port
-
-    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.2)
-    client = make_client(redis_client=dead, rate_limit="off")
+def test_redis_errors_are_counted() -> None:
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    client = create_app({"redis_client": dead, "rate_limit": "off"}).test_client()
     before = sample("token_service_redis_errors_total", route="/token/generate")
     assert client.post("/token/generate", json={"scope": "pay"}).status_code == 503
     assert sample("token_service_redis_errors_total", route="/token/generate") == before + 1
