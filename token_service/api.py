@@ -20,7 +20,7 @@ from token_service.auth import check_service_key
 from token_service.config import Settings
 from token_service.errors import InvalidRequest, TokenInvalid
 from token_service.limits import IssuanceLimits, client_key
-from token_service.responses import json_response
+from token_service.responses import json_response, json_text_response
 from token_service.schemas import (
     _NO_CONTROL,
     BeginSchema,
@@ -117,7 +117,8 @@ def make_blueprint(settings: Settings, store: TokenStore) -> Blueprint:
         if request.endpoint not in FRONTEND_ENDPOINTS:
             check_service_key(settings.api_keys)
 
-    def issue(data: dict[str, Any], count: int) -> list[dict[str, Any]]:
+    def issue(data: dict[str, Any], count: int) -> tuple[list[str], dict[str, Any]]:
+        """The tokens, and the fields every one of them shares in the reply."""
         subject = data["subject"]
         if settings.subject_header:
             # Only a trusted gateway may say whose token it is.
@@ -145,17 +146,24 @@ def make_blueprint(settings: Settings, store: TokenStore) -> Blueprint:
             "ttl_seconds": ttl_seconds,
             "expires_at": rfc3339(time.time() + ttl_seconds),
         }
-        return [{"token": token, **shared} for token in tokens]
+        return tokens, shared
 
     @bp.post("/token/generate")
     def generate() -> Response:
         data = _load(generate_schema, _json_body())
-        return json_response(issue(data, 1)[0], 201)
+        tokens, shared = issue(data, 1)
+        return json_response({"token": tokens[0], **shared}, 201)
 
     @bp.post("/token/generate/batch")
     def generate_batch() -> Response:
         data = _load(batch_schema, _json_body())
-        return json_response({"tokens": issue(data, data["count"])}, 201)
+        tokens, shared = issue(data, data["count"])
+        # {"tokens": [{"token": t, **shared}, ...]} as json.dumps writes it, with the shared
+        # fields serialised once instead of once per token (a tenth of a 1000-token reply's
+        # CPU). Tokens are URL-safe base64: nothing in them needs escaping in JSON.
+        tail = json.dumps(shared, separators=(",", ":"))[1:]
+        elements = ",".join(f'{{"token":"{token}",{tail}' for token in tokens)
+        return json_text_response(f'{{"tokens":[{elements}]}}', 201)
 
     @bp.post("/token/consume")
     def consume() -> Response:

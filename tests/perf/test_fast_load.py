@@ -7,6 +7,7 @@ path declines (None) and marshmallow decides, or both accept and agree.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -113,3 +114,19 @@ def test_fast_path_takes_the_common_valid_bodies(name: str, body: dict[str, Any]
 )
 def test_fast_path_leaves_the_rest_to_marshmallow(name: str, body: dict[str, Any]) -> None:
     assert SCHEMAS[name].fast_load(body) is None
+
+
+def test_the_batch_reply_is_exactly_what_json_dumps_would_write(client: Any) -> None:
+    # generate/batch serialises the shared fields once; the bytes must not change
+    reply = client.post(
+        "/token/generate/batch",
+        json={"scope": "payment.create", "subject": 'user "1" \u00e9', "count": 3, "ttl_seconds": 60},
+    )
+    assert reply.status_code == 201
+    assert reply.mimetype == "application/json"
+    assert reply.headers["Cache-Control"] == "no-store"
+    body = reply.get_json()
+    assert len(body["tokens"]) == 3
+    assert reply.get_data(as_text=True) == json.dumps(body, separators=(",", ":"))
+    assert {t["subject"] for t in body["tokens"]} == {'user "1" \u00e9'}
+    assert len({t["token"] for t in body["tokens"]}) == 3
