@@ -21,8 +21,10 @@ import redis
 
 from benchmarks import baseline_app
 from benchmarks.load import WrkResult, median_of, run_wrk
-from benchmarks.procs import Gunicorn, RedisServer, require
+from benchmarks.procs import Gunicorn, RedisServer, cpu_seconds, require
 from token_service.client import TokenClient
+from token_service.config import RateLimit
+from token_service.limits import IssuanceLimits, client_key
 from token_service.store import IssueRequest, TokenStore
 
 API_KEY = "bench-service-key-0123456789"
@@ -290,6 +292,9 @@ def direct_transport(servers: Servers, config: Config) -> dict[str, Any]:
     for name, run in contenders.items():
         run(supply.baseline_tokens(50) if name == "redis-py EVALSHA" else supply.service_tokens(50))
     rates: dict[str, list[float]] = {name: [] for name in contenders}
+    # CPU per op, this process plus redis-server: the ratio a quiet machine would show
+    cpu_us: dict[str, list[float]] = {name: [] for name in contenders}
+    redis_pids = servers.redis.pids()
     for _ in range(config.rounds):
         for name, run in contenders.items():
             tokens = (
@@ -297,17 +302,23 @@ def direct_transport(servers: Servers, config: Config) -> dict[str, Any]:
                 if name == "redis-py EVALSHA"
                 else supply.service_tokens(config.direct_ops)
             )
+            cpu_before = time.process_time() + cpu_seconds(redis_pids)
             started = time.perf_counter()
             run(tokens)
             rates[name].append(len(tokens) / (time.perf_counter() - started))
+            cpu = time.process_time() + cpu_seconds(redis_pids) - cpu_before
+            cpu_us[name].append(cpu * 1e6 / len(tokens))
     client.close()
     baseline = statistics.median(rates["redis-py EVALSHA"])
+    baseline_cpu = statistics.median(cpu_us["redis-py EVALSHA"])
     return {
         "ops_per_round": config.direct_ops,
         "rounds": config.rounds,
         "ops_per_second": {name: statistics.median(values) for name, values in rates.items()},
         "ratios": {name: statistics.median(values) / baseline for name, values in rates.items()},
         "all_ops_per_second": {name: [round(v) for v in values] for name, values in rates.items()},
+        "cpu_us_per_op": {name: statistics.median(values) for name, values in cpu_us.items()},
+        "cpu_ratios": {name: baseline_cpu / statistics.median(values) for name, values in cpu_us.items()},
     }
 
 
@@ -330,14 +341,42 @@ def memory_per_token(servers: Servers, config: Config) -> dict[str, Any]:
     after = int(client.info("memory")["used_memory"])
     keys = int(client.dbsize())
     client.flushall()
+    per_client = limiter_memory(client, store, subjects)
+    client.flushall()
     client.close()
     return {
+        "per_client": per_client,
         "tokens": issued,
         "subjects": subjects,
         "scope": SCOPE,
         "subject_example": "user-000042",
         "bytes_per_token": (after - before) / issued,
         "keys": keys,
+    }
+
+
+def limiter_memory(client: redis.Redis, store: TokenStore, clients: int) -> dict[str, Any]:
+    """The issuance limiter's record per client, with the default limits (60/minute, 100 outstanding).
+
+    Each client is charged for 5 tokens at once: a realistic
+    handful outstanding per user, all falling in one expiry bucket.
+    """
+    tokens_per_client = 5
+    limits = IssuanceLimits(RateLimit(60, 60), 100)
+    before = int(client.info("memory")["used_memory"])
+    for n in range(clients):
+        store.admit(
+            client_key(store.key_prefix, f"addr:10.{n // 65536}.{n // 256 % 256}.{n % 256}"),
+            limits,
+            tokens_per_client,
+            TTL_SECONDS,
+        )
+    grown = int(client.info("memory")["used_memory"]) - before
+    return {
+        "clients": clients,
+        "tokens_per_client": tokens_per_client,
+        "bytes_per_client": grown / clients,
+        "bytes_per_token": grown / clients / tokens_per_client,
     }
 
 
