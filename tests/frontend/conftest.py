@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -32,7 +32,7 @@ CHROMIUM_ARGS = [
 ]
 
 
-def _unavailable(reason: str) -> None:
+def _unavailable(reason: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(f"{reason} — CI must run the browser tests", pytrace=False)
     pytest.skip(reason)
