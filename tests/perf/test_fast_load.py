@@ -68,7 +68,7 @@ def marshmallow_load(schema: BodySchema, body: dict[str, Any]) -> dict[str, Any]
         return None
 
 
-@settings(max_examples=1500, deadline=None)
+@settings(max_examples=600, deadline=None)
 @given(name=st.sampled_from(sorted(SCHEMAS)), body=st.one_of(bodies, near_valid))
 def test_fast_path_agrees_with_marshmallow(name: str, body: dict[str, Any]) -> None:
     schema = SCHEMAS[name]
