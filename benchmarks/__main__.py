@@ -70,6 +70,7 @@ def run(config: suite.Config) -> dict[str, Any]:
         results["redis"] = suite.redis_ceiling(servers, config)
         client.close()
     results["load_at_end"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    results["failed_requests"] = sum(int(r["errors"]) for r in runner.results)
     results["elapsed_seconds"] = time.monotonic() - started
     results["budgets"] = report.budgets(results)
     return results

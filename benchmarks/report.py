@@ -174,7 +174,8 @@ def markdown(results: dict[str, Any]) -> str:
         f"Servers: gunicorn `{results['gunicorn']}` with {config['workers']} sync workers,",
         "the same flags for the service and the baseline; one private redis-server on a free port;",
         "wrk with one thread.",
-        f"Load average at the end: {results['load_at_end']}.",
+        f"Load average at the end: {results['load_at_end']}. Failed requests (socket errors, timeouts, "
+        f"non-2xx) over all wrk runs: {results.get('failed_requests', 0)}.",
         "",
         "## HTTP: service vs hand-written baseline",
         "",

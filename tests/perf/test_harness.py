@@ -61,6 +61,7 @@ def test_quick_mode_runs_every_part_and_writes_the_report(tmp_path: Path) -> Non
     assert set(results["direct"]["cpu_ratios"]) == set(results["direct"]["ratios"])
     assert [r["rps"] > 0 for r in results["redis"]] == [True] * 4
     assert len(results["budgets"]) >= 6
+    assert results["failed_requests"] == 0  # every request answered 2xx: bodies, keys and tokens right
 
     report = (tmp_path / "RESULTS.md").read_text()
     assert "QUICK MODE" in report
