@@ -22,7 +22,6 @@ from token_service.errors import InvalidRequest, TokenInvalid
 from token_service.limits import IssuanceLimits, client_key
 from token_service.responses import json_response, json_text_response
 from token_service.schemas import (
-    _NO_CONTROL,
     BeginSchema,
     BodySchema,
     CompleteSchema,
@@ -33,7 +32,7 @@ from token_service.schemas import (
     TokenOnlySchema,
 )
 from token_service.store import IssueRequest, TokenStore
-from token_service.tokens import is_well_formed
+from token_service.tokens import NO_CONTROL_RE, is_well_formed
 
 FRONTEND_ENDPOINTS = ("tokens.generate", "tokens.generate_batch")
 
@@ -85,7 +84,7 @@ def _load(schema: Schema, body: dict[str, Any]) -> dict[str, Any]:
 def _gateway_subject(header: str) -> str | None:
     """The subject the gateway vouches for; held to the body's rules (it lands in the record)."""
     subject = request.headers.get(header) or None
-    if subject is not None and (len(subject) > 128 or not _NO_CONTROL.match(subject)):
+    if subject is not None and (len(subject) > 128 or not NO_CONTROL_RE.match(subject)):
         raise InvalidRequest(
             f"The {header} header is not a valid subject.",
             {header: ["1-128 characters, no control characters."]},

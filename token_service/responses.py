@@ -13,21 +13,11 @@ from typing import Any
 from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
 
-from token_service.errors import (
-    InvalidRequest,
-    PayloadTooLarge,
-    RateLimited,
-    ServiceUnavailable,
-    TokenError,
-    TokenFailed,
-    TokenInProgress,
-    TokenMismatch,
-    Unauthorized,
-)
+from token_service import problems
+from token_service.errors import PayloadTooLarge, TokenError
 
 log = logging.getLogger(__name__)
 
-PROBLEM_TYPE_BASE = "https://token-service.dev/problems/"
 # Token values travel in these bodies: no cache may keep them.
 _NO_STORE = {"Cache-Control": "no-store"}
 
@@ -47,34 +37,13 @@ def json_text_response(payload: str, status: int = 200, headers: dict[str, str] 
 def problem(
     status: int, code: str, title: str, detail: str, headers: dict[str, str] | None = None, **extra: Any
 ) -> Response:
-    body = {
-        "type": PROBLEM_TYPE_BASE + code,
-        "title": title,
-        "status": status,
-        "detail": detail,
-        "code": code,
-    }
-    body.update(extra)
-    response = json_response(body, status, headers)
-    response.mimetype = "application/problem+json"
-    return response
+    status, document_headers, body = problems.problem(status, code, title, detail, **extra)
+    return Response(body, status=status, headers={**document_headers, **(headers or {})})
 
 
 def problem_for(error: TokenError) -> Response:
-    headers: dict[str, str] = {}
-    extra: dict[str, Any] = {}
-    if isinstance(error, InvalidRequest):
-        extra["errors"] = error.errors
-    elif isinstance(error, TokenMismatch) and error.field:
-        extra["field"] = error.field
-    elif isinstance(error, TokenFailed):
-        extra["error"] = error.error
-    elif isinstance(error, Unauthorized):
-        headers["WWW-Authenticate"] = 'Bearer realm="token-service"'
-    if isinstance(error, TokenInProgress | RateLimited | ServiceUnavailable):
-        headers["Retry-After"] = str(error.retry_after_seconds)
-        extra["retry_after_seconds"] = error.retry_after_seconds
-    return problem(error.status, error.code, error.title, error.detail, headers, **extra)
+    status, headers, body = problems.problem_for(error)
+    return Response(body, status=status, headers=headers)
 
 
 def _http_problem(exc: HTTPException) -> Response:

@@ -8,23 +8,19 @@ TTL and lease) are passed to the schema when the app builds it.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
-SCOPE_RE = r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}\Z"
-# Subjects, fingerprints and request ids are opaque text, but never control
-# characters: the Redis record uses \x1f as its field separator.
-_NO_CONTROL = re.compile(r"[^\x00-\x1f\x7f]*\Z")
-_SCOPE = re.compile(SCOPE_RE)
+# the field rules are shared with the SDK's direct transport, which has no marshmallow
+from token_service.tokens import NO_CONTROL_RE, SCOPE_RE, SCOPE_RULE
 
 
 def _text(max_chars: int, **kwargs: Any) -> fields.String:
     return fields.String(
         validate=[
             validate.Length(min=1, max=max_chars),
-            validate.Regexp(_NO_CONTROL, error="must not contain control characters"),
+            validate.Regexp(NO_CONTROL_RE, error="must not contain control characters"),
         ],
         **kwargs,
     )
@@ -70,7 +66,7 @@ class BodySchema(Schema):
 
 def _fast_text(value: Any, max_chars: int) -> bool:
     return value is None or (
-        type(value) is str and 1 <= len(value) <= max_chars and _NO_CONTROL.match(value) is not None
+        type(value) is str and 1 <= len(value) <= max_chars and NO_CONTROL_RE.match(value) is not None
     )
 
 
@@ -99,9 +95,7 @@ class _Bounded(BodySchema):
 class GenerateSchema(_Bounded):
     scope = fields.String(
         required=True,
-        validate=validate.Regexp(
-            SCOPE_RE, error="1-64 chars of A-Za-z0-9._:- starting with a letter or digit"
-        ),
+        validate=validate.Regexp(SCOPE_RE, error=SCOPE_RULE),
     )
     subject = _text(128, load_default=None, allow_none=True)
     ttl_seconds = JsonInteger(load_default=None, allow_none=True)
@@ -116,7 +110,7 @@ class GenerateSchema(_Bounded):
         low, high = self.limits.get("ttl_seconds", (1, 1))
         if (
             type(scope) is str
-            and _SCOPE.match(scope)
+            and SCOPE_RE.match(scope)
             and _fast_text(body.get("subject"), 128)
             and _fast_text(body.get("fingerprint"), 128)
             and _fast_int(ttl_seconds, low, high)
@@ -153,9 +147,7 @@ class _TokenBody(BodySchema):
 class ConsumeSchema(_TokenBody):
     scope = fields.String(
         required=True,
-        validate=validate.Regexp(
-            SCOPE_RE, error="1-64 chars of A-Za-z0-9._:- starting with a letter or digit"
-        ),
+        validate=validate.Regexp(SCOPE_RE, error=SCOPE_RULE),
     )
     subject = _text(128, load_default=None, allow_none=True)
     fingerprint = _text(128, load_default=None, allow_none=True)
@@ -170,7 +162,7 @@ class ConsumeSchema(_TokenBody):
         if (
             type(token) is str
             and type(scope) is str
-            and _SCOPE.match(scope)
+            and SCOPE_RE.match(scope)
             and _fast_text(body.get("subject"), 128)
             and _fast_text(body.get("fingerprint"), 128)
             and _fast_text(body.get("request_id"), 128)

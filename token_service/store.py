@@ -47,8 +47,9 @@ _UNAVAILABLE: tuple[type[Exception], ...] = (
     # a cluster slot with no reachable owner (not a RedisError subclass)
     redis_errors.SlotNotCoveredError,
 )
-# Replies Redis gives while it refuses writes (memory full, no quorum): fail closed.
-_UNAVAILABLE_REPLY_PREFIXES = ("OOM ", "MISCONF ", "NOREPLICAS ", "CLUSTERDOWN ", "LOADING ", "READONLY ")
+# Refusals redis-py has no exception class for (OOM, LOADING, READONLY and CLUSTERDOWN
+# arrive as the classes above): a failed RDB save, too few replicas. Fail closed.
+_UNAVAILABLE_REPLY_PREFIXES = ("MISCONF ", "NOREPLICAS ")
 
 
 def lua_dir() -> Path:

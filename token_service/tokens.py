@@ -23,6 +23,13 @@ MAX_TOKEN_CHARS = 128
 _TOKEN_RE = re.compile(r"[A-Za-z0-9_-]{16,128}\Z")
 _KEY_DIGEST_BYTES = 16
 
+# Field rules shared by the API's schemas and the SDK's direct transport (which has no
+# marshmallow). Subjects, fingerprints and request ids are opaque text but never control
+# characters: the Redis record separates its fields with \x1f.
+SCOPE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}\Z")
+SCOPE_RULE = "1-64 chars of A-Za-z0-9._:- starting with a letter or digit"
+NO_CONTROL_RE = re.compile(r"[^\x00-\x1f\x7f]*\Z")
+
 
 def new_token() -> str:
     return secrets.token_urlsafe(TOKEN_BYTES)

@@ -228,7 +228,8 @@ def test_the_sdk_imports_and_runs_without_flask() -> None:
             sys.modules[name] = None  # any import of them now fails (httpx: only HTTP needs it)
         import fakeredis
         from token_service.client import TokenClient, AsyncTokenClient, TokenUsed
-        from token_service.client import guard, problems
+        from token_service.client import guard
+        from token_service import problems
         client = TokenClient.from_redis(fakeredis.FakeRedis())
         token = client.generate("scope").token
         assert client.guard(token, "scope").run(lambda: {"ok": 1}) == {"ok": 1}

@@ -8,23 +8,18 @@ per-field messages, like the API's 400.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from token_service.errors import InvalidRequest, TokenInvalid
 from token_service.records import dump_json
-from token_service.tokens import is_well_formed
-
-# Kept in step with token_service/schemas.py (which needs marshmallow, a server-only dependency).
-SCOPE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}\Z")
-_NO_CONTROL = re.compile(r"[^\x00-\x1f\x7f]*\Z")
+from token_service.tokens import NO_CONTROL_RE, SCOPE_RE, SCOPE_RULE, is_well_formed
 
 
 def scope(value: Any) -> str:
     if not isinstance(value, str) or not SCOPE_RE.match(value):
         raise InvalidRequest(
             "The request does not match the schema.",
-            {"scope": ["1-64 chars of A-Za-z0-9._:- starting with a letter or digit"]},
+            {"scope": [SCOPE_RULE]},
         )
     return value
 
@@ -32,7 +27,7 @@ def scope(value: Any) -> str:
 def text(name: str, value: Any, max_chars: int) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, str) or not 1 <= len(value) <= max_chars or not _NO_CONTROL.match(value):
+    if not isinstance(value, str) or not 1 <= len(value) <= max_chars or not NO_CONTROL_RE.match(value):
         raise InvalidRequest(
             "The request does not match the schema.",
             {name: [f"1-{max_chars} characters, no control characters"]},

@@ -33,10 +33,10 @@ from typing import Any
 from flask import Request, Response, g, make_response, request
 
 from token_service.errors import InvalidRequest, ServiceUnavailable, TokenError, Unauthorized
+from token_service.problems import problem_for
 
 from ._client import TokenClient
 from .guard import Guard, Terminal
-from .problems import problem_for
 
 log = logging.getLogger(__name__)
 

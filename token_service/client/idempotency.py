@@ -41,8 +41,7 @@ from token_service.idempotency_store import (
     StoredResponse,
     request_fingerprint,
 )
-
-from .problems import problem, problem_for
+from token_service.problems import problem, problem_for
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment

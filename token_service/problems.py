@@ -1,8 +1,9 @@
-"""RFC 9457 problem documents for the SDK's web integrations, without Flask.
+"""RFC 9457 problem documents, without Flask: the one place their shape is decided.
 
-The same shape the service answers with (``token_service/responses.py``,
-which needs Flask): ``type``, ``title``, ``status``, ``detail`` and the
-stable ``code``, plus ``Retry-After`` where the error carries one.
+The service (``responses.py`` wraps these in Flask responses) and the SDK's
+web integrations (``client/flask.py``, ``client/idempotency.py``) answer with
+the same document: ``type``, ``title``, ``status``, ``detail`` and the stable
+``code``, plus ``Retry-After`` / ``WWW-Authenticate`` where the error calls for one.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from token_service.errors import (
     TokenFailed,
     TokenInProgress,
     TokenMismatch,
+    Unauthorized,
 )
 
 PROBLEM_TYPE_BASE = "https://token-service.dev/problems/"
@@ -42,7 +44,7 @@ def problem(
 
 def problem_for(error: TokenError) -> tuple[int, dict[str, str], bytes]:
     extra: dict[str, Any] = {}
-    if isinstance(error, InvalidRequest) and error.errors:
+    if isinstance(error, InvalidRequest):
         extra["errors"] = error.errors
     elif isinstance(error, TokenMismatch) and error.field:
         extra["field"] = error.field
@@ -55,4 +57,6 @@ def problem_for(error: TokenError) -> tuple[int, dict[str, str], bytes]:
     status, headers, body = problem(error.status, error.code, error.title, error.detail, **extra)
     if retry_after is not None:
         headers["Retry-After"] = str(retry_after)
+    if isinstance(error, Unauthorized):
+        headers["WWW-Authenticate"] = 'Bearer realm="token-service"'
     return status, headers, body
