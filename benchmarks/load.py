@@ -35,6 +35,7 @@ class WrkResult:
     # CPU the server side (gunicorn master + workers, redis-server) spent per request:
     # robust to a busy machine, where throughput is not
     server_cpu_ms: float = 0.0
+    redis_cpu_ms: float = 0.0  # the redis-server part of server_cpu_ms
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -60,6 +61,7 @@ def run_wrk(
     seconds: float,
     delay_ms: float | None = None,
     server_pids: Sequence[int] = (),
+    redis_pids: Sequence[int] = (),
 ) -> WrkResult:
     path = script(name, delay_ms)
     command = [
@@ -75,12 +77,13 @@ def run_wrk(
         "--",
         *args,
     ]
-    cpu_before = cpu_seconds(server_pids)
+    cpu_before, redis_before = cpu_seconds(server_pids), cpu_seconds(redis_pids)
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60, check=False)
     finally:
         path.unlink(missing_ok=True)
-    server_cpu = cpu_seconds(server_pids) - cpu_before
+    redis_cpu = cpu_seconds(redis_pids) - redis_before
+    server_cpu = cpu_seconds(server_pids) - cpu_before + redis_cpu
     lines = [line for line in done.stdout.splitlines() if line.startswith("BENCH_JSON ")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"wrk failed ({done.returncode}): {done.stdout}\n{done.stderr}")
@@ -100,6 +103,7 @@ def run_wrk(
         p99_ms=raw["p99_us"] / 1000,
         errors=errors,
         server_cpu_ms=server_cpu * 1000 / max(1, raw["requests"]),
+        redis_cpu_ms=redis_cpu * 1000 / max(1, raw["requests"]),
     )
 
 

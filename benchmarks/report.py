@@ -191,7 +191,7 @@ def markdown(results: dict[str, Any]) -> str:
                 "round ratios",
                 "service p50 / p99 ms",
                 "baseline p50 / p99 ms",
-                "server CPU ms/req service / baseline",
+                "server CPU ms/req service / baseline (of which Redis)",
                 "CPU ratio",
             ],
             [
@@ -203,7 +203,8 @@ def markdown(results: dict[str, Any]) -> str:
                     ", ".join(f"{r:.2f}" for r in p["round_ratios"]),
                     f"{p['service']['p50_ms']:.2f} / {p['service']['p99_ms']:.2f}",
                     f"{p['baseline']['p50_ms']:.2f} / {p['baseline']['p99_ms']:.2f}",
-                    f"{p['service']['server_cpu_ms']:.3f} / {p['baseline']['server_cpu_ms']:.3f}",
+                    f"{p['service']['server_cpu_ms']:.3f} ({p['service']['redis_cpu_ms']:.3f}) / "
+                    f"{p['baseline']['server_cpu_ms']:.3f} ({p['baseline']['redis_cpu_ms']:.3f})",
                     f"{p['cpu_ratio']:.2f}",
                 ]
                 for endpoint, p in results["peak"].items()

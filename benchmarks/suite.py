@@ -167,7 +167,8 @@ class HttpRunner:
                 connections=connections,
                 seconds=seconds,
                 delay_ms=delay_ms,
-                server_pids=[*server.pids(), *self.servers.redis.pids()],
+                server_pids=server.pids(),
+                redis_pids=self.servers.redis.pids(),
             )
         finally:
             if tokens is not None:
@@ -194,6 +195,7 @@ def compare_peak(runner: HttpRunner, config: Config, endpoint: str) -> dict[str,
             "p99_ms": median_of(results, "p99_ms"),
             "all_rps": [round(r.rps, 1) for r in results],
             "server_cpu_ms": median_of(results, "server_cpu_ms"),
+            "redis_cpu_ms": median_of(results, "redis_cpu_ms"),
         }
     summary["ratio"] = summary["service"]["rps"] / summary["baseline"]["rps"]
     # baseline CPU / service CPU per request: the throughput ratio a quiet machine would show
