@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import API_KEY, AUTH
+from tests.conftest import AUTH, service_env
 from tests.support.processes import Gunicorn, RedisServer
 
 SCOPE = "payment.create"
@@ -74,14 +74,7 @@ def test_the_in_process_log_holds_no_token(app: Any, caplog: pytest.LogCaptureFi
 
 @pytest.fixture
 def gunicorn_service(redis_server: RedisServer) -> Iterator[Gunicorn]:
-    server = Gunicorn(
-        {
-            "TOKEN_SERVICE_REDIS_URL": redis_server.url,
-            "TOKEN_SERVICE_API_KEYS": API_KEY,
-            "TOKEN_SERVICE_RATE_LIMIT": "off",
-        },
-        workers=2,
-    ).start()
+    server = Gunicorn(service_env(redis_server.url), workers=2).start()
     yield server
     server.stop()
 

@@ -23,7 +23,7 @@ import httpx
 import pytest
 import redis.asyncio
 
-from tests.conftest import API_KEY
+from tests.conftest import API_KEY, service_env
 from tests.support.processes import Gunicorn, RedisServer
 from token_service import create_app
 from token_service.client import AsyncTokenClient, RetryPolicy, TokenClient
@@ -69,14 +69,7 @@ def inproc_app(redis_client: Any, **config: Any) -> Any:
 
 @pytest.fixture(scope="session")
 def gunicorn(redis_server: RedisServer) -> Iterator[Gunicorn]:
-    server = Gunicorn(
-        {
-            "TOKEN_SERVICE_REDIS_URL": redis_server.url,
-            "TOKEN_SERVICE_API_KEYS": API_KEY,
-            "TOKEN_SERVICE_RATE_LIMIT": "off",
-        },
-        workers=2,
-    ).start()
+    server = Gunicorn(service_env(redis_server.url), workers=2).start()
     yield server
     server.stop()
 

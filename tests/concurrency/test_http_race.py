@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import API_KEY, AUTH
+from tests.conftest import AUTH, service_env
 from tests.support.processes import Gunicorn, RedisServer
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -22,14 +22,7 @@ CONTENDERS = 20
 @pytest.fixture
 def service(redis_server: RedisServer) -> Iterator[Gunicorn]:
     redis_server.client().flushall()
-    server = Gunicorn(
-        {
-            "TOKEN_SERVICE_REDIS_URL": redis_server.url,
-            "TOKEN_SERVICE_API_KEYS": API_KEY,
-            "TOKEN_SERVICE_RATE_LIMIT": "off",
-        },
-        workers=4,
-    ).start()
+    server = Gunicorn(service_env(redis_server.url), workers=4).start()
     yield server
     server.stop()
 
