@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config.seconds = args.seconds
     out_dir = args.out or (Path(tempfile.mkdtemp(prefix="ts-bench-")) if args.quick else BENCH_DIR)
     results = run(config)
-    results["command"] = "python -m benchmarks " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
+    results["command"] = " ".join(["python -m benchmarks", *(shlex.quote(a) for a in (argv or sys.argv[1:]))])
     path = report.write(results, out_dir)
     for budget in results["budgets"]:
         state = "met" if budget["met"] else "NOT MET"
