@@ -30,7 +30,7 @@ lint: install
 test: lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-# The performance suite (about 8 minutes): writes benchmarks/RESULTS.md and results.png.
+# The performance suite (about 5 minutes): writes benchmarks/RESULTS.md and results.png.
 bench: install
 	$(BIN)/python -m benchmarks
 

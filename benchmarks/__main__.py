@@ -1,6 +1,6 @@
 """``python -m benchmarks [--quick] [--out DIR]``: run the suite, write RESULTS.md and the plot.
 
-The full run (about 8 minutes) writes ``benchmarks/RESULTS.md``,
+The full run (about 5 minutes) writes ``benchmarks/RESULTS.md``,
 ``benchmarks/results.json`` and ``benchmarks/results.png``. ``--quick`` runs
 every part for a second or so and writes to a temporary directory (or
 ``--out``): it proves the harness works end to end, and its figures mean
