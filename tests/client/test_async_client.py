@@ -18,6 +18,8 @@ from token_service.client import (
     Finished,
     InvalidRequest,
     LeaseLost,
+    PayloadTooLarge,
+    Replayed,
     RetryPolicy,
     ServiceUnavailable,
     Started,
@@ -106,10 +108,28 @@ async def test_async_guard_runs_once_and_replays(async_sdk: Sdk) -> None:
     guard = client.guard(token, SCOPE)
     assert await guard.run(charge, 6) == {"charged": 5}
     assert guard.replayed
-    async with client.guard(token, SCOPE) as again:
-        assert again.replayed
-        assert again.result == {"charged": 5}
+    with pytest.raises(Replayed) as replay:
+        async with client.guard(token, SCOPE):
+            calls.append(7)  # pragma: no cover - a replay never enters the block
+    assert replay.value.result == {"charged": 5}
     assert calls == [5]
+
+
+async def test_async_result_too_large_is_a_terminal_failure(async_sdk: Sdk) -> None:
+    client: AsyncTokenClient = async_sdk.client
+    token = (await client.generate(SCOPE)).token
+    calls = []
+
+    async def render() -> str:
+        calls.append(1)
+        return "\u4e2d" * 2731  # 6 bytes a character once JSON-encoded: over 16384
+
+    with pytest.raises((InvalidRequest, PayloadTooLarge)):
+        await client.guard(token, SCOPE).run(render)
+    assert (await client.verify(token)).state == "FAILED"
+    with pytest.raises(TokenFailed):
+        await client.guard(token, SCOPE).run(render)
+    assert calls == [1]
 
 
 async def test_async_guard_releases_or_records_failures(async_sdk: Sdk) -> None:

@@ -10,7 +10,17 @@ import pytest
 import redis
 
 from tests.client.conftest import Sdk
-from token_service.client import Started, TokenClient, TokenFailed, TokenInProgress, TokenUsed
+from token_service.client import (
+    InvalidRequest,
+    PayloadTooLarge,
+    Replayed,
+    Started,
+    TokenClient,
+    TokenError,
+    TokenFailed,
+    TokenInProgress,
+    TokenUsed,
+)
 
 SCOPE = "order.place"
 
@@ -43,12 +53,59 @@ def test_run_executes_once_and_replays_the_stored_result(sdk: Sdk) -> None:
 def test_context_manager_stores_what_the_block_sets(sdk: Sdk) -> None:
     token = sdk.client.generate(SCOPE, subject="alice").token
     body = Counter()
-    for _ in range(3):
-        with sdk.client.guard(token, SCOPE, subject="alice") as guard:
-            if not guard.replayed:
-                guard.result = body({"receipt": "r-1"})
-        assert guard.result == {"receipt": "r-1"}
+    with sdk.client.guard(token, SCOPE, subject="alice") as guard:
+        guard.result = body({"receipt": "r-1"})
+    assert guard.result == {"receipt": "r-1"}
+    for _ in range(2):
+        with pytest.raises(Replayed) as replay, sdk.client.guard(token, SCOPE, subject="alice"):
+            body({"receipt": "r-2"})  # pragma: no cover - a replay never enters the block
+        assert replay.value.result == {"receipt": "r-1"}
     assert body.calls == 1
+    assert sdk.client.verify(token).result == {"receipt": "r-1"}
+
+
+def test_a_replay_never_runs_the_block_nor_overwrites_the_result(sdk: Sdk) -> None:
+    token = sdk.client.generate(SCOPE).token
+    charges: list[int] = []
+    replays: list[Any] = []
+    for attempt in range(2):
+        try:
+            with sdk.client.guard(token, SCOPE) as guard:
+                charges.append(attempt)
+                guard.result = {"charge": attempt}
+        except Replayed as replay:
+            replays.append(replay.result)
+    assert charges == [0]
+    assert replays == [{"charge": 0}]
+    assert sdk.client.verify(token).result == {"charge": 0}
+    replayed = sdk.client.guard(token, SCOPE)
+    assert replayed.start() is False
+    with pytest.raises(AttributeError, match="read-only"):
+        replayed.result = {"charge": 99}
+    assert replayed.result == {"charge": 0}
+
+
+def test_replayed_is_exported_and_not_a_token_error() -> None:
+    assert not issubclass(Replayed, TokenError)
+    assert Replayed({"x": 1}).result == {"x": 1}
+
+
+def test_a_result_too_large_for_the_store_is_a_terminal_failure(sdk: Sdk) -> None:
+    token = sdk.client.generate(SCOPE).token
+    body = Counter()
+    too_large = "\u4e2d" * 2731  # 8 KiB of text, but 6 bytes a character as the store's JSON
+    with pytest.raises((InvalidRequest, PayloadTooLarge)):
+        sdk.client.guard(token, SCOPE, lease_seconds=1).run(body, too_large)
+    info = sdk.client.verify(token)
+    assert info.state == "FAILED"  # never reopened: the body ran, it must not run again
+    with pytest.raises(TokenFailed):
+        sdk.client.guard(token, SCOPE).run(body, "again")
+    assert body.calls == 1
+
+
+def test_guarded_refuses_one_request_id_for_every_call(sdk: Sdk) -> None:
+    with pytest.raises(TypeError, match="request_id"):
+        sdk.client.guarded(SCOPE, request_id="same-for-all")
 
 
 def test_an_exception_releases_the_token_for_a_retry(sdk: Sdk) -> None:

@@ -42,7 +42,7 @@ from ._types import (
     Started,
     TokenInfo,
 )
-from .guard import AsyncGuard, Guard, describe_error, guarded
+from .guard import AsyncGuard, Guard, Replayed, describe_error, guarded
 
 __all__ = [
     "ERRORS_BY_CODE",
@@ -59,6 +59,7 @@ __all__ = [
     "LeaseLost",
     "PayloadTooLarge",
     "RateLimited",
+    "Replayed",
     "RetryPolicy",
     "ServiceUnavailable",
     "Started",

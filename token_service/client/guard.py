@@ -2,12 +2,18 @@
 
 ::
 
-    with client.guard(token, "payment.create") as guard:
-        if not guard.replayed:
+    try:
+        with client.guard(token, "payment.create") as guard:
             guard.result = charge(card, amount)
-    receipt = guard.result          # the same for the first call and every duplicate
+        receipt = guard.result
+    except Replayed as replay:      # a duplicate: the block did not run
+        receipt = replay.result     # the same as the first call's
 
 or ``guard.run(charge, card, amount)``, or the :func:`guarded` decorator.
+
+The ``with`` form cannot run its block on a replay: ``__enter__`` raises
+:class:`Replayed` (carrying the stored result) instead of entering it, and a
+replayed guard's ``result`` is read-only.
 
 ``begin`` either takes a lease or — when the operation already SUCCEEDED —
 returns the stored result in the same round trip, and the body does not run.
@@ -32,7 +38,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from token_service.errors import TokenError, TokenInProgress
+from token_service.errors import InvalidRequest, PayloadTooLarge, TokenError, TokenInProgress
 from token_service.records import Finished, Started, dump_json
 
 if TYPE_CHECKING:
@@ -45,6 +51,21 @@ T = TypeVar("T")
 Terminal = tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 _FIRST_POLL_SECONDS = 0.02
 _MAX_POLL_SECONDS = 0.25
+
+
+class Replayed(Exception):
+    """``with guard:`` on a token whose operation already succeeded: the block was not run.
+
+    ``result`` is the stored result (what the first caller got). Deliberately
+    not a :class:`~token_service.errors.TokenError`, so ``except TokenError``
+    does not swallow it by accident.
+    """
+
+    def __init__(self, result: Any) -> None:
+        super().__init__(
+            "the operation already succeeded: its stored result is replayed, the block did not run"
+        )
+        self.result = result
 
 
 def describe_error(exc: BaseException) -> dict[str, str]:
@@ -83,7 +104,18 @@ class _GuardState:
         self.wait_seconds = wait_seconds
         self.lease: Started | None = None
         self.replayed = False
-        self.result: Any = None
+        self._result: Any = None
+
+    @property
+    def result(self) -> Any:
+        """The operation's result: set it inside ``with``; the stored one on a replay."""
+        return self._result
+
+    @result.setter
+    def result(self, value: Any) -> None:
+        if self.replayed:
+            raise AttributeError("this guard replayed a stored result; its result is read-only")
+        self._result = value
 
     def _begin_options(self) -> dict[str, Any]:
         return {
@@ -96,7 +128,7 @@ class _GuardState:
     def _took(self, outcome: Started | Finished) -> bool:
         if isinstance(outcome, Finished):
             self.replayed = True
-            self.result = outcome.result
+            self._result = outcome.result
             return False
         self.lease = outcome
         return True
@@ -161,9 +193,15 @@ class Guard(_GuardState):
             # the operation ran but its result cannot be stored: never let a duplicate run it again
             self.abandon(exc, retryable=False)
             raise
-        self.client.complete(self.token, self.lease_id, stored)
+        try:
+            self.client.complete(self.token, self.lease_id, stored)
+        except (InvalidRequest, PayloadTooLarge) as exc:
+            # The store refused the result (e.g. too large once JSON-encoded). The operation ran:
+            # record a terminal failure so the token is never reopened and it never runs twice.
+            self.abandon_quietly(exc, retryable=False)
+            raise
         self.lease = None
-        self.result = stored
+        self._result = stored
         return stored
 
     def abandon(
@@ -198,7 +236,9 @@ class Guard(_GuardState):
         return self.succeed(value)
 
     def __enter__(self) -> Guard:
-        self.start()
+        """Begin; on a replay raise :class:`Replayed` so the block cannot run."""
+        if not self.start():
+            raise Replayed(self.result)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
@@ -238,9 +278,14 @@ class AsyncGuard(_GuardState):
         except TypeError as exc:
             await self.abandon(exc, retryable=False)
             raise
-        await self.client.complete(self.token, self.lease_id, stored)
+        try:
+            await self.client.complete(self.token, self.lease_id, stored)
+        except (InvalidRequest, PayloadTooLarge) as exc:
+            # as in Guard.succeed: the operation ran, so it must never run again
+            await self.abandon_quietly(exc, retryable=False)
+            raise
         self.lease = None
-        self.result = stored
+        self._result = stored
         return stored
 
     async def abandon(
@@ -254,9 +299,9 @@ class AsyncGuard(_GuardState):
         self.lease = None
         await self.client.fail(self.token, lease_id, retryable=retryable, error=error)
 
-    async def abandon_quietly(self, exc: BaseException) -> None:
+    async def abandon_quietly(self, exc: BaseException | None, *, retryable: bool | None = None) -> None:
         try:
-            await self.abandon(exc)
+            await self.abandon(exc, retryable=retryable)
         except TokenError as fail_error:
             log.warning("could not end the lease after a failure: %s", fail_error)
 
@@ -272,7 +317,9 @@ class AsyncGuard(_GuardState):
         return await self.succeed(value)
 
     async def __aenter__(self) -> AsyncGuard:
-        await self.start()
+        """Begin; on a replay raise :class:`Replayed` so the block cannot run."""
+        if not await self.start():
+            raise Replayed(self.result)
         return self
 
     async def __aexit__(
@@ -300,10 +347,18 @@ def guarded(
     The token is the decorated function's argument named ``token`` (any
     name: pass ``token_arg="idempotency_token"``). ``subject`` and ``fingerprint``
     are values or callables given the same arguments as the function. Other
-    options (``terminal``, ``lease_seconds``, ``wait_seconds``) go to the guard.
+    options (``terminal``, ``lease_seconds``, ``wait_seconds``) go to the guard;
+    ``request_id`` is refused (every call generates its own).
     A coroutine function needs an :class:`AsyncTokenClient`.
     """
     from ._client import AsyncTokenClient
+
+    if "request_id" in guard_options:
+        # one id for every call would make different calls "the same request": both would hold the lease
+        raise TypeError(
+            "guarded() does not take request_id: each call gets its own request id "
+            "(use client.guard(..., request_id=...) to retry one specific call)"
+        )
 
     def pick(value: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return value(*args, **kwargs) if callable(value) else value
