@@ -43,6 +43,8 @@ def payment_app(client: TokenClient, terminal: Any = (CardDeclined,), **options:
             raise CardDeclined("insufficient funds")
         if mode == "down":
             return {"error": "bank unavailable"}, 503
+        if mode == "cjk":
+            return "\u4e2d" * 2730, 200, {"Content-Type": "text/plain; charset=utf-8"}
         if mode == "binary":
             return b"\xff\x00\xfe", 200, {"Content-Type": "application/octet-stream"}
         number = len(app.config["calls"])
@@ -156,11 +158,37 @@ def test_a_terminal_exception_is_replayed_as_token_failed(sdk: Sdk) -> None:
 def test_a_large_body_is_replayed_without_it(sdk: Sdk) -> None:
     app = payment_app(sdk.client, max_body_bytes=10)
     token = sdk.client.generate(SCOPE, subject="alice").token
-    assert post(app, token, {"amount": 1}).status_code == 201
+    first = post(app, token, {"amount": 1})
+    assert first.status_code == 201
     again = post(app, token, {"amount": 1})
     assert again.status_code == 201
     assert again.headers["Idempotent-Replayed"] == "true"
     assert again.get_data() == b""
+    assert again.headers["Idempotent-Body-Omitted"] == str(len(first.get_data()))
+    assert len(app.config["calls"]) == 1
+
+
+def test_a_body_too_large_once_json_encoded_is_kept_omitted_not_run_twice(sdk: Sdk) -> None:
+    # 8190 bytes of UTF-8 (under max_body_bytes) but 16380 + of JSON: "\u4e2d" is 6 bytes
+    app = payment_app(sdk.client, lease_seconds=1)
+    token = sdk.client.generate(SCOPE, subject="alice").token
+    first = post(app, token, {"mode": "cjk"})
+    assert first.status_code == 200
+    assert first.get_data(as_text=True) == "\u4e2d" * 2730
+    assert sdk.client.verify(token).state == "SUCCEEDED"
+    again = post(app, token, {"mode": "cjk"})
+    assert again.status_code == 200
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.headers["Idempotent-Body-Omitted"] == str(len(first.get_data()))
+    assert again.get_data() == b""
+    assert len(app.config["calls"]) == 1
+
+
+def test_a_small_body_replays_without_the_omitted_marker(sdk: Sdk) -> None:
+    app = payment_app(sdk.client)
+    token = sdk.client.generate(SCOPE, subject="alice").token
+    post(app, token, {"amount": 3})
+    assert "Idempotent-Body-Omitted" not in post(app, token, {"amount": 3}).headers
 
 
 def test_store_down_answers_503() -> None:

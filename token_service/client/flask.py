@@ -11,7 +11,8 @@ The token comes from the ``Idempotency-Token`` header (configurable). The
 first request with it runs the view; its response (status, body and the
 headers named in ``replay_headers``) is stored as the token's result, and
 every duplicate gets that response again, marked ``Idempotent-Replayed:
-true``, without the view running. A 5xx response or an exception releases
+true``, without the view running (a body too large to keep is replayed empty,
+marked ``Idempotent-Body-Omitted: <original length>``). A 5xx response or an exception releases
 the token so the client may retry with it (exceptions listed in
 ``terminal`` record a terminal failure instead: duplicates get 409
 ``token_failed``). Token errors become problem+json: missing header 400,
@@ -34,6 +35,7 @@ from flask import Request, Response, g, make_response, request
 
 from token_service.errors import InvalidRequest, ServiceUnavailable, TokenError, Unauthorized
 from token_service.problems import problem_for
+from token_service.records import dump_json
 
 from ._client import TokenClient
 from .guard import Guard, Terminal
@@ -41,6 +43,9 @@ from .guard import Guard, Terminal
 log = logging.getLogger(__name__)
 
 REPLAYED_HEADER = "Idempotent-Replayed"
+OMITTED_HEADER = "Idempotent-Body-Omitted"
+# The service's default max_result_bytes (TOKEN_SERVICE_MAX_RESULT_BYTES): what a stored response may take.
+DEFAULT_MAX_RESULT_BYTES = 16384
 DEFAULT_REPLAY_HEADERS = ("Content-Type", "Location")
 
 
@@ -49,23 +54,35 @@ def problem_response(error: TokenError) -> Response:
     return Response(body, status=status, headers=headers)
 
 
-def stored_response(response: Response, replay_headers: Iterable[str], max_body_bytes: int) -> dict[str, Any]:
-    """The compact JSON form of a response kept as the token's result."""
+def stored_response(
+    response: Response,
+    replay_headers: Iterable[str],
+    max_body_bytes: int,
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+) -> dict[str, Any]:
+    """The compact JSON form of a response kept as the token's result.
+
+    The body is kept only when it is at most ``max_body_bytes`` raw AND the whole
+    stored form fits ``max_result_bytes`` once JSON-encoded the way the store counts
+    it (ASCII-only: a CJK character takes 6 bytes). Otherwise the body is omitted.
+    """
     wanted = {name.lower() for name in replay_headers}
     stored: dict[str, Any] = {
         "s": response.status_code,
         "h": [[name, value] for name, value in response.headers.items() if name.lower() in wanted],
     }
     data = response.get_data()
-    if len(data) > max_body_bytes:
-        # Too large to keep: duplicates get the status and headers, and know the body was dropped.
-        stored["omitted"] = len(data)
-        return stored
-    try:
-        stored["b"] = data.decode("utf-8")
-    except UnicodeDecodeError:
-        stored["b"] = base64.b64encode(data).decode("ascii")
-        stored["e"] = "base64"
+    if len(data) <= max_body_bytes:
+        with_body = dict(stored)
+        try:
+            with_body["b"] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            with_body["b"] = base64.b64encode(data).decode("ascii")
+            with_body["e"] = "base64"
+        if len(dump_json(with_body)) <= max_result_bytes:
+            return with_body
+    # Too large to keep: duplicates get the status and headers, and know the body was dropped.
+    stored["omitted"] = len(data)
     return stored
 
 
@@ -79,6 +96,9 @@ def replay_response(stored: Any) -> Response:
     response.headers.remove("Content-Type")
     for name, value in stored.get("h", []):
         response.headers.add(name, value)
+    if "omitted" in stored:
+        # the same marker as the Idempotency-Key middleware: the body was too large to keep
+        response.headers[OMITTED_HEADER] = str(stored["omitted"])
     response.headers[REPLAYED_HEADER] = "true"
     return response
 
@@ -101,12 +121,16 @@ def require_token(
     terminal: Terminal = (),
     wait_seconds: float = 0.0,
     max_body_bytes: int = 8192,
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
 ) -> Callable[[Callable[..., Any]], Callable[..., Response]]:
     """Decorate a Flask view so each token runs it at most once (see the module docs).
 
     ``subject`` and ``fingerprint`` are callables given the current request:
     they must reproduce what the token was issued with (e.g. the user id
-    from the session, an order id from the body).
+    from the session, an order id from the body). A response body over
+    ``max_body_bytes``, or whose stored form is over ``max_result_bytes`` of JSON
+    (set it to the service's ``TOKEN_SERVICE_MAX_RESULT_BYTES``), is not kept:
+    duplicates get the status and headers with ``Idempotent-Body-Omitted: <length>``.
     """
     replay_headers = tuple(replay_headers)
 
@@ -151,7 +175,7 @@ def require_token(
                 guard.abandon_quietly(None, retryable=True)
                 return response
             try:
-                guard.succeed(stored_response(response, replay_headers, max_body_bytes))
+                guard.succeed(stored_response(response, replay_headers, max_body_bytes, max_result_bytes))
             except TokenError as exc:
                 # The work is done and its response goes out; only the record of it is missing
                 # (LeaseLost: the view outlived its lease, a duplicate may have run it again).
