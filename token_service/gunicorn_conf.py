@@ -29,7 +29,7 @@ Every choice here can be overridden the usual gunicorn ways (command line,
   imports prometheus_client; ``child_exit`` tells the collector a worker died.
 - **Logs.** One JSON object per line on stderr for gunicorn and the app; the
   app writes the access lines itself (with request ids), so gunicorn's access
-  log is off.
+  log is off (and ``logger_class`` stops gunicorn building its fields).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from token_service.config import ConfigError, Settings
+from token_service.gunicorn_logger import GunicornLogger
 from token_service.logs import logging_config
 
 try:
@@ -67,6 +68,10 @@ accesslog = None
 errorlog = "-"
 loglevel = _settings.log_level.lower()
 logconfig_dict = logging_config(_settings.log_level)
+
+# gunicorn builds its access-log fields for every request whenever a logging config is
+# given, even when nothing would write them; this logger skips that work then.
+logger_class = GunicornLogger
 
 # --- metrics: one directory shared by the workers, fresh for each start ---------
 _tmp_root = worker_tmp_dir or tempfile.gettempdir()

@@ -9,8 +9,13 @@ where there is one. The service never logs a token or a request body.
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from typing import Any
+
+from pythonjsonlogger.json import JsonEncoder
+from pythonjsonlogger.json import JsonFormatter as _LibraryJsonFormatter
 
 JSON_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
@@ -27,6 +32,74 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+class JsonFormatter(_LibraryJsonFormatter):
+    """python-json-logger's JSON lines, character for character, built faster for plain records.
+
+    Every request writes an access line, and the library's general path (a
+    fresh encoder per line, renames looked up field by field, the time
+    formatted anew) cost about 23 us of the ~45 us a line took. Records with
+    an exception, a stack, a dict message, or a value plain ``json.dumps``
+    cannot write take the library's path unchanged, as does any configuration
+    of the formatter this path does not reproduce (a test compares the two).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._required = [(field, self.rename_fields.get(field, field)) for field in self._required_fields]
+        self._wants_asctime = "asctime" in self._required_fields
+        self._fast = (
+            not self.defaults
+            and not self.static_fields
+            and not self.timestamp
+            and not self.rename_fields_keep_missing
+            and self.json_indent is None
+            and self.json_ensure_ascii
+            and self.prefix == ""
+            and self.json_serializer is json.dumps
+            and self.json_encoder is JsonEncoder
+            and type(self).process_log_record is _LibraryJsonFormatter.process_log_record
+        )
+        self._time_cache = (-1, "")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        if datefmt or not self.default_msec_format:
+            return super().formatTime(record, datefmt)
+        # logging's text, with the strftime done once per second (one tuple: thread-safe)
+        second = int(record.created)
+        cached = self._time_cache
+        if cached[0] != second:
+            cached = (second, time.strftime(self.default_time_format, self.converter(record.created)))
+            self._time_cache = cached
+        return self.default_msec_format % (cached[1], record.msecs)
+
+    def format(self, record: logging.LogRecord) -> str:
+        if (
+            not self._fast
+            or record.exc_info
+            or record.exc_text
+            or record.stack_info
+            or isinstance(record.msg, dict)
+        ):
+            return super().format(record)
+        record.message = record.getMessage()
+        if self._wants_asctime:
+            record.asctime = self.formatTime(record, self.datefmt)
+        fields = record.__dict__
+        data = {name: fields.get(field) for field, name in self._required}
+        skip, rename = self._skip_fields, self.rename_fields
+        data.update(
+            {
+                rename.get(key, key): value
+                for key, value in fields.items()
+                if key not in skip and not (isinstance(key, str) and key.startswith("_"))
+            }
+        )
+        try:
+            return json.dumps(data)
+        except (TypeError, ValueError):  # a value only the library's encoder can write
+            return self.jsonify_log_record(data)
+
+
 def logging_config(level: str = "INFO") -> dict[str, Any]:
     handler = {
         "class": "logging.StreamHandler",
@@ -40,7 +113,7 @@ def logging_config(level: str = "INFO") -> dict[str, Any]:
         "filters": {"request_id": {"()": "token_service.logs.RequestIdFilter"}},
         "formatters": {
             "json": {
-                "()": "pythonjsonlogger.json.JsonFormatter",
+                "()": "token_service.logs.JsonFormatter",
                 "fmt": JSON_FORMAT,
                 "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
             }

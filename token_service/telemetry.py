@@ -38,43 +38,54 @@ def _route() -> str:
 
 # Labelled children looked up once per (method, route, status), not on every request.
 @cache
-def _requests(method: str, route: str, status: int) -> Any:
-    return REQUESTS.labels(method, route, str(status))
+def _children(method: str, route: str, status: int) -> tuple[Any, Any]:
+    return REQUESTS.labels(method, route, str(status)), LATENCY.labels(method, route)
 
 
-@cache
-def _latency(method: str, route: str) -> Any:
-    return LATENCY.labels(method, route)
+# Where the access records say they come from (they are made here, not by Logger.info,
+# which would walk the stack to find out for every request).
+_ACCESS_SOURCE = (__file__, 0)
 
 
 def _start() -> None:
-    g.started = time.perf_counter()
+    context = g._get_current_object()
+    context.started = time.perf_counter()
     offered = request.headers.get(REQUEST_ID_HEADER, "")
-    g.request_id = offered if _SANE_REQUEST_ID.match(offered) else secrets.token_hex(16)
+    context.request_id = offered if _SANE_REQUEST_ID.match(offered) else secrets.token_hex(16)
 
 
 def _finish(response: Response) -> Response:
-    duration = time.perf_counter() - g.get("started", time.perf_counter())
-    route = _route()
+    now = time.perf_counter()
+    # one look-up each through Flask's context-local proxies, not one per attribute
+    context = g._get_current_object()
+    current = request._get_current_object()  # type: ignore[attr-defined]
+    duration = now - context.get("started", now)
+    rule = current.url_rule
+    route = rule.rule if rule is not None else UNMATCHED
     # the method is the client's word: keep the label (and the caches) bounded
-    method = request.method if request.method in _METHODS else "other"
-    _requests(method, route, response.status_code).inc()
-    _latency(method, route).observe(duration)
-    rid = g.get("request_id") or secrets.token_hex(16)
+    method = current.method if current.method in _METHODS else "other"
+    status = response.status_code
+    requests, latency = _children(method, route, status)
+    requests.inc()
+    latency.observe(duration)
+    rid = context.get("request_id") or secrets.token_hex(16)
     response.headers[REQUEST_ID_HEADER] = rid
     if access_log.isEnabledFor(logging.INFO):
         fields = {
             "request_id": rid,
             "method": method,
             "route": route,
-            "status": response.status_code,
+            "status": status,
             "duration_ms": round(duration * 1000, 3),
-            "client": request.remote_addr,
+            "client": current.remote_addr,
         }
-        token_ref = g.get("token_ref")
+        token_ref = context.get("token_ref")
         if token_ref:
             fields["token_ref"] = token_ref
-        access_log.info("request", extra=fields)
+        record = access_log.makeRecord(
+            access_log.name, logging.INFO, *_ACCESS_SOURCE, "request", (), None, extra=fields
+        )
+        access_log.handle(record)
     return response
 
 

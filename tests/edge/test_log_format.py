@@ -1,0 +1,168 @@
+"""The fast JSON formatter writes exactly what python-json-logger writes."""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import logging
+import sys
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pythonjsonlogger.json import JsonFormatter as LibraryJsonFormatter
+
+from token_service.logs import JSON_FORMAT, JsonFormatter, logging_config
+
+OPTIONS = logging_config()["formatters"]["json"]
+
+
+def formatters(**options: Any) -> tuple[logging.Formatter, logging.Formatter]:
+    kwargs = {"fmt": OPTIONS["fmt"], "rename_fields": OPTIONS["rename_fields"], **options}
+    return JsonFormatter(**kwargs), LibraryJsonFormatter(**kwargs)
+
+
+def record(msg: Any = "request", args: Any = (), exc_info: Any = None, **extra: Any) -> logging.LogRecord:
+    logger = logging.getLogger("token_service.access")
+    return logger.makeRecord(logger.name, logging.INFO, __file__, 1, msg, args, exc_info, extra=extra)
+
+
+class Colour(enum.Enum):
+    RED = "red"
+
+
+class Level(enum.StrEnum):
+    HIGH = "high"
+
+
+def test_the_service_config_uses_this_formatter() -> None:
+    assert OPTIONS["()"] == "token_service.logs.JsonFormatter"
+    assert OPTIONS["fmt"] == JSON_FORMAT
+
+
+ACCESS = {
+    "request_id": "r" * 32,
+    "method": "POST",
+    "route": "/token/generate",
+    "status": 201,
+    "duration_ms": 1.234,
+    "client": "127.0.0.1",
+}
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: record(**ACCESS),
+        lambda: record(**ACCESS, token_ref="abcdefgh"),
+        lambda: record("worker %s booted: %d", ("w1", 42)),
+        lambda: record(**{"é": "ü ☃ \x1f\"'", "none": None, "flag": True, "nan": float("nan")}),
+        lambda: record(when=datetime.datetime(2026, 1, 2, 3, 4, 5)),  # the library's encoder
+        lambda: record(colour=Colour.RED, level=Level.HIGH, raw=b"\x00"),
+        lambda: record({"a dict": "message"}),
+        lambda: record(nested={"list": [1, 2.5, "x"], "n": None}),
+    ],
+)
+def test_same_line_as_python_json_logger(make: Any) -> None:
+    fast, library = formatters()
+    one = make()
+    two = logging.makeLogRecord(dict(one.__dict__))
+    assert fast.format(one) == library.format(two)
+
+
+def test_same_line_with_an_exception_and_a_stack() -> None:
+    fast, library = formatters()
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        info = sys.exc_info()
+    one = record("failed", exc_info=info, request_id="x")
+    two = record("failed", exc_info=info, request_id="x")
+    two.created, two.msecs = one.created, one.msecs
+    assert fast.format(one) == library.format(two)
+    one.exc_info = two.exc_info = None
+    one.exc_text = two.exc_text = None
+    one.stack_info = two.stack_info = "Stack (most recent call last):\n  here"
+    assert fast.format(one) == library.format(two)
+
+
+SHARED = formatters()
+
+
+@given(
+    st.dictionaries(
+        st.text(min_size=1).filter(lambda k: k not in logging.LogRecord("", 0, "", 0, "", (), None).__dict__),
+        st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text()),
+        max_size=6,
+    ),
+    st.floats(min_value=0, max_value=4e9),
+)
+def test_same_line_for_any_plain_extra(extra: dict[str, Any], created: float) -> None:
+    fast, library = SHARED  # one pair across examples: the time cache sees many seconds
+    one = record(**{k: v for k, v in extra.items() if k not in ("message", "asctime")})
+    one.created, one.msecs = created, (created - int(created)) * 1000
+    two = logging.makeLogRecord(dict(one.__dict__))
+    assert fast.format(one) == library.format(two)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"json_indent": 2},
+        {"json_ensure_ascii": False},
+        {"static_fields": {"service": "token-service"}},
+        {"timestamp": True},
+        {"datefmt": "%H:%M"},
+        {"prefix": "> "},
+    ],
+)
+def test_other_configurations_take_the_library_path(options: dict[str, Any]) -> None:
+    fast, library = formatters(**options)
+    one = record(**ACCESS, text="ü")
+    two = logging.makeLogRecord(dict(one.__dict__))
+    assert fast.format(one) == library.format(two)
+
+
+@pytest.fixture
+def restore_logging() -> Any:
+    """gunicorn's logger applies its logconfig_dict to the process: put everything back."""
+    names = ["", "gunicorn.error", "gunicorn.access"]
+    saved = [
+        (lg, lg.level, list(lg.handlers), lg.propagate, lg.disabled)
+        for lg in (logging.getLogger(name) for name in names)
+    ]
+    yield
+    for lg, level, handlers, propagate, disabled in saved:
+        lg.setLevel(level)
+        lg.handlers[:] = handlers
+        lg.propagate, lg.disabled = propagate, disabled
+
+
+def test_gunicorn_builds_no_access_fields_nobody_writes(restore_logging: Any) -> None:
+    from gunicorn.config import Config
+
+    from token_service.gunicorn_logger import GunicornLogger
+
+    class Counting(GunicornLogger):  # type: ignore[misc]
+        built = 0
+
+        def atoms(self, *args: Any) -> dict[str, Any]:
+            Counting.built += 1
+            return {}
+
+    cfg = Config()
+    cfg.set("logconfig_dict", logging_config())
+    logger = Counting(cfg)
+    assert not logger.access_log_enabled
+    logger.access(None, None, {}, None)
+    assert Counting.built == 0
+
+    # a config that does write gunicorn's access lines gets them, built as before
+    enabled = logging_config()
+    enabled["loggers"]["gunicorn.access"] = {"level": "INFO", "handlers": [], "propagate": False}
+    cfg.set("logconfig_dict", enabled)
+    logger = Counting(cfg)
+    assert logger.access_log_enabled
+    logger.access(None, None, {}, None)
+    assert Counting.built == 1
