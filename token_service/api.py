@@ -48,7 +48,8 @@ def _json_body() -> dict[str, Any]:
         )
     raw = request.get_data(cache=False)  # raises 413 past MAX_CONTENT_LENGTH
     try:
-        body = json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float)
+        # json.loads(raw, parse_constant=..., parse_float=...) without a new decoder per request
+        body = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
     except (ValueError, UnicodeDecodeError):
         raise InvalidRequest("The body is not valid JSON.", {"body": ["Malformed JSON."]}) from None
     except RecursionError:  # [[[[...: nested deeper than Python's parser goes, within the size limit
@@ -68,6 +69,9 @@ def _finite_float(text: str) -> float:
     if math.isinf(value):  # 1e400 is valid JSON but no float: refuse rather than store Infinity
         raise ValueError("number out of range")
     return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 
 
 def _load(schema: Schema, body: dict[str, Any]) -> dict[str, Any]:

@@ -22,8 +22,12 @@ log = logging.getLogger(__name__)
 _NO_STORE = {"Cache-Control": "no-store"}
 
 
+# One encoder for every reply: json.dumps with options builds a new one per call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return json_text_response(json.dumps(body, separators=(",", ":")), status, headers)
+    return json_text_response(_ENCODER.encode(body), status, headers)
 
 
 def json_text_response(payload: str, status: int = 200, headers: dict[str, str] | None = None) -> Response:
