@@ -256,3 +256,48 @@ def test_simultaneous_repeats_run_the_request_once(redis_client: Any) -> None:
             assert answer.get_data() == fresh[0].get_data()
         else:
             assert answer.status_code == 409
+
+
+def test_a_key_without_a_client_identity_is_refused(redis_client: Any) -> None:
+    app = orders_app(redis_client)
+    anonymous = {"Idempotency-Key": KEY}
+    for _ in range(2):
+        response = app.test_client().post("/orders", json={"item": "book"}, headers=anonymous)
+        assert response.status_code == 400
+        assert response.mimetype == "application/problem+json"
+        assert response.get_json()["code"] == "idempotency_identity_required"
+    assert app.config["runs"] == []  # never shared between unidentified clients
+    assert app.test_client().post("/orders", json={"item": "book"}).status_code == 400  # no key either
+
+
+def test_an_explicit_identity_decides_who_shares_keys(redis_client: Any) -> None:
+    app = orders_app(redis_client, identity=lambda environ: environ.get("HTTP_X_USER"))
+    first = app.test_client().post("/orders", json={"n": 1}, headers={"Idempotency-Key": KEY, "X-User": "u1"})
+    again = app.test_client().post(
+        "/orders",
+        json={"n": 1},
+        headers={"Idempotency-Key": KEY, "X-User": "u1", "Authorization": "Bearer new"},
+    )
+    assert (first.status_code, again.status_code) == (201, 201)
+    assert again.headers["Idempotent-Replayed"] == "true"  # a refreshed credential keeps the namespace
+    nobody = app.test_client().post("/orders", json={"n": 1}, headers={"Idempotency-Key": KEY})
+    assert nobody.status_code == 400
+    assert len(app.config["runs"]) == 1
+
+
+@pytest.mark.parametrize("option", ["lock_seconds", "ttl_seconds"])
+@pytest.mark.parametrize("value", [0.5, 0, -1, True, "60"])
+def test_lock_and_ttl_must_be_positive_whole_seconds(redis_client: Any, option: str, value: Any) -> None:
+    with pytest.raises(ValueError, match=option):
+        orders_app(redis_client, **{option: value})
+
+
+def test_a_record_the_store_refuses_is_problem_json_not_500(redis_client: Any) -> None:
+    app = orders_app(redis_client)
+    record = IdempotencyStore(redis_client).key("Bearer alice", KEY.strip('"'))
+    redis_client.set(record, b"not a record")
+    response = post(app, {"item": "book"})
+    assert response.status_code == 503
+    assert response.mimetype == "application/problem+json"
+    assert response.get_json()["code"] == "store_unavailable"
+    assert app.config["runs"] == []

@@ -7,8 +7,14 @@
 For the unsafe methods (POST and PATCH by default) the client sends a key of
 its choosing, ``Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"``.
 The key is namespaced per client identity (``identity(environ)``, by default
-the ``Authorization`` header), and the request is fingerprinted (method,
-path, query string, body). Then:
+the ``Authorization`` header, else ``REMOTE_USER``), and the request is
+fingerprinted (method, path, query string, body). A request with a key but no
+identity (``identity`` returns ``""`` or ``None``) gets 400
+``idempotency_identity_required`` and does not run: anonymous clients would all
+share one namespace and could be handed each other's responses. Pass your own
+``identity`` to key on a stable principal (the user id behind an OAuth token:
+the raw header changes when the token is refreshed), or return a constant on
+purpose to share keys between anonymous clients. Then:
 
 - the first request with a key runs, and its response (status, headers,
   body) is stored for ``ttl_seconds``;
@@ -19,7 +25,12 @@ path, query string, body). Then:
 - no key gets 400 when ``required`` (else the request just runs);
 - a 5xx response or an exception is not stored: the key is freed for a retry.
 
-Redis failures answer 503 (fail closed: the request does not run unguarded).
+Redis failures answer 503 (fail closed: the request does not run unguarded),
+and so does a record the store refuses (e.g. the key holds something else).
+
+The lock is not extended while the app runs: a request that takes longer than
+``lock_seconds`` lets a concurrent repeat run too (its own response is then not
+stored). Set ``lock_seconds`` above your slowest request.
 Everything is one Lua script per step (:mod:`token_service.idempotency_store`).
 No Flask needed.
 """
@@ -32,7 +43,7 @@ import secrets
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from token_service.errors import InvalidRequest, PayloadTooLarge, ServiceUnavailable
+from token_service.errors import InvalidRequest, PayloadTooLarge, ServiceUnavailable, TokenError
 from token_service.idempotency_store import (
     Claimed,
     IdempotencyStore,
@@ -70,7 +81,7 @@ Answer = tuple[int, list[tuple[str, str]], bytes]
 
 
 def default_identity(environ: WSGIEnvironment) -> str:
-    """Who the client is: its credentials (hashed into the record key, never stored)."""
+    """Who the client is: its credentials (hashed into the record key, never stored); "" if unknown."""
     return str(environ.get("HTTP_AUTHORIZATION") or environ.get("REMOTE_USER") or "")
 
 
@@ -105,13 +116,16 @@ class IdempotencyMiddleware:
         methods: Iterable[str] = ("POST", "PATCH"),
         required: bool = True,
         applies: Callable[[WSGIEnvironment], bool] | None = None,
-        identity: Callable[[WSGIEnvironment], str] = default_identity,
+        identity: Callable[[WSGIEnvironment], str | None] = default_identity,
         ttl_seconds: int = 86400,
         lock_seconds: int = 60,
         max_body_bytes: int = 1024 * 1024,
         max_stored_bytes: int = 256 * 1024,
         key_prefix: str = "ts:",
     ) -> None:
+        for name, value in (("ttl_seconds", ttl_seconds), ("lock_seconds", lock_seconds)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive whole number of seconds, not {value!r}")
         self.app = app
         self.store = (
             store if isinstance(store, IdempotencyStore) else IdempotencyStore(store, key_prefix=key_prefix)
@@ -165,12 +179,32 @@ class IdempotencyMiddleware:
             environ.get("QUERY_STRING", ""),
             body,
         )
-        record = self.store.key(self.identity(environ), key)
+        identity = self.identity(environ)
+        if not identity:
+            return self._answer(
+                start_response,
+                problem(
+                    400,
+                    "idempotency_identity_required",
+                    "Unidentified client",
+                    f"An {self.header} is kept per client: send the request with your credentials.",
+                ),
+            )
+        record = self.store.key(identity, key)
         owner = secrets.token_urlsafe(12)
         try:
             claim = self.store.begin(record, fingerprint, owner, self.lock_seconds)
         except ServiceUnavailable as exc:
             return self._problem(start_response, exc)
+        except (TokenError, ValueError, KeyError, TypeError) as exc:
+            # the store refused the record (not an idempotency record, unreadable): fail closed
+            log.error("the idempotency store refused a request: %s", exc)
+            return self._problem(
+                start_response,
+                ServiceUnavailable(
+                    "The idempotency store could not handle this key; the request did not run."
+                ),
+            )
         if isinstance(claim, StoredResponse):
             headers = [*claim.headers, (REPLAYED_HEADER, "true")]
             start_response(_status_line(claim.status), headers)
@@ -250,7 +284,7 @@ class IdempotencyMiddleware:
             stored = self.store.store(
                 record, fingerprint, owner, StoredResponse(status, kept, content), self.ttl_seconds
             )
-        except ServiceUnavailable as exc:
+        except TokenError as exc:
             log.error("could not store an idempotent response: %s", exc)
             return
         if not stored:
@@ -261,7 +295,7 @@ class IdempotencyMiddleware:
     def _release(self, record: str, fingerprint: str, owner: str) -> None:
         try:
             self.store.release(record, fingerprint, owner)
-        except ServiceUnavailable as exc:
+        except TokenError as exc:
             # the claim runs out by itself after lock_seconds
             log.error("could not free an Idempotency-Key: %s", exc)
 
