@@ -63,9 +63,10 @@ local function mismatch(fields, scope, subject, fingerprint)
   return nil
 end
 
+-- Decimal digits only ("1e3", "0x10", "inf", "5.0" are refused), at most 15 of them
+-- so the value is exact in Lua's doubles and can be handed to PX as it is.
 local function positive_int(arg)
-  local n = tonumber(arg)
-  return n ~= nil and n >= 1 and n == math.floor(n)
+  return type(arg) == 'string' and #arg <= 15 and string.match(arg, '^[1-9]%d*$') ~= nil
 end
 
 local function bad(message)

@@ -201,14 +201,14 @@ def make_blueprint(settings: Settings, store: TokenStore) -> Blueprint:
     @bp.post("/token/complete")
     def complete() -> Response:
         data = _load(complete_schema, _json_body())
-        _check_payload_size("result", data["result"], settings.max_result_bytes)
+        records.check_payload("result", data["result"], settings.max_result_bytes)
         outcome = store.complete(_token(data), data["lease_id"], data["result"])
         return json_response({"outcome": "succeeded", "replayed": outcome.replayed})
 
     @bp.post("/token/fail")
     def fail() -> Response:
         data = _load(fail_schema, _json_body())
-        _check_payload_size("error", data["error"], settings.max_result_bytes)
+        records.check_payload("error", data["error"], settings.max_result_bytes)
         outcome = store.fail(_token(data), data["lease_id"], retryable=data["retryable"], error=data["error"])
         return json_response({"outcome": outcome.outcome, "replayed": outcome.replayed})
 
@@ -238,10 +238,3 @@ def make_blueprint(settings: Settings, store: TokenStore) -> Blueprint:
         return json_response({"outcome": "revoked"})
 
     return bp
-
-
-def _check_payload_size(name: str, value: Any, max_bytes: int) -> None:
-    if len(records.dump_json(value)) > max_bytes:
-        raise InvalidRequest(
-            f"The {name} is too large to store.", {name: [f"At most {max_bytes} bytes of JSON."]}
-        )

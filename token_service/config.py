@@ -17,6 +17,8 @@ from typing import Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
 PREFIX = "TOKEN_SERVICE_"
+_DAY_SECONDS = 86400
+_YEAR_SECONDS = 365 * _DAY_SECONDS
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}\Z")
 _RATE = re.compile(r"(\d+)\s*/\s*(second|minute|hour|day)\Z")
 _PERIOD_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
@@ -236,11 +238,12 @@ class Settings:
 
     redis_url: str = field(default="", metadata={"parse": _redis_url})
     api_keys: tuple[str, ...] = field(default=(), metadata={"parse": _api_key_digests, "secret": True})
-    default_ttl_seconds: int = field(default=300, metadata={"parse": _int(1)})
-    max_ttl_seconds: int = field(default=86400, metadata={"parse": _int(1)})
-    result_ttl_seconds: int = field(default=86400, metadata={"parse": _int(1)})
-    default_lease_seconds: int = field(default=30, metadata={"parse": _int(1)})
-    max_lease_seconds: int = field(default=3600, metadata={"parse": _int(1)})
+    # Upper bounds keep every expiry a date Python can print and an exact integer in Lua.
+    default_ttl_seconds: int = field(default=300, metadata={"parse": _int(1, _YEAR_SECONDS)})
+    max_ttl_seconds: int = field(default=86400, metadata={"parse": _int(1, _YEAR_SECONDS)})
+    result_ttl_seconds: int = field(default=86400, metadata={"parse": _int(1, _YEAR_SECONDS)})
+    default_lease_seconds: int = field(default=30, metadata={"parse": _int(1, _DAY_SECONDS)})
+    max_lease_seconds: int = field(default=3600, metadata={"parse": _int(1, _DAY_SECONDS)})
     key_prefix: str = field(default="ts:", metadata={"parse": _key_prefix})
     cors_origins: tuple[str, ...] = field(default=(), metadata={"parse": _origins})
     subject_header: str | None = field(default=None, metadata={"parse": _header_name})

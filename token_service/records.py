@@ -82,8 +82,53 @@ def opt(value: str | None) -> str:
 
 
 def dump_json(value: Any) -> str:
-    # compact and ASCII-only: the record stays small and \31 can never appear raw
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=True)
+    # compact and ASCII-only: the record stays small and \31 can never appear raw;
+    # no NaN/Infinity: stored, they would make every later reply invalid JSON
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+MAX_PAYLOAD_DEPTH = 64
+
+
+def check_payload(name: str, value: Any, max_bytes: int) -> None:
+    """Refuse a result/error that cannot be stored: not JSON, nested too deeply, or too large.
+
+    Shared by the API and the SDK's direct transport, so both refuse the same values
+    with the same 400 before anything is written. The depth is capped explicitly:
+    whether json.dumps hits Python's recursion limit depends on how deep the caller's
+    stack already is, so "it serialized once" proves nothing for the next call.
+    """
+    if _nested_deeper_than(value, MAX_PAYLOAD_DEPTH):
+        raise InvalidRequest(
+            f"The {name} is nested too deeply.", {name: [f"At most {MAX_PAYLOAD_DEPTH} levels of nesting."]}
+        )
+    try:
+        size = len(dump_json(value))
+    except (TypeError, ValueError):
+        raise InvalidRequest(
+            f"The {name} is not JSON.", {name: ["Must be JSON (no NaN or Infinity)."]}
+        ) from None
+    if size > max_bytes:
+        raise InvalidRequest(
+            f"The {name} is too large to store.", {name: [f"At most {max_bytes} bytes of JSON."]}
+        )
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    # iterative: a recursive walk would itself hit the recursion limit it guards against
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, dict):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth > limit:
+            return True
+        pending.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _load_json(raw: Any) -> Any:

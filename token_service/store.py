@@ -48,8 +48,9 @@ _UNAVAILABLE: tuple[type[Exception], ...] = (
     redis_errors.SlotNotCoveredError,
 )
 # Refusals redis-py has no exception class for (OOM, LOADING, READONLY and CLUSTERDOWN
-# arrive as the classes above): a failed RDB save, too few replicas. Fail closed.
-_UNAVAILABLE_REPLY_PREFIXES = ("MISCONF ", "NOREPLICAS ")
+# arrive as the classes above): a failed RDB save, too few replicas, a script
+# running past lua-time-limit. Fail closed.
+_UNAVAILABLE_REPLY_PREFIXES = ("MISCONF ", "NOREPLICAS ", "BUSY ")
 
 
 def lua_dir() -> Path:
@@ -91,6 +92,9 @@ def admit_issue_source() -> str:
             helpers,
             (directory / "issue.lua").read_text(encoding="utf-8"),
             "end",
+            # a dry run without keys: issue's argument checks, before admit charges anything
+            "local checked = issue_script({}, {ARGV[7], ARGV[8], ARGV[9], ARGV[10]})",
+            "if checked[1] ~= 'issued' then return checked end",
             "local admitted = admit_script({KEYS[1]},",
             "  {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]})",
             "if admitted[1] ~= 'admitted' then return admitted end",

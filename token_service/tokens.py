@@ -28,7 +28,9 @@ _KEY_DIGEST_BYTES = 16
 # characters: the Redis record separates its fields with \x1f.
 SCOPE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,63}\Z")
 SCOPE_RULE = "1-64 chars of A-Za-z0-9._:- starting with a letter or digit"
-NO_CONTROL_RE = re.compile(r"[^\x00-\x1f\x7f]*\Z")
+# Lone surrogates (possible in JSON as "\\ud800") are no text either: they cannot be
+# encoded for Redis, so they are refused with the control characters.
+NO_CONTROL_RE = re.compile(r"[^\x00-\x1f\x7f\ud800-\udfff]*\Z")
 
 
 def new_token() -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from token_service.errors import InvalidRequest, TokenInvalid
-from token_service.records import dump_json
+from token_service.records import check_payload
 from token_service.tokens import NO_CONTROL_RE, SCOPE_RE, SCOPE_RULE, is_well_formed
 
 
@@ -51,12 +51,5 @@ def token(value: Any) -> str:
 
 
 def payload(name: str, value: Any, max_bytes: int) -> Any:
-    try:
-        size = len(dump_json(value))
-    except (TypeError, ValueError):
-        raise InvalidRequest(f"The {name} is not JSON.", {name: ["Must be JSON-serializable."]}) from None
-    if size > max_bytes:
-        raise InvalidRequest(
-            f"The {name} is too large to store.", {name: [f"At most {max_bytes} bytes of JSON."]}
-        )
+    check_payload(name, value, max_bytes)
     return value
