@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+from functools import cache
 from typing import Any
 
 from flask import Blueprint, Response, g, has_request_context
@@ -34,7 +35,7 @@ from token_service import records
 from token_service.errors import RateLimited, TokenError
 from token_service.limits import IssuanceLimits, OutstandingCapReached
 from token_service.store import IssueRequest, TokenStore
-from token_service.tokens import token_digest
+from token_service.tokens import digest_key, token_digest
 
 MAX_SCOPES = 50
 OTHER_SCOPE = "_other"
@@ -81,10 +82,27 @@ class ScopeLabels:
         return OTHER_SCOPE
 
 
-def note_token(token: str) -> None:
+def note_token(token: str, digest: str | None = None) -> None:
     """Remember a short digest prefix of the request's token for the access log."""
     if has_request_context():
-        g.token_ref = token_digest(token)[:TOKEN_REF_CHARS]
+        g.token_ref = (digest or token_digest(token))[:TOKEN_REF_CHARS]
+
+
+# Labelled children, looked up once: every label value here is bounded (operations,
+# SPEC's codes, scopes through ScopeLabels), so are these caches.
+@cache
+def _outcomes(operation: str, code: str, scope: str) -> Any:
+    return OUTCOMES.labels(operation, code, scope)
+
+
+@cache
+def _issued(scope: str) -> Any:
+    return TOKENS_ISSUED.labels(scope)
+
+
+@cache
+def _replays(operation: str) -> Any:
+    return REPLAYS.labels(operation)
 
 
 class MeteredStore(TokenStore):
@@ -93,9 +111,20 @@ class MeteredStore(TokenStore):
     def __init__(self, client: Any, **options: Any) -> None:
         super().__init__(client, **options)
         self.scopes = ScopeLabels()
+        # the last token noted and its key: the store's key() reuses the digest just made
+        self._noted: tuple[str | None, str] = (None, "")
+
+    def _note(self, token: str) -> None:
+        digest = token_digest(token)
+        self._noted = (token, digest_key(self.key_prefix, digest))  # one tuple: thread-safe
+        note_token(token, digest)
+
+    def key(self, token: str) -> str:
+        noted = self._noted
+        return noted[1] if noted[0] is token else super().key(token)
 
     def _outcome(self, operation: str, code: str, scope: str | None) -> None:
-        OUTCOMES.labels(operation, code, self.scopes(scope) if scope else "").inc()
+        _outcomes(operation, code, self.scopes(scope) if scope else "").inc()
 
     def _measured(self, operation: str, scope: str | None, call: Any) -> Any:
         try:
@@ -114,7 +143,7 @@ class MeteredStore(TokenStore):
 
     def issue(self, request: IssueRequest, count: int = 1) -> list[str]:
         tokens = super().issue(request, count)
-        TOKENS_ISSUED.labels(self.scopes(request.scope)).inc(len(tokens))
+        _issued(self.scopes(request.scope)).inc(len(tokens))
         return tokens
 
     def admit_and_issue(
@@ -127,7 +156,7 @@ class MeteredStore(TokenStore):
         except RateLimited as refused:
             RATE_LIMITED.labels("outstanding" if isinstance(refused, OutstandingCapReached) else "rate").inc()
             raise
-        TOKENS_ISSUED.labels(self.scopes(request.scope)).inc(len(tokens))
+        _issued(self.scopes(request.scope)).inc(len(tokens))
         return tokens
 
     def consume(
@@ -138,7 +167,7 @@ class MeteredStore(TokenStore):
         fingerprint: str | None = None,
         request_id: str | None = None,
     ) -> records.Consumed:
-        note_token(token)
+        self._note(token)
         outcome: records.Consumed = self._measured(
             "consume",
             scope,
@@ -146,7 +175,7 @@ class MeteredStore(TokenStore):
         )
         self._outcome("consume", "consumed", scope)
         if outcome.replayed:
-            REPLAYS.labels("consume").inc()
+            _replays("consume").inc()
         return outcome
 
     def begin(
@@ -158,7 +187,7 @@ class MeteredStore(TokenStore):
         request_id: str | None = None,
         lease_seconds: int = 30,
     ) -> records.Started | records.Finished:
-        note_token(token)
+        self._note(token)
         outcome: records.Started | records.Finished = self._measured(
             "begin",
             scope,
@@ -168,25 +197,25 @@ class MeteredStore(TokenStore):
         )
         if isinstance(outcome, records.Finished):
             self._outcome("begin", "succeeded", scope)
-            REPLAYS.labels("begin").inc()
+            _replays("begin").inc()
         else:
             self._outcome("begin", "started", scope)
             if outcome.replayed:
-                REPLAYS.labels("begin").inc()
+                _replays("begin").inc()
         return outcome
 
     def complete(self, token: str, lease_id: str, result: Any) -> records.Completed:
-        note_token(token)
+        self._note(token)
         outcome: records.Completed = self._measured(
             "complete", None, lambda: super(MeteredStore, self).complete(token, lease_id, result)
         )
         self._outcome("complete", "succeeded", None)
         if outcome.replayed:
-            REPLAYS.labels("complete").inc()
+            _replays("complete").inc()
         return outcome
 
     def fail(self, token: str, lease_id: str, *, retryable: bool, error: Any = None) -> records.FailRecorded:
-        note_token(token)
+        self._note(token)
         outcome: records.FailRecorded = self._measured(
             "fail",
             None,
@@ -194,15 +223,15 @@ class MeteredStore(TokenStore):
         )
         self._outcome("fail", outcome.outcome, None)
         if outcome.replayed:
-            REPLAYS.labels("fail").inc()
+            _replays("fail").inc()
         return outcome
 
     def inspect(self, token: str) -> records.Inspection:
-        note_token(token)
+        self._note(token)
         return self._measured("inspect", None, lambda: super(MeteredStore, self).inspect(token))  # type: ignore[no-any-return]
 
     def revoke(self, token: str) -> None:
-        note_token(token)
+        self._note(token)
         self._measured("revoke", None, lambda: super(MeteredStore, self).revoke(token))
         self._outcome("revoke", "revoked", None)
 

@@ -52,4 +52,9 @@ def token_digest(token: str) -> str:
 
 
 def record_key(key_prefix: str, token: str) -> str:
-    return f"{key_prefix}t:{token_digest(token)}"
+    return digest_key(key_prefix, token_digest(token))
+
+
+def digest_key(key_prefix: str, digest: str) -> str:
+    """The record key of the token with this :func:`token_digest`."""
+    return f"{key_prefix}t:{digest}"

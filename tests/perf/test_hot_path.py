@@ -1,0 +1,46 @@
+"""Work the hot path does once, not twice: checked by counting calls, not by timing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.conftest import AUTH
+from token_service import metrics, tokens
+from token_service.store import TokenStore
+
+
+@pytest.fixture
+def digests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every token_digest computed, wherever it is called from."""
+    seen: list[str] = []
+    real = tokens.token_digest
+
+    def counting(token: str) -> str:
+        seen.append(token)
+        return real(token)
+
+    monkeypatch.setattr(tokens, "token_digest", counting)
+    monkeypatch.setattr(metrics, "token_digest", counting)
+    return seen
+
+
+def test_a_consume_digests_its_token_once(client: Any, digests: list[str]) -> None:
+    token = client.post("/token/generate", json={"scope": "pay"}).json["token"]
+    digests.clear()
+    reply = client.post("/token/consume", json={"token": token, "scope": "pay"}, headers=AUTH)
+    assert reply.status_code == 200
+    assert digests == [token]  # the access log's token_ref and the record key share it
+    again = client.post("/token/consume", json={"token": token, "scope": "pay"}, headers=AUTH)
+    assert again.status_code == 409  # the key it used was the token's own
+
+
+def test_the_noted_key_is_only_reused_for_that_token(app: Any) -> None:
+    store = app.extensions["token_service"]["store"]
+    first, second = tokens.new_token(), tokens.new_token()
+    with app.test_request_context():
+        store._note(first)
+        assert store.key(first) == TokenStore.key(store, first)
+        assert store.key(second) == tokens.record_key(store.key_prefix, second)
+        assert store.key(first) != store.key(second)
