@@ -11,7 +11,6 @@ reply means the same thing to the service and to every SDK transport.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -28,7 +27,7 @@ from redis import exceptions as redis_errors
 from token_service import records
 from token_service.errors import ServiceUnavailable
 from token_service.limits import IssuanceLimits, admit_reply
-from token_service.tokens import new_lease_id, new_token, record_key
+from token_service.tokens import new_lease_id, new_request_id, new_token, record_key
 
 SCRIPT_NAMES = ("issue", "consume", "begin", "complete", "fail", "inspect", "revoke", "admit")
 DEFAULT_RESULT_TTL_SECONDS = 86400
@@ -314,9 +313,7 @@ class TokenStore(_StoreBase):
         fingerprint: str | None = None,
         request_id: str | None = None,
     ) -> records.Consumed:
-        args = records.consume_args(
-            scope, subject, fingerprint, request_id or secrets.token_hex(16), self._now()
-        )
+        args = records.consume_args(scope, subject, fingerprint, request_id or new_request_id(), self._now())
         return records.consume_reply(self._run("consume", token, args))
 
     def begin(
@@ -332,7 +329,7 @@ class TokenStore(_StoreBase):
             scope,
             subject,
             fingerprint,
-            request_id or secrets.token_hex(16),
+            request_id or new_request_id(),
             lease_seconds,
             new_lease_id(),
             self._now(),
@@ -433,9 +430,7 @@ class AsyncTokenStore(_StoreBase):
         fingerprint: str | None = None,
         request_id: str | None = None,
     ) -> records.Consumed:
-        args = records.consume_args(
-            scope, subject, fingerprint, request_id or secrets.token_hex(16), self._now()
-        )
+        args = records.consume_args(scope, subject, fingerprint, request_id or new_request_id(), self._now())
         return records.consume_reply(await self._run("consume", token, args))
 
     async def begin(
@@ -451,7 +446,7 @@ class AsyncTokenStore(_StoreBase):
             scope,
             subject,
             fingerprint,
-            request_id or secrets.token_hex(16),
+            request_id or new_request_id(),
             lease_seconds,
             new_lease_id(),
             self._now(),

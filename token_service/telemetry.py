@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import re
-import secrets
 import time
 from functools import cache
 from typing import Any
@@ -22,6 +21,7 @@ from flask import Flask, Response, g, request
 from token_service.errors import ServiceUnavailable
 from token_service.metrics import LATENCY, REDIS_ERRORS, REQUESTS
 from token_service.responses import problem_for
+from token_service.tokens import new_request_id
 
 REQUEST_ID_HEADER = "X-Request-ID"
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
@@ -51,7 +51,7 @@ def _start() -> None:
     context = g._get_current_object()
     context.started = time.perf_counter()
     offered = request.headers.get(REQUEST_ID_HEADER, "")
-    context.request_id = offered if _SANE_REQUEST_ID.match(offered) else secrets.token_hex(16)
+    context.request_id = offered if _SANE_REQUEST_ID.match(offered) else new_request_id()
 
 
 def _finish(response: Response) -> Response:
@@ -68,7 +68,7 @@ def _finish(response: Response) -> Response:
     requests, latency = _children(method, route, status)
     requests.inc()
     latency.observe(duration)
-    rid = context.get("request_id") or secrets.token_hex(16)
+    rid = context.get("request_id") or new_request_id()
     response.headers[REQUEST_ID_HEADER] = rid
     if access_log.isEnabledFor(logging.INFO):
         fields = {

@@ -29,8 +29,9 @@ from token_service.errors import (
     TokenUsed,
     Unauthorized,
 )
+from token_service.tokens import new_request_id
 
-from ._client import AsyncTokenClient, TokenClient, new_request_id
+from ._client import AsyncTokenClient, TokenClient
 from ._direct import DirectLimits
 from ._types import (
     Completed,

@@ -11,7 +11,6 @@ recognise a retry of the request that already won and answer it as a win
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
@@ -21,6 +20,7 @@ import redis.asyncio
 
 from token_service.errors import ServiceUnavailable, TokenInvalid
 from token_service.store import DEFAULT_RESULT_TTL_SECONDS, AsyncTokenStore, TokenStore
+from token_service.tokens import new_request_id
 
 from ._direct import AsyncDirectTransport, DirectLimits, DirectTransport, redis_from_url
 from ._types import Completed, Consumed, FailRecorded, Finished, IssuedToken, RetryPolicy, Started, TokenInfo
@@ -32,10 +32,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_SECONDS = 5.0
-
-
-def new_request_id() -> str:
-    return secrets.token_hex(16)  # 128 random bits, as uuid4().hex but a quarter of its cost
 
 
 class _Transport(Protocol):

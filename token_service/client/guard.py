@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from token_service.errors import InvalidRequest, PayloadTooLarge, TokenError, TokenInProgress
 from token_service.records import Finished, Started, dump_json
+from token_service.tokens import new_request_id
 
 if TYPE_CHECKING:
     from ._client import AsyncTokenClient, TokenClient
@@ -91,8 +92,6 @@ class _GuardState:
         terminal: Terminal,
         wait_seconds: float,
     ) -> None:
-        from ._client import new_request_id
-
         self.token = token
         self.scope = scope
         self.subject = subject
