@@ -17,6 +17,8 @@ from typing import Any
 from pythonjsonlogger.json import JsonEncoder
 from pythonjsonlogger.json import JsonFormatter as _LibraryJsonFormatter
 
+from token_service import request_context
+
 JSON_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 
@@ -25,10 +27,7 @@ class RequestIdFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not hasattr(record, "request_id"):
-            # imported here: gunicorn's master configures logging without loading Flask
-            from flask import g, has_request_context
-
-            record.request_id = g.get("request_id") if has_request_context() else None
+            record.request_id = request_context.request_id()
         return True
 
 

@@ -21,7 +21,7 @@ import threading
 from functools import cache
 from typing import Any
 
-from flask import Blueprint, Response, g, has_request_context
+from flask import Blueprint, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -31,7 +31,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from token_service import records
+from token_service import records, request_context
 from token_service.errors import RateLimited, TokenError
 from token_service.limits import IssuanceLimits, OutstandingCapReached
 from token_service.store import IssueRequest, TokenStore
@@ -84,8 +84,7 @@ class ScopeLabels:
 
 def note_token(token: str, digest: str | None = None) -> None:
     """Remember a short digest prefix of the request's token for the access log."""
-    if has_request_context():
-        g.token_ref = (digest or token_digest(token))[:TOKEN_REF_CHARS]
+    request_context.note_token_ref((digest or token_digest(token))[:TOKEN_REF_CHARS])
 
 
 # Labelled children, looked up once: every label value here is bounded (operations,

@@ -18,8 +18,10 @@ from typing import Any
 
 from flask import Flask, Response, g, request
 
+from token_service import request_context
 from token_service.errors import ServiceUnavailable
 from token_service.metrics import LATENCY, REDIS_ERRORS, REQUESTS
+from token_service.request_context import RequestInfo
 from token_service.responses import problem_for
 from token_service.tokens import new_request_id
 
@@ -47,11 +49,48 @@ def _children(method: str, route: str, status: int) -> tuple[Any, Any]:
 _ACCESS_SOURCE = (__file__, 0)
 
 
+def open_request(offered_request_id: str | None) -> RequestInfo:
+    """The request's id (the caller's if sane), made current for the logs until ``close_request``."""
+    offered = offered_request_id or ""
+    info = RequestInfo(offered if _SANE_REQUEST_ID.match(offered) else new_request_id())
+    request_context.current.set(info)
+    return info
+
+
+def close_request() -> None:
+    request_context.current.set(None)
+
+
+def record(
+    info: RequestInfo, method: str, route: str, status: int, duration_seconds: float, client: str | None
+) -> None:
+    """Count the request and write its access line (the Flask path and the hot path alike)."""
+    # the method is the client's word: keep the label (and the caches) bounded
+    method = method if method in _METHODS else "other"
+    requests, latency = _children(method, route, status)
+    requests.inc()
+    latency.observe(duration_seconds)
+    if access_log.isEnabledFor(logging.INFO):
+        fields = {
+            "request_id": info.request_id,
+            "method": method,
+            "route": route,
+            "status": status,
+            "duration_ms": round(duration_seconds * 1000, 3),
+            "client": client,
+        }
+        if info.token_ref:
+            fields["token_ref"] = info.token_ref
+        access = access_log.makeRecord(
+            access_log.name, logging.INFO, *_ACCESS_SOURCE, "request", (), None, extra=fields
+        )
+        access_log.handle(access)
+
+
 def _start() -> None:
     context = g._get_current_object()
     context.started = time.perf_counter()
-    offered = request.headers.get(REQUEST_ID_HEADER, "")
-    context.request_id = offered if _SANE_REQUEST_ID.match(offered) else new_request_id()
+    context.request_info = open_request(request.headers.get(REQUEST_ID_HEADER))
 
 
 def _finish(response: Response) -> Response:
@@ -59,34 +98,23 @@ def _finish(response: Response) -> Response:
     # one look-up each through Flask's context-local proxies, not one per attribute
     context = g._get_current_object()
     current = request._get_current_object()  # type: ignore[attr-defined]
-    duration = now - context.get("started", now)
     rule = current.url_rule
-    route = rule.rule if rule is not None else UNMATCHED
-    # the method is the client's word: keep the label (and the caches) bounded
-    method = current.method if current.method in _METHODS else "other"
-    status = response.status_code
-    requests, latency = _children(method, route, status)
-    requests.inc()
-    latency.observe(duration)
-    rid = context.get("request_id") or new_request_id()
-    response.headers[REQUEST_ID_HEADER] = rid
-    if access_log.isEnabledFor(logging.INFO):
-        fields = {
-            "request_id": rid,
-            "method": method,
-            "route": route,
-            "status": status,
-            "duration_ms": round(duration * 1000, 3),
-            "client": current.remote_addr,
-        }
-        token_ref = context.get("token_ref")
-        if token_ref:
-            fields["token_ref"] = token_ref
-        record = access_log.makeRecord(
-            access_log.name, logging.INFO, *_ACCESS_SOURCE, "request", (), None, extra=fields
-        )
-        access_log.handle(record)
+    # a request that failed before _start ran (or whose hooks were skipped) still gets an id
+    info = context.get("request_info") or RequestInfo(new_request_id())
+    response.headers[REQUEST_ID_HEADER] = info.request_id
+    record(
+        info,
+        current.method,
+        rule.rule if rule is not None else UNMATCHED,
+        response.status_code,
+        now - context.get("started", now),
+        current.remote_addr,
+    )
     return response
+
+
+def _teardown(error: BaseException | None) -> None:
+    close_request()
 
 
 def _store_unavailable(error: ServiceUnavailable) -> Response:
@@ -97,5 +125,6 @@ def _store_unavailable(error: ServiceUnavailable) -> Response:
 def install(app: Flask) -> None:
     app.before_request(_start)
     app.after_request(_finish)
+    app.teardown_request(_teardown)
     # More specific than the TokenError handler, so Flask picks this one for 503s.
     app.register_error_handler(ServiceUnavailable, _store_unavailable)

@@ -1,0 +1,34 @@
+"""What the logs know about the request being answered: its id and the token it named.
+
+A context variable rather than Flask's ``g``: the hot path
+(:mod:`token_service.hot_path`) answers requests without Flask's contexts,
+and the log filter runs in gunicorn's master too, where Flask is never
+imported. Each thread (and each asyncio task) sees only its own request.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class RequestInfo:
+    request_id: str
+    # at most TOKEN_REF_CHARS characters of the digest of the request's token, never the token
+    token_ref: str | None = None
+
+
+current: ContextVar[RequestInfo | None] = ContextVar("token_service_request", default=None)
+
+
+def request_id() -> str | None:
+    info = current.get()
+    return info.request_id if info is not None else None
+
+
+def note_token_ref(token_ref: str) -> None:
+    """Remember which token the request named, for its access line (outside a request: nothing)."""
+    info = current.get()
+    if info is not None:
+        info.token_ref = token_ref
