@@ -46,7 +46,11 @@ def _json_body() -> dict[str, Any]:
         raise InvalidRequest(
             "The body must be JSON (Content-Type: application/json).", {"body": ["Not JSON."]}
         )
-    raw = request.get_data(cache=False)  # raises 413 past MAX_CONTENT_LENGTH
+    return parse_json_object(request.get_data(cache=False))  # get_data raises 413 past MAX_CONTENT_LENGTH
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """A request body that must be one JSON object (any UTF encoding), or InvalidRequest."""
     try:
         # json.loads(raw, parse_constant=..., parse_float=...) without a new decoder per request
         body = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
@@ -85,9 +89,9 @@ def _load(schema: Schema, body: dict[str, Any]) -> dict[str, Any]:
         raise InvalidRequest("The request does not match the schema.", errors) from None
 
 
-def _gateway_subject(header: str) -> str | None:
+def _gateway_subject(header: str, value: str | None) -> str | None:
     """The subject the gateway vouches for; held to the body's rules (it lands in the record)."""
-    subject = request.headers.get(header) or None
+    subject = value or None
     if subject is not None and (len(subject) > 128 or not NO_CONTROL_RE.match(subject)):
         raise InvalidRequest(
             f"The {header} header is not a valid subject.",
@@ -103,25 +107,31 @@ def _token(data: dict[str, Any]) -> str:
     return token
 
 
-def make_blueprint(settings: Settings, store: TokenStore) -> Blueprint:
-    bp = Blueprint("tokens", __name__)
-    ttl_limits = {"ttl_seconds": (1, settings.max_ttl_seconds)}
-    generate_schema = GenerateSchema(limits=ttl_limits)
-    batch_schema = GenerateBatchSchema(limits=ttl_limits)
-    consume_schema = ConsumeSchema()
-    begin_schema = BeginSchema(limits={"lease_seconds": (1, settings.max_lease_seconds)})
-    complete_schema = CompleteSchema()
-    fail_schema = FailSchema()
-    token_schema = TokenOnlySchema()
-    limits = IssuanceLimits(settings.rate_limit, settings.max_outstanding_per_subject)
+class HotOperations:
+    """The work of the two hottest routes, from a parsed body to the reply document, without Flask.
 
-    @bp.before_request
-    def authenticate() -> None:
-        if request.endpoint not in FRONTEND_ENDPOINTS:
-            check_service_key(settings.api_keys)
+    The Flask views below and :mod:`token_service.hot_path` (which answers
+    these routes without Flask's request machinery) both call these, so the
+    two paths cannot drift apart in what they check, store or answer.
+    """
 
-    def issue(data: dict[str, Any], count: int) -> tuple[list[str], dict[str, Any]]:
-        """The tokens, and the fields every one of them shares in the reply."""
+    def __init__(self, settings: Settings, store: TokenStore) -> None:
+        self.settings = settings
+        self.store = store
+        self.ttl_limits = {"ttl_seconds": (1, settings.max_ttl_seconds)}
+        self.generate_schema = GenerateSchema(limits=self.ttl_limits)
+        self.consume_schema = ConsumeSchema()
+        self.limits = IssuanceLimits(settings.rate_limit, settings.max_outstanding_per_subject)
+
+    def issue(
+        self, data: dict[str, Any], count: int, gateway_subject: str | None, remote_addr: str | None
+    ) -> tuple[list[str], dict[str, Any]]:
+        """The tokens, and the fields every one of them shares in the reply.
+
+        ``gateway_subject`` is the value of the configured subject header (if
+        any), ``remote_addr`` the client's address (after any trusted proxies).
+        """
+        settings = self.settings
         subject = data["subject"]
         if settings.subject_header:
             # Only a trusted gateway may say whose token it is.
@@ -130,18 +140,18 @@ def make_blueprint(settings: Settings, store: TokenStore) -> Blueprint:
                     "The subject is set by the gateway, not the body.",
                     {"subject": [f"Not allowed: the subject comes from {settings.subject_header}."]},
                 )
-            subject = _gateway_subject(settings.subject_header)
+            subject = _gateway_subject(settings.subject_header, gateway_subject)
         ttl_seconds = data["ttl_seconds"] or settings.default_ttl_seconds
         issue_request = IssueRequest(data["scope"], subject, data["fingerprint"], ttl_seconds)
-        if limits.enabled:
+        if self.limits.enabled:
             # The trusted subject if the gateway set one, else the client address:
             # a body subject is the client's own claim and names nobody.
             trusted = settings.subject_header and subject is not None
-            identity = f"subject:{subject}" if trusted else f"addr:{request.remote_addr}"
+            identity = f"subject:{subject}" if trusted else f"addr:{remote_addr}"
             key = client_key(settings.key_prefix, identity)
-            tokens = store.admit_and_issue(key, limits, issue_request, count)
+            tokens = self.store.admit_and_issue(key, self.limits, issue_request, count)
         else:
-            tokens = store.issue(issue_request, count)
+            tokens = self.store.issue(issue_request, count)
         shared = {
             "scope": issue_request.scope,
             "subject": subject,
@@ -151,16 +161,45 @@ def make_blueprint(settings: Settings, store: TokenStore) -> Blueprint:
         }
         return tokens, shared
 
+    def generate(
+        self, body: dict[str, Any], gateway_subject: str | None, remote_addr: str | None
+    ) -> dict[str, Any]:
+        tokens, shared = self.issue(_load(self.generate_schema, body), 1, gateway_subject, remote_addr)
+        return {"token": tokens[0], **shared}
+
+    def consume(self, body: dict[str, Any]) -> dict[str, Any]:
+        data = _load(self.consume_schema, body)
+        outcome = self.store.consume(
+            _token(data), data["scope"], data["subject"], data["fingerprint"], data["request_id"]
+        )
+        return {"outcome": "consumed", "replayed": outcome.replayed}
+
+
+def make_blueprint(settings: Settings, store: TokenStore, hot: HotOperations) -> Blueprint:
+    bp = Blueprint("tokens", __name__)
+    batch_schema = GenerateBatchSchema(limits=hot.ttl_limits)
+    begin_schema = BeginSchema(limits={"lease_seconds": (1, settings.max_lease_seconds)})
+    complete_schema = CompleteSchema()
+    fail_schema = FailSchema()
+    token_schema = TokenOnlySchema()
+    subject_header = settings.subject_header
+
+    @bp.before_request
+    def authenticate() -> None:
+        if request.endpoint not in FRONTEND_ENDPOINTS:
+            check_service_key(settings.api_keys, request.headers.get("Authorization"))
+
+    def gateway_subject() -> str | None:
+        return request.headers.get(subject_header) if subject_header else None
+
     @bp.post("/token/generate")
     def generate() -> Response:
-        data = _load(generate_schema, _json_body())
-        tokens, shared = issue(data, 1)
-        return json_response({"token": tokens[0], **shared}, 201)
+        return json_response(hot.generate(_json_body(), gateway_subject(), request.remote_addr), 201)
 
     @bp.post("/token/generate/batch")
     def generate_batch() -> Response:
         data = _load(batch_schema, _json_body())
-        tokens, shared = issue(data, data["count"])
+        tokens, shared = hot.issue(data, data["count"], gateway_subject(), request.remote_addr)
         # {"tokens": [{"token": t, **shared}, ...]} as json.dumps writes it, with the shared
         # fields serialised once instead of once per token (a tenth of a 1000-token reply's
         # CPU). Tokens are URL-safe base64: nothing in them needs escaping in JSON.
@@ -170,11 +209,7 @@ def make_blueprint(settings: Settings, store: TokenStore) -> Blueprint:
 
     @bp.post("/token/consume")
     def consume() -> Response:
-        data = _load(consume_schema, _json_body())
-        outcome = store.consume(
-            _token(data), data["scope"], data["subject"], data["fingerprint"], data["request_id"]
-        )
-        return json_response({"outcome": "consumed", "replayed": outcome.replayed})
+        return json_response(hot.consume(_json_body()))
 
     @bp.post("/token/begin")
     def begin() -> Response:

@@ -9,7 +9,7 @@ from typing import Any
 from flask import Flask
 from werkzeug.middleware.proxy_fix import ProxyFix
 
-from token_service import api, cors, frontend, health, metrics, telemetry
+from token_service import api, cors, frontend, health, hot_path, metrics, telemetry
 from token_service.config import Settings
 from token_service.connection import redis_client
 from token_service.responses import register_error_handlers
@@ -36,11 +36,14 @@ def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
     app.extensions["token_service"] = {"settings": settings, "store": store}
     register_error_handlers(app)
     telemetry.install(app)
-    app.register_blueprint(api.make_blueprint(settings, store))
+    hot = api.HotOperations(settings, store)
+    app.register_blueprint(api.make_blueprint(settings, store, hot))
     app.register_blueprint(health.make_blueprint(store, settings.drain_file))
     app.register_blueprint(metrics.make_blueprint())
     app.register_blueprint(frontend.make_blueprint())
     cors.install(app, settings)
+    # generate and consume answered without Flask's per-request machinery (same work, same replies)
+    hot_path.install(app, settings, hot)
     if settings.trusted_proxy_hops:
         # X-Forwarded-For is believed for exactly this many proxies in front of us;
         # anything a client wrote further left is ignored.

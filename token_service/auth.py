@@ -12,13 +12,12 @@ import hashlib
 import hmac
 from collections.abc import Sequence
 
-from flask import request
-
 from token_service.errors import Unauthorized
 
 
-def check_service_key(digests: Sequence[str]) -> None:
-    header = request.headers.get("Authorization", "")
+def check_service_key(digests: Sequence[str], header: str | None) -> None:
+    """Raise Unauthorized unless ``header`` (the Authorization header, if any) holds a configured key."""
+    header = header or ""
     scheme, _, presented = header.partition(" ")
     if scheme.lower() != "bearer" or not presented.strip():
         raise Unauthorized("A service key is required: Authorization: Bearer <key>.")

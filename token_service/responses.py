@@ -19,20 +19,20 @@ from token_service.errors import PayloadTooLarge, TokenError
 log = logging.getLogger(__name__)
 
 # Token values travel in these bodies: no cache may keep them.
-_NO_STORE = {"Cache-Control": "no-store"}
+NO_STORE = {"Cache-Control": "no-store"}
 
 
 # One encoder for every reply: json.dumps with options builds a new one per call.
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
+JSON_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return json_text_response(_ENCODER.encode(body), status, headers)
+    return json_text_response(JSON_ENCODER.encode(body), status, headers)
 
 
 def json_text_response(payload: str, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     """A body already serialised as JSON (for replies built faster than json.dumps would)."""
-    response = Response(payload, status=status, mimetype="application/json", headers=_NO_STORE)
+    response = Response(payload, status=status, mimetype="application/json", headers=NO_STORE)
     if headers:
         response.headers.update(headers)
     return response
