@@ -3,7 +3,7 @@
 Starts the same servers as the suite, drives the endpoint with wrk, and
 samples one gunicorn worker with py-spy (``pip install py-spy``) while it
 runs. Prints the share of samples under each of a few well-known frames
-(Flask dispatch, marshmallow, redis-py, JSON, ...) and the heaviest leaf
+(hot path or Flask dispatch, marshmallow, redis-py, JSON, ...) and the heaviest leaf
 functions. py-spy samples wall-clock stacks of a running (not idle) thread, so
 time blocked in a socket syscall counts: on a busy machine that is where
 most samples land.
@@ -24,9 +24,11 @@ from benchmarks import suite
 from benchmarks.procs import children
 
 # (label, substring of a frame) — a sample counts for every label whose frame is on its stack
+REQUEST_FRAMES = ("__call__ (token_service/hot_path.py", "wsgi_app (flask/app.py")
 BUCKETS = [
-    ("whole request (Flask wsgi_app)", "wsgi_app (flask/app.py"),
-    ("view function", "(token_service/api.py"),
+    ("whole request (hot path)", REQUEST_FRAMES[0]),
+    ("whole request (Flask wsgi_app)", REQUEST_FRAMES[1]),
+    ("operation (api.py)", "(token_service/api.py"),
     ("  marshmallow load", "load (marshmallow/schema.py"),
     ("  redis-py command", "execute_command (redis/client.py"),
     ("    of which pack", "pack (redis/connection.py"),
@@ -35,6 +37,7 @@ BUCKETS = [
     ("  issuance limits (admit)", "admit (token_service/store.py"),
     ("  metrics", "(prometheus_client/"),
     ("  logging", "(logging/__init__.py"),
+    ("  access line + request metrics", "record (token_service/telemetry.py"),
     ("gunicorn outside the app", "handle_request (gunicorn/workers/sync.py"),
 ]
 
@@ -69,7 +72,7 @@ def main() -> int:
     total = sum(stacks.values())
     print(f"{target} {args.endpoint}: {result.rps:.0f} req/s, {result.server_cpu_ms:.3f} ms server CPU/req")
     print(f"{total} samples of worker {worker}")
-    in_request = sum(n for s, n in stacks.items() if "wsgi_app (flask/app.py" in s) or 1
+    in_request = sum(n for s, n in stacks.items() if any(frame in s for frame in REQUEST_FRAMES)) or 1
     for label, frame in BUCKETS:
         share = sum(n for s, n in stacks.items() if frame in s)
         print(
