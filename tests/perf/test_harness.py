@@ -70,3 +70,20 @@ def test_quick_mode_runs_every_part_and_writes_the_report(tmp_path: Path) -> Non
     png = (tmp_path / "results.png").read_bytes()
     assert png.startswith(b"\x89PNG")
     assert len(png) > 10_000
+
+
+def test_app_cpu_measures_both_apps_in_process() -> None:
+    require_binary("redis-server")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.app_cpu", "--requests", "50", "--rounds", "1"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    # app_cpu raises if any reply was not the expected 201 / 200
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["generate", "consume"]
+    assert all("us of CPU per request" in line for line in lines)
