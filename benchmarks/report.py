@@ -285,24 +285,43 @@ def _batch(batch: dict[str, Any]) -> str:
 
 
 def _direct(direct: dict[str, Any]) -> str:
+    quartiles = direct.get("ratio_quartiles", {})
     rows = [
         [
             name,
             f"{rate:.0f}",
             f"{direct['ratios'][name]:.2f}",
-            ", ".join(str(v) for v in direct["all_ops_per_second"][name]),
+            "-".join(f"{q:.2f}" for q in quartiles.get(name, [])) or "-",
             f"{direct['cpu_us_per_op'][name]:.1f}",
             f"{direct['cpu_ratios'][name]:.2f}",
         ]
         for name, rate in direct["ops_per_second"].items()
     ]
-    return (
-        f"{direct['ops_per_round']} consumes of fresh tokens per round, {direct['rounds']} rounds, "
-        "one connection, sequential. The raw baseline runs a small GET/SET Lua script "
-        "with a precomputed key. CPU is this process's plus redis-server's per op; its ratio "
-        "is what a quiet machine would show.\n\n"
-        + _table(["contender", "ops/s", "ratio", "rounds", "CPU us/op", "CPU ratio"], rows)
+    text = (
+        f"{direct['ops_per_round']} consumes of fresh tokens per contender per round, "
+        f"{direct['rounds']} rounds, one connection, sequential. The raw baseline runs a small "
+        "GET/SET Lua script with a precomputed key. Each round runs the contenders in an order "
+        f"drawn from seed {direct.get('seed', '-')} so that each is first, middle and last "
+        "equally often; a ratio is taken within each round against the raw EVALSHA of that "
+        "round, and the table gives the median (and quartiles) over rounds. CPU is this "
+        "process's plus redis-server's per op; its ratio is what a quiet machine would show.\n\n"
+        + _table(["contender", "ops/s", "ratio", "ratio IQR", "CPU us/op", "CPU ratio"], rows)
     )
+    per_round = direct.get("round_ratios")
+    if per_round:
+        lines = [
+            f"- {name}: {', '.join(f'{v:.2f}' for v in values)}"
+            for name, values in per_round.items()
+            if name != "redis-py EVALSHA"
+        ]
+        text += "\n\nPer-round ratios (ops/s vs raw EVALSHA of the same round):\n\n" + "\n".join(lines)
+    else:
+        lines = [
+            f"- {name}: {', '.join(str(v) for v in values)}"
+            for name, values in direct["all_ops_per_second"].items()
+        ]
+        text += "\n\nops/s per round:\n\n" + "\n".join(lines)
+    return text
 
 
 def _memory(memory: dict[str, Any]) -> str:

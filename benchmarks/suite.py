@@ -7,6 +7,8 @@ every part, alternating service and baseline A B A B and keeping medians.
 
 from __future__ import annotations
 
+import itertools
+import random
 import statistics
 import subprocess
 import sys
@@ -22,7 +24,7 @@ import redis
 
 from benchmarks import baseline_app
 from benchmarks.load import WrkResult, median_of, run_wrk
-from benchmarks.procs import Gunicorn, RedisServer, cpu_seconds, require
+from benchmarks.procs import Gunicorn, RedisServer, cpu_seconds_precise, require
 from token_service.client import TokenClient
 from token_service.config import RateLimit
 from token_service.limits import IssuanceLimits, client_key
@@ -53,7 +55,10 @@ class Config:
     peak_connections: int = 8
     concurrencies: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     workers: int = 2
-    direct_ops: int = 4000
+    # SDK direct transport: many short rounds, contender order rotated (see direct_transport)
+    direct_rounds: int = 48
+    direct_ops: int = 500
+    direct_seed: int = 20261130
     memory_tokens: int = 100_000
     redis_benchmark_requests: int = 100_000
 
@@ -67,7 +72,8 @@ class Config:
             curve_seconds=1,
             peak_connections=2,
             concurrencies=(2,),
-            direct_ops=200,
+            direct_rounds=6,
+            direct_ops=100,
             memory_tokens=2000,
             redis_benchmark_requests=2000,
         )
@@ -264,7 +270,15 @@ def batch_throughput(runner: HttpRunner, config: Config) -> dict[str, Any]:
 
 
 def direct_transport(servers: Servers, config: Config) -> dict[str, Any]:
-    """consume ops/s in one Python process: the store / SDK vs a bare EVALSHA, A B A B."""
+    """consume ops/s in one Python process: the store / SDK vs a bare EVALSHA.
+
+    Many short rounds; in each, every contender consumes ``direct_ops`` fresh
+    tokens, in an order drawn (seeded, recorded) so that over every block of
+    rounds each contender runs first, middle and last equally often: none
+    always runs after the others have warmed or heated the machine. A ratio is
+    taken within each round (contender / raw EVALSHA of the same round), so
+    drift between rounds cancels; the headline is the median of those.
+    """
     client = servers.redis.client()
     supply = TokenSupply(client)
     sha = client.script_load(baseline_app.CONSUME_LUA)
@@ -281,7 +295,7 @@ def direct_transport(servers: Servers, config: Config) -> dict[str, Any]:
             if store.consume(token, SCOPE).replayed:
                 raise RuntimeError("store consume replayed a fresh token")
 
-    contenders["redis-py EVALSHA"] = raw_evalsha
+    contenders[RAW_EVALSHA] = raw_evalsha
     contenders["TokenStore.consume"] = store_consume
     sdk = TokenClient.from_redis(client)
 
@@ -291,39 +305,86 @@ def direct_transport(servers: Servers, config: Config) -> dict[str, Any]:
                 raise RuntimeError("SDK consume replayed a fresh token")
 
     contenders["TokenClient.from_redis consume"] = sdk_consume
+    names = list(contenders)
+
+    def tokens_for(name: str, count: int) -> list[str]:
+        return supply.baseline_tokens(count) if name == RAW_EVALSHA else supply.service_tokens(count)
 
     # warm up connections and script caches
     for name, run in contenders.items():
-        run(supply.baseline_tokens(50) if name == "redis-py EVALSHA" else supply.service_tokens(50))
-    rates: dict[str, list[float]] = {name: [] for name in contenders}
-    # CPU per op, this process plus redis-server: the ratio a quiet machine would show
-    cpu_us: dict[str, list[float]] = {name: [] for name in contenders}
+        run(tokens_for(name, 200))
+    orders = direct_orders(names, config.direct_rounds, config.direct_seed)
+    rates: dict[str, list[float]] = {name: [] for name in names}
+    # CPU per op, this process plus redis-server (scheduler ns, not 10 ms ticks: rounds are short)
+    cpu_us: dict[str, list[float]] = {name: [] for name in names}
     redis_pids = servers.redis.pids()
-    for _ in range(config.rounds):
-        for name, run in contenders.items():
-            tokens = (
-                supply.baseline_tokens(config.direct_ops)
-                if name == "redis-py EVALSHA"
-                else supply.service_tokens(config.direct_ops)
-            )
-            cpu_before = time.process_time() + cpu_seconds(redis_pids)
+    for order in orders:
+        # every contender's tokens are written before any of them runs
+        batches = {name: tokens_for(name, config.direct_ops) for name in order}
+        for name in order:
+            tokens = batches[name]
+            run = contenders[name]
+            cpu_before = time.process_time() + cpu_seconds_precise(redis_pids)
             started = time.perf_counter()
             run(tokens)
             rates[name].append(len(tokens) / (time.perf_counter() - started))
-            cpu = time.process_time() + cpu_seconds(redis_pids) - cpu_before
+            cpu = time.process_time() + cpu_seconds_precise(redis_pids) - cpu_before
             cpu_us[name].append(cpu * 1e6 / len(tokens))
     client.close()
-    baseline = statistics.median(rates["redis-py EVALSHA"])
-    baseline_cpu = statistics.median(cpu_us["redis-py EVALSHA"])
+    raw_rates, raw_cpu = rates[RAW_EVALSHA], cpu_us[RAW_EVALSHA]
+    round_ratios = {
+        name: [rate / raw for rate, raw in zip(values, raw_rates, strict=True)]
+        for name, values in rates.items()
+    }
+    round_cpu_ratios = {
+        name: [raw / cpu for cpu, raw in zip(values, raw_cpu, strict=True)] for name, values in cpu_us.items()
+    }
+    baseline = statistics.median(raw_rates)
+    baseline_cpu = statistics.median(raw_cpu)
     return {
         "ops_per_round": config.direct_ops,
-        "rounds": config.rounds,
+        "rounds": config.direct_rounds,
+        "seed": config.direct_seed,
+        "orders": orders,
         "ops_per_second": {name: statistics.median(values) for name, values in rates.items()},
-        "ratios": {name: statistics.median(values) / baseline for name, values in rates.items()},
+        # median over rounds of (contender / raw EVALSHA in the same round)
+        "ratios": {name: statistics.median(values) for name, values in round_ratios.items()},
+        "ratio_quartiles": {name: _quartiles(values) for name, values in round_ratios.items()},
+        "ratios_of_medians": {name: statistics.median(values) / baseline for name, values in rates.items()},
         "all_ops_per_second": {name: [round(v) for v in values] for name, values in rates.items()},
+        "round_ratios": {name: [round(v, 3) for v in values] for name, values in round_ratios.items()},
         "cpu_us_per_op": {name: statistics.median(values) for name, values in cpu_us.items()},
-        "cpu_ratios": {name: baseline_cpu / statistics.median(values) for name, values in cpu_us.items()},
+        "all_cpu_us_per_op": {name: [round(v, 1) for v in values] for name, values in cpu_us.items()},
+        "cpu_ratios": {name: statistics.median(values) for name, values in round_cpu_ratios.items()},
+        "cpu_ratios_of_medians": {
+            name: baseline_cpu / statistics.median(values) for name, values in cpu_us.items()
+        },
     }
+
+
+RAW_EVALSHA = "redis-py EVALSHA"
+
+
+def direct_orders(names: list[str], rounds: int, seed: int) -> list[list[str]]:
+    """The contenders' order in each round: every permutation once per block, blocks shuffled.
+
+    With three contenders each runs first, second and third in two of every six rounds.
+    """
+    rng = random.Random(seed)
+    permutations = [list(p) for p in itertools.permutations(names)]
+    orders: list[list[str]] = []
+    while len(orders) < rounds:
+        block = [list(p) for p in permutations]
+        rng.shuffle(block)
+        orders += block
+    return orders[:rounds]
+
+
+def _quartiles(values: list[float]) -> list[float]:
+    if len(values) < 2:
+        return [round(values[0], 3)] * 2 if values else []
+    low, _, high = statistics.quantiles(values, n=4)
+    return [round(low, 3), round(high, 3)]
 
 
 # -- Redis memory per outstanding token ----------------------------------------------
