@@ -166,10 +166,19 @@ def raise_for(reply: Reply) -> None:
 def consume_args(
     scope: str, subject: str | None, fingerprint: str | None, request_id: str, now_ms: str
 ) -> list[str]:
-    return [scope, opt(subject), opt(fingerprint), request_id, now_ms]
+    return [scope, subject or "", fingerprint or "", request_id, now_ms]  # opt(), inlined
+
+
+# Consumed is immutable: the two possible answers are made once, not per consume.
+_CONSUMED = Consumed(replayed=False)
+_CONSUMED_REPLAYED = Consumed(replayed=True)
 
 
 def consume_reply(reply: Reply) -> Consumed:
+    code = reply[0]
+    if code == b"consumed" or code == "consumed":
+        # the usual answer, read without raise_for's walk through the error codes
+        return _CONSUMED_REPLAYED if int(reply[1]) == 1 else _CONSUMED
     raise_for(reply)
     return Consumed(replayed=int(reply[1]) == 1)
 
