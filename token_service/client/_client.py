@@ -147,15 +147,24 @@ class TokenClient:
     # -- plumbing -----------------------------------------------------------
 
     def _call(self, operation: Callable[[], T]) -> T:
-        failures = 0
+        try:
+            return operation()
+        except ServiceUnavailable:
+            if self.retry.attempts <= 1:
+                raise
+        return self._retry(operation)
+
+    def _retry(self, operation: Callable[[], T]) -> T:
+        """After a first attempt failed: wait and try again, ``retry.attempts`` tries in all."""
+        failures = 1
         while True:
+            time.sleep(self.retry.delay_seconds(failures))
             try:
                 return operation()
             except ServiceUnavailable:
                 failures += 1
                 if failures >= self.retry.attempts:
                     raise
-                time.sleep(self.retry.delay_seconds(failures))
 
     def close(self) -> None:
         self._backend.close()
@@ -202,7 +211,13 @@ class TokenClient:
     ) -> Consumed:
         """Use a token once. ``replayed`` is true when a retry of this request finds its own win."""
         rid = request_id or new_request_id()
-        return self._call(lambda: self._backend.consume(token, scope, subject, fingerprint, rid))
+        backend = self._backend
+        try:  # _call, inlined for the first attempt (no closure); retries resend the same rid
+            return backend.consume(token, scope, subject, fingerprint, rid)
+        except ServiceUnavailable:
+            if self.retry.attempts <= 1:
+                raise
+        return self._retry(lambda: backend.consume(token, scope, subject, fingerprint, rid))
 
     def begin(
         self,
