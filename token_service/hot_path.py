@@ -1,14 +1,15 @@
 """A lean WSGI path for the two hottest routes: ``POST /token/generate`` and ``POST /token/consume``.
 
 Flask's request and application contexts, URL routing, before/after hooks
-and Response object cost a request about as much CPU as its own work (README,
-"Performance"). This middleware sits in front of the Flask app and answers
-those two routes itself, doing the same work through the same code: the body parsed by ``api.parse_json_object``,
-checked by the same schemas, the service key by ``auth.check_service_key``,
-the store called by ``api.HotOperations`` (which the Flask views call too),
-errors rendered by ``problems.problem_for``, and the request counted and
-logged by ``telemetry.record``. tests/test_hot_path.py sends the same
-requests down both paths and compares status, headers and bodies.
+and Response object cost a request about as much CPU as its own work
+(README, "Performance"). This middleware sits in front of the Flask app and
+answers those two routes itself, doing the same work through the same code:
+the body parsed by ``api.parse_json_object``, checked by the same schemas,
+the service key by ``auth.check_service_key``, the store called by
+``api.HotOperations`` (which the Flask views call too), errors rendered by
+``problems.problem_for``, and the request counted and logged by
+``telemetry.record``. tests/test_hot_path.py sends the same requests down
+both paths and compares status, headers and bodies.
 
 It hands a request to Flask, untouched, whenever it is anything but the
 plain case it is built for: another method, a body whose ``Content-Type``
