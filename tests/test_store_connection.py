@@ -1,0 +1,151 @@
+"""TokenStore's EVALSHA on a pooled connection (``TokenStore._evalsha``), against a real redis-server.
+
+A plain redis-py client's token operations skip redis-py's command layer but
+keep its connection layer: the connection-level Retry, the connection dropped
+after a failure (so a late reply is never read as the next command's), and
+fail closed when Redis does not answer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from tests.support.processes import RedisServer
+from tests.support.tcp_proxy import FaultProxy
+from token_service.config import Settings
+from token_service.connection import redis_client
+from token_service.errors import ServiceUnavailable
+from token_service.store import IssueRequest, TokenStore
+
+pytestmark = pytest.mark.real
+
+SCOPE = "payment.create"
+# Keeps Redis busy (answering nobody) for one second.
+HOG_ONE_SECOND = """
+local start = redis.call('TIME')
+while true do
+  local now = redis.call('TIME')
+  if (now[1] - start[1]) * 1000000 + (now[2] - start[2]) > 1000000 then return 1 end
+end
+"""
+
+
+def service_client(server: RedisServer, **settings: Any) -> Any:
+    """A client configured as the service configures its own (timeouts, one quick retry)."""
+    return redis_client(Settings.from_mapping({"redis_url": server.url, **settings}))
+
+
+def issue(store: TokenStore) -> str:
+    return store.issue(IssueRequest(SCOPE, None, None, 300))[0]
+
+
+def warm(store: TokenStore) -> None:
+    """Load consume.lua (a first EVALSHA is answered NOSCRIPT, then SCRIPT LOAD runs)."""
+    store.consume(issue(store), SCOPE)
+
+
+def test_a_plain_client_skips_the_command_layer(redis_server: RedisServer, monkeypatch: Any) -> None:
+    client = service_client(redis_server)
+    store = TokenStore(client)
+    warm(store)
+    token = issue(store)
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("execute_command was used")
+
+    monkeypatch.setattr(client, "execute_command", refuse)
+    assert store.consume(token, SCOPE, request_id="r1").replayed is False
+    assert store.consume(token, SCOPE, request_id="r1").replayed is True
+    client.close()
+
+
+def test_a_single_connection_client_goes_through_execute_command(redis_server: RedisServer) -> None:
+    client = redis_server.client(single_connection_client=True)
+    store = TokenStore(client)
+    warm(store)
+    token = issue(store)
+    calls = []
+    original = client.execute_command
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args[0])
+        return original(*args, **kwargs)
+
+    client.execute_command = counting  # type: ignore[method-assign]
+    assert store.consume(token, SCOPE).replayed is False
+    assert calls == ["EVALSHA"]
+    client.close()
+
+
+def test_a_killed_connection_is_replaced_and_the_call_retried(redis_server: RedisServer) -> None:
+    client = service_client(redis_server)
+    store = TokenStore(client)
+    warm(store)
+    token = issue(store)  # leaves one connection in the pool
+    admin = redis_server.client()
+    before = {c["id"] for c in admin.client_list() if c["name"] != "admin"}
+    admin.client_setname("admin")
+    assert admin.client_kill_filter(_type="normal", skipme=True) >= 1
+    assert store.consume(token, SCOPE).replayed is False
+    after = {c["id"] for c in admin.client_list() if c["name"] != "admin"}
+    assert after
+    assert not after & before  # the store reconnected: none of its old connections is left
+    admin.close()
+    client.close()
+
+
+def test_a_late_reply_is_never_read_as_the_next_commands(redis_server: RedisServer) -> None:
+    client = service_client(redis_server, redis_timeout_seconds=0.2)
+    store = TokenStore(client)
+    warm(store)
+    first, second = issue(store), issue(store)
+    admin = redis_server.client()
+    # Redis stalls for longer than the client waits, twice over (the call and its retry)
+    stall = threading.Thread(target=lambda: admin.eval(HOG_ONE_SECOND, 0))
+    stall.start()
+    time.sleep(0.1)
+    with pytest.raises(ServiceUnavailable):
+        store.consume(first, SCOPE)  # sent, maybe run after the stall: the caller is told "unknown"
+    stall.join()
+    # every later call reads its own reply, never the stalled consume's
+    assert store.inspect(second).state == "ISSUED"
+    assert store.consume(second, SCOPE).replayed is False
+    assert store.inspect(second).state == "CONSUMED"
+    admin.close()
+    client.close()
+
+
+def test_nothing_listening_is_service_unavailable() -> None:
+    server = RedisServer()  # never started: nothing on its port
+    store = TokenStore(service_client(server, redis_timeout_seconds=0.2))
+    with pytest.raises(ServiceUnavailable):
+        store.consume("A" * 43, SCOPE)
+
+
+def test_a_lost_reply_is_retried_on_a_new_connection(redis_server: RedisServer) -> None:
+    with FaultProxy(("127.0.0.1", redis_server.port)) as proxy:
+        store = TokenStore(redis.Redis(port=proxy.port, retry=Retry(NoBackoff(), 1)))
+        warm(store)
+        token = issue(store)
+        proxy.drop_replies(1, match=b"EVALSHA", then="reset")
+        # Redis consumed it; the reply was lost; the retry finds its own win
+        assert store.consume(token, SCOPE, request_id="r-1").replayed is True
+        assert proxy.stats.replies_dropped == 1
+
+
+def test_without_retries_a_lost_reply_is_service_unavailable(redis_server: RedisServer) -> None:
+    with FaultProxy(("127.0.0.1", redis_server.port)) as proxy:
+        store = TokenStore(redis.Redis(port=proxy.port, retry=Retry(NoBackoff(), 0)))
+        warm(store)
+        token = issue(store)
+        proxy.drop_replies(1, match=b"EVALSHA", then="reset")
+        with pytest.raises(ServiceUnavailable):  # fail closed: never "consumed" unheard
+            store.consume(token, SCOPE, request_id="r-1")
+        assert store.consume(token, SCOPE, request_id="r-1").replayed is True
