@@ -64,6 +64,8 @@ def run(config: suite.Config) -> dict[str, Any]:
         results["batch"] = suite.batch_throughput(runner, config)
         log("direct transport")
         results["direct"] = suite.direct_transport(servers, config)
+        log("application CPU per request, in process")
+        results["app_cpu"] = suite.app_cpu(config)
         log("memory per token")
         results["memory"] = suite.memory_per_token(servers, config)
         log("redis-benchmark")

@@ -84,8 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=3000, help="requests per round (default 3000)")
     parser.add_argument("--rounds", type=int, default=5, help="A B rounds per endpoint (default 5)")
     parser.add_argument("--profile", choices=["service", "baseline"], help="cProfile the last round")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args(argv)
     results = measure(args.requests, args.rounds, args.profile)
+    if args.json:
+        print(json.dumps(results))
+        return 0
     for endpoint, figures in results.items():
         print(
             f"{endpoint}: service {figures['service_us']:.0f} us, baseline {figures['baseline_us']:.0f} us "

@@ -234,6 +234,7 @@ def markdown(results: dict[str, Any]) -> str:
             ],
         ),
         "",
+        *_app_cpu(results.get("app_cpu")),
         "## Latency of generate at half of peak",
         "",
         _half_peak(results["half_peak"]),
@@ -262,6 +263,37 @@ def markdown(results: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(out)
+
+
+def _app_cpu(app_cpu: dict[str, Any] | None) -> list[str]:
+    if not app_cpu:
+        return []  # results from before this part existed
+    rows = [
+        [
+            endpoint,
+            f"{e['service_us']:.0f}",
+            f"{e['baseline_us']:.0f}",
+            f"{e['ratio']:.2f}",
+            ", ".join(f"{v:.0f}" for v in e["all_service_us"]),
+            ", ".join(f"{v:.0f}" for v in e["all_baseline_us"]),
+        ]
+        for endpoint, e in app_cpu["endpoints"].items()
+    ]
+    return [
+        "## Application CPU per request (in process, no server)",
+        "",
+        f"`python -m benchmarks.app_cpu`: each app's WSGI callable called directly, "
+        f"{app_cpu['requests_per_round']} requests per round, {app_cpu['rounds']} rounds A B A B, "
+        "this process's CPU per request (waiting for Redis not counted); metrics and JSON access "
+        "lines on, as under gunicorn. The ratio is baseline / service: above 1, the service's "
+        "application code costs less than the hand-written baseline's.",
+        "",
+        _table(
+            ["endpoint", "service us", "baseline us", "ratio", "service per round", "baseline per round"],
+            rows,
+        ),
+        "",
+    ]
 
 
 def _half_peak(half: dict[str, Any]) -> str:

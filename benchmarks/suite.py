@@ -8,6 +8,7 @@ every part, alternating service and baseline A B A B and keeping medians.
 from __future__ import annotations
 
 import itertools
+import json
 import random
 import statistics
 import subprocess
@@ -28,7 +29,7 @@ from benchmarks.procs import Gunicorn, RedisServer, cpu_seconds_precise, require
 from token_service.client import TokenClient
 from token_service.config import RateLimit
 from token_service.limits import IssuanceLimits, client_key
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, admit_issue_source, lua_source
 
 API_KEY = "bench-service-key-0123456789"
 SCOPE = "payment.create"
@@ -61,6 +62,7 @@ class Config:
     direct_seed: int = 20261130
     memory_tokens: int = 100_000
     redis_benchmark_requests: int = 100_000
+    app_cpu_requests: int = 3000
 
     @classmethod
     def quick_mode(cls) -> Config:
@@ -448,10 +450,30 @@ def limiter_memory(client: redis.Redis, store: TokenStore, clients: int) -> dict
 # -- the Redis ceiling -----------------------------------------------------------
 
 
+def app_cpu(config: Config) -> dict[str, Any]:
+    """CPU per request of the two WSGI apps called in process (``benchmarks.app_cpu``).
+
+    A child process: it configures metrics and logging as a gunicorn worker
+    would, which must not leak into this one.
+    """
+    requests, rounds = (50, 1) if config.quick else (config.app_cpu_requests, config.rounds)
+    command = [sys.executable, "-m", "benchmarks.app_cpu", "--json"]
+    command += ["--requests", str(requests), "--rounds", str(rounds)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"benchmarks.app_cpu failed:\n{done.stderr[-3000:]}")
+    return {"requests_per_round": requests, "rounds": rounds, "endpoints": json.loads(done.stdout)}
+
+
 def redis_ceiling(servers: Servers, config: Config) -> list[dict[str, Any]]:
     binary = require("redis-benchmark", "apt-get install redis-tools")
     client = servers.redis.client()
     sha = client.script_load(baseline_app.CONSUME_LUA)
+    # generate's scripts with the benchmark's limits: what the limiter costs Redis
+    issue_sha = client.script_load(lua_source("issue"))
+    admit_issue_sha = client.script_load(admit_issue_source())
+    limit_args = IssuanceLimits(RateLimit(10**9, 1), 10**9).args(1, TTL_SECONDS, "")
+    issue_args = [SCOPE, "user-1", "", str(TTL_SECONDS * 1000)]
     client.close()
     base = [
         binary,
@@ -468,6 +490,14 @@ def redis_ceiling(servers: Servers, config: Config) -> list[dict[str, Any]]:
         ("GET, 50 clients", ["-t", "get"]),
         ("SET, 50 clients, pipeline 16", ["-t", "set", "-P", "16"]),
         ("EVALSHA consume-like Lua, 50 clients", ["evalsha", sha, "1", "bl:__rand_int__", SCOPE]),
+        (
+            "EVALSHA issue.lua (generate, no limits), 50 clients",
+            ["evalsha", issue_sha, "1", "ts:t:__rand_int__", *issue_args],
+        ),
+        (
+            "EVALSHA admit+issue (generate with limits), 50 clients",
+            ["evalsha", admit_issue_sha, "2", "ts:c:bench", "ts:t:__rand_int__", *limit_args, *issue_args],
+        ),
     ]
     results = []
     for label, extra in runs:

@@ -55,11 +55,13 @@ def test_quick_mode_runs_every_part_and_writes_the_report(tmp_path: Path) -> Non
     assert results["half_peak"]["p99_ms"] > 0
     assert results["batch"]["tokens_per_second"] > 0
     assert set(results["direct"]["ops_per_second"]) >= {"redis-py EVALSHA", "TokenStore.consume"}
+    assert set(results["app_cpu"]["endpoints"]) == {"generate", "consume"}
+    assert results["app_cpu"]["endpoints"]["generate"]["service_us"] > 0
     assert results["memory"]["tokens"] == results["config"]["memory_tokens"]
     assert 50 < results["memory"]["bytes_per_token"] < 1000  # a real measurement, not a placeholder
     assert results["memory"]["per_client"]["bytes_per_client"] > 0
     assert set(results["direct"]["cpu_ratios"]) == set(results["direct"]["ratios"])
-    assert [r["rps"] > 0 for r in results["redis"]] == [True] * 4
+    assert [r["rps"] > 0 for r in results["redis"]] == [True] * 6
     assert len(results["budgets"]) >= 6
     assert results["failed_requests"] == 0  # every request answered 2xx: bodies, keys and tokens right
 
