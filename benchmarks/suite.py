@@ -190,10 +190,19 @@ class HttpRunner:
 
 
 def compare_peak(runner: HttpRunner, config: Config, endpoint: str) -> dict[str, Any]:
-    """Service vs baseline at the peak concurrency, A B A B ...; medians and the ratio."""
+    """Service vs baseline at the peak concurrency, alternated; medians and the paired ratio.
+
+    Each round runs both, the order swapped every round (A B, B A, ...) so that
+    neither always runs second on a machine that has just warmed up. The
+    headline ratio is the median over rounds of service / baseline within the
+    round: a pair measured seconds apart shares the machine's state, which
+    drifts far more between rounds than within one (the ratio of the medians
+    is kept as ``ratio_of_medians``).
+    """
     runs: dict[str, list[WrkResult]] = {"service": [], "baseline": []}
-    for _ in range(config.rounds):
-        for target in ("service", "baseline"):
+    for round_number in range(config.rounds):
+        order = ("service", "baseline") if round_number % 2 == 0 else ("baseline", "service")
+        for target in order:
             runs[target].append(runner.run(target, endpoint, config.peak_connections, config.seconds))
     summary: dict[str, Any] = {"connections": config.peak_connections, "rounds": config.rounds}
     for target, results in runs.items():
@@ -205,12 +214,16 @@ def compare_peak(runner: HttpRunner, config: Config, endpoint: str) -> dict[str,
             "server_cpu_ms": median_of(results, "server_cpu_ms"),
             "redis_cpu_ms": median_of(results, "redis_cpu_ms"),
         }
-    summary["ratio"] = summary["service"]["rps"] / summary["baseline"]["rps"]
+    pairs = list(zip(runs["service"], runs["baseline"], strict=True))
+    summary["round_ratios"] = [round(s.rps / b.rps, 3) for s, b in pairs]
+    summary["ratio"] = statistics.median(s.rps / b.rps for s, b in pairs)
+    summary["ratio_of_medians"] = summary["service"]["rps"] / summary["baseline"]["rps"]
     # baseline CPU / service CPU per request: the throughput ratio a quiet machine would show
-    summary["cpu_ratio"] = summary["baseline"]["server_cpu_ms"] / summary["service"]["server_cpu_ms"]
-    summary["round_ratios"] = [
-        round(s.rps / b.rps, 3) for s, b in zip(runs["service"], runs["baseline"], strict=True)
-    ]
+    cpu_pairs = [(s, b) for s, b in pairs if s.server_cpu_ms > 0]
+    summary["round_cpu_ratios"] = [round(b.server_cpu_ms / s.server_cpu_ms, 3) for s, b in cpu_pairs]
+    summary["cpu_ratio"] = (
+        statistics.median(b.server_cpu_ms / s.server_cpu_ms for s, b in cpu_pairs) if cpu_pairs else 0.0
+    )
     return summary
 
 
