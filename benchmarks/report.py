@@ -90,10 +90,11 @@ def budgets(results: dict[str, Any]) -> list[dict[str, Any]]:
             peak["ratio"] >= 0.8,
         )
     half = results["half_peak"]
+    baseline_p99 = f", baseline p99 {half['baseline']['p99_ms']:.2f} ms" if "baseline" in half else ""
     row(
         "p99 of generate at half of peak",
         f"{half['p99_ms']:.2f} ms at {half['rps']:.0f} req/s",
-        f"peak {results['peak']['generate']['service']['rps']:.0f} req/s",
+        f"peak {results['peak']['generate']['service']['rps']:.0f} req/s{baseline_p99}",
         f"{half['rps'] / results['peak']['generate']['service']['rps']:.2f} of peak",
         "<= 5 ms",
         half["p99_ms"] <= 5,
@@ -302,13 +303,22 @@ def _app_cpu(app_cpu: dict[str, Any] | None) -> list[str]:
 
 
 def _half_peak(half: dict[str, Any]) -> str:
-    return (
+    text = (
         f"Target {half['target_rps']:.0f} req/s (half the service's peak) with {half['connections']} "
         f"connections pacing a mean {half['delay_ms']:.2f} ms between requests: achieved "
         f"{half['rps']:.0f} req/s, p50 {half['p50_ms']:.2f} ms, **p99 {half['p99_ms']:.2f} ms** "
         f"(runs: {', '.join(f'{v:.2f}' for v in half['all_p99_ms'])} ms). wrk 4 is closed-loop, so this "
         "p99 does not include queueing a stall would cause under an open-loop load (no wrk2 in Debian)."
     )
+    baseline = half.get("baseline")
+    if baseline:
+        text += (
+            f" The hand-written baseline under the same pacing, alternated with the service: "
+            f"{baseline['rps']:.0f} req/s, p50 {baseline['p50_ms']:.2f} ms, p99 {baseline['p99_ms']:.2f} ms "
+            f"(runs: {', '.join(f'{v:.2f}' for v in baseline['all_p99_ms'])} ms) -- the part of the tail "
+            "both share is this machine's."
+        )
+    return text
 
 
 def _batch(batch: dict[str, Any]) -> str:

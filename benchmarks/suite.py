@@ -253,10 +253,15 @@ def half_peak_latency(runner: HttpRunner, config: Config, peak_rps: float) -> di
     # rate ~ connections / (time per request + delay): keep the measured time, fix the delay
     time_per_request_ms = connections / first.rps * 1000 - delay_ms
     delay_ms = max(0.05, connections / target_rps * 1000 - time_per_request_ms)
-    runs = [
-        runner.run("service", "generate", connections, config.seconds, delay_ms=delay_ms)
-        for _ in range(max(1, config.rounds // 2 + 1))
-    ]
+    # The hand-written baseline under the same pacing, alternated with the service: its
+    # p99 shows how much of the tail is this machine's rather than the service's.
+    runs: list[WrkResult] = []
+    baseline_runs: list[WrkResult] = []
+    for round_number in range(max(1, config.rounds // 2 + 1)):
+        order = ("service", "baseline") if round_number % 2 == 0 else ("baseline", "service")
+        for target in order:
+            result = runner.run(target, "generate", connections, config.seconds, delay_ms=delay_ms)
+            (runs if target == "service" else baseline_runs).append(result)
     return {
         "connections": connections,
         "target_rps": target_rps,
@@ -265,6 +270,12 @@ def half_peak_latency(runner: HttpRunner, config: Config, peak_rps: float) -> di
         "p50_ms": median_of(runs, "p50_ms"),
         "p99_ms": median_of(runs, "p99_ms"),
         "all_p99_ms": [r.p99_ms for r in runs],
+        "baseline": {
+            "rps": median_of(baseline_runs, "rps"),
+            "p50_ms": median_of(baseline_runs, "p50_ms"),
+            "p99_ms": median_of(baseline_runs, "p99_ms"),
+            "all_p99_ms": [r.p99_ms for r in baseline_runs],
+        },
     }
 
 

@@ -53,6 +53,7 @@ def test_quick_mode_runs_every_part_and_writes_the_report(tmp_path: Path) -> Non
         (e, t) for e in ("generate", "consume") for t in ("service", "baseline")
     }
     assert results["half_peak"]["p99_ms"] > 0
+    assert results["half_peak"]["baseline"]["p99_ms"] > 0
     assert results["batch"]["tokens_per_second"] > 0
     assert set(results["direct"]["ops_per_second"]) >= {"redis-py EVALSHA", "TokenStore.consume"}
     assert set(results["app_cpu"]["endpoints"]) == {"generate", "consume"}
