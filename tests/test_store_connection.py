@@ -3,11 +3,16 @@
 A plain redis-py client's token operations skip redis-py's command layer but
 keep its connection layer: the connection-level Retry, the connection dropped
 after a failure (so a late reply is never read as the next command's), and
-fail closed when Redis does not answer.
+fail closed when Redis does not answer. On a plain ConnectionPool the last
+good connection is parked for the next call: never one that failed, never in
+a forked child, never shared by two threads at once, handed back when the
+store goes away.
 """
 
 from __future__ import annotations
 
+import gc
+import os
 import threading
 import time
 from typing import Any
@@ -149,3 +154,115 @@ def test_without_retries_a_lost_reply_is_service_unavailable(redis_server: Redis
         with pytest.raises(ServiceUnavailable):  # fail closed: never "consumed" unheard
             store.consume(token, SCOPE, request_id="r-1")
         assert store.consume(token, SCOPE, request_id="r-1").replayed is True
+
+
+# --- the parked connection -------------------------------------------------------
+
+
+def test_the_last_connection_is_parked_for_the_next_call(redis_server: RedisServer) -> None:
+    client = service_client(redis_server)
+    store = TokenStore(client)
+    warm(store)
+    tokens = [issue(store) for _ in range(50)]
+    pool = client.connection_pool
+    checkouts = []
+    original = pool.get_connection
+    pool.get_connection = lambda *a, **k: checkouts.append(1) or original(*a, **k)  # type: ignore[method-assign]
+    for token in tokens:
+        assert store.consume(token, SCOPE).replayed is False
+    assert checkouts == []  # every consume ran on the parked connection
+    assert len(store._parked) == 1
+    client.close()
+
+
+def test_a_failed_call_hands_its_connection_back_to_the_pool(redis_server: RedisServer) -> None:
+    with FaultProxy(("127.0.0.1", redis_server.port)) as proxy:
+        client = redis.Redis(port=proxy.port, retry=Retry(NoBackoff(), 0))
+        store = TokenStore(client)
+        warm(store)
+        token = issue(store)
+        assert len(store._parked) == 1
+        proxy.drop_replies(1, match=b"EVALSHA", then="reset")
+        with pytest.raises(ServiceUnavailable):
+            store.consume(token, SCOPE, request_id="r-1")
+        assert store._parked == []
+        assert store.consume(token, SCOPE, request_id="r-1").replayed is True
+        client.close()
+
+
+def test_threads_share_the_store_without_mixing_replies(redis_server: RedisServer) -> None:
+    client = service_client(redis_server)
+    store = TokenStore(client)
+    warm(store)
+    per_thread = [[issue(store) for _ in range(100)] for _ in range(8)]
+    outcomes: list[bool] = []
+    errors: list[BaseException] = []
+
+    def work(tokens: list[str]) -> None:
+        try:
+            for token in tokens:
+                outcomes.append(store.consume(token, SCOPE).replayed)
+                assert store.inspect(token).state == "CONSUMED"
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(tokens,)) for tokens in per_thread]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert outcomes == [False] * 800
+    assert len(store._parked) <= 8
+    client.close()
+
+
+def test_a_forked_child_never_uses_the_parents_connection(redis_server: RedisServer) -> None:
+    client = service_client(redis_server)
+    store = TokenStore(client)
+    warm(store)
+    parent_tokens = [issue(store) for _ in range(200)]
+    child_tokens = [issue(store) for _ in range(200)]
+    (_, parent_conn) = store._parked[0]
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: consumes its own tokens while the parent consumes its
+        status = 1
+        try:
+            results = [store.consume(t, SCOPE).replayed for t in child_tokens]
+            used = store._parked[0][1] if store._parked else None
+            status = 0 if results == [False] * 200 and used is not parent_conn else 2
+        finally:
+            os.write(write_end, bytes([status]))
+            os._exit(0)
+    os.close(write_end)
+    results = [store.consume(t, SCOPE).replayed for t in parent_tokens]
+    child_status = os.read(read_end, 1)
+    os.waitpid(pid, 0)
+    os.close(read_end)
+    assert child_status == b"\x00"
+    assert results == [False] * 200
+    assert store._parked[0][1] is parent_conn
+    client.close()
+
+
+def test_a_dropped_store_hands_its_parked_connection_back(redis_server: RedisServer) -> None:
+    client = service_client(redis_server)
+    store = TokenStore(client)
+    warm(store)
+    pool = client.connection_pool
+    assert len(pool._in_use_connections) == 1  # the parked one
+    del store
+    gc.collect()
+    assert len(pool._in_use_connections) == 0
+    client.close()
+
+
+def test_a_blocking_pool_is_never_parked_on(redis_server: RedisServer) -> None:
+    pool = redis.BlockingConnectionPool(port=redis_server.port, max_connections=1, timeout=1)
+    client = redis.Redis(connection_pool=pool)
+    store = TokenStore(client)
+    warm(store)
+    assert store._parked == []
+    assert client.ping()  # the pool's one connection is free for the client's own commands
+    client.close()

@@ -11,6 +11,8 @@ reply means the same thing to the service and to every SDK transport.
 
 from __future__ import annotations
 
+import os
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -214,6 +216,26 @@ def _send_and_read(conn: Any, command: tuple[Any, ...]) -> Any:
 
 _SHOULD_RECONNECT = hasattr(redis.connection.AbstractConnection, "should_reconnect")
 
+# Forks seen by this process: a connection parked before a fork belongs to the parent.
+_forks = [0]
+os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+
+
+def _release(pool: Any, conn: Any) -> None:
+    """Back to the pool, as execute_command hands it back."""
+    try:
+        if _SHOULD_RECONNECT and conn.should_reconnect():
+            conn.disconnect()  # the server announced a move: reconnect on next use
+    finally:
+        pool.release(conn)
+
+
+def _unpark(pool: Any, parked: list[tuple[int, Any]]) -> None:
+    while parked:
+        generation, conn = parked.pop()
+        if generation == _forks[0]:
+            pool.release(conn)
+
 
 class TokenStore(_StoreBase):
     """Token operations on a (sync) redis-py client, one Lua script each."""
@@ -225,20 +247,32 @@ class TokenStore(_StoreBase):
         self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
         if not self._cluster:
             self._scripts[ADMIT_ISSUE] = client.register_script(admit_issue_source())
-        # A plain client with a pool: EVALSHA on a pooled connection directly (see _evalsha).
+        # A plain client with a plain pool: EVALSHA on a pooled connection directly (see _evalsha).
         plain = type(client) is redis.Redis and client.connection is None
         self._pool = client.connection_pool if plain else None
+        self._parking = plain and type(client.connection_pool) is redis.ConnectionPool
+        self._parked: list[tuple[int, Any]] = []  # at most one (fork generation, connection)
+        if self._parking:
+            # a store dropped while it holds a connection hands it back to the pool
+            weakref.finalize(self, _unpark, client.connection_pool, self._parked)
 
     def _evalsha(self, sha: str, keys: Sequence[str], args: Sequence[str]) -> Any:
         """``client.evalsha(sha, ...)``, through redis-py's connection layer without its command layer.
 
-        The same pooled connection, the same connection-level Retry (its
-        attempts, backoff and errors; the connection is dropped after a
-        failure, so a late reply is never read as the next command's), health
-        checks and reply parsing as ``execute_command``, minus its per-command
-        wrapping (observability hooks, closures, event dispatch): ~13% of the
-        client CPU of a token operation. Clients of other kinds (Cluster, a
-        single-connection client, fakeredis) take ``execute_command``.
+        The same connection-level Retry (its attempts, backoff and errors; the
+        connection is dropped after a failure, so a late reply is never read as
+        the next command's), health checks and reply parsing as
+        ``execute_command``, minus its per-command wrapping (observability
+        hooks, closures, event dispatch): ~13% of the client CPU of a token
+        operation. And on a plain ``ConnectionPool``, the connection of the last
+        call that succeeded is parked here for the next one instead of going
+        back to the pool: checking a connection out of redis-py's pool (locks,
+        a poll of the socket, bookkeeping) costs ~7 us, another ~15%. The store
+        holds at most that one connection; one that failed goes back to the
+        pool, which checks it at the next checkout as always, and a parked one
+        is never used in a forked child. Clients of other kinds (Cluster,
+        Sentinel, a blocking pool, a single-connection client, fakeredis) take
+        ``execute_command``, or at least the pool's checkout every call.
         """
         pool = self._pool
         if pool is None:
@@ -246,17 +280,25 @@ class TokenStore(_StoreBase):
                 "EVALSHA", sha, len(keys), *keys, *args
             )
         command = ("EVALSHA", sha, len(keys), *keys, *args)
-        conn: Any = pool.get_connection()  # redis-py's connection classes are untyped
+        parked = self._parked
         try:
-            return conn.retry.call_with_retry(
+            generation, conn = parked.pop()  # atomic: two threads never take the same one
+            if generation != _forks[0]:
+                raise IndexError  # the parent's connection: the child's pool makes its own
+        except IndexError:
+            conn = pool.get_connection()
+        try:
+            reply = conn.retry.call_with_retry(
                 lambda: _send_and_read(conn, command), lambda error: conn.disconnect()
             )
-        finally:
-            try:
-                if _SHOULD_RECONNECT and conn.should_reconnect():
-                    conn.disconnect()  # the server announced a move: reconnect on next use
-            finally:
-                pool.release(conn)
+        except BaseException:
+            _release(pool, conn)
+            raise
+        if self._parking and not parked and not (_SHOULD_RECONNECT and conn.should_reconnect()):
+            parked.append((_forks[0], conn))
+        else:
+            _release(pool, conn)
+        return reply
 
     def _call(self, name: str, keys: Sequence[str], args: Sequence[str]) -> Any:
         # EVALSHA straight from the client: what redis-py's Script.__call__ does, without
