@@ -134,26 +134,23 @@ def test_nothing_listening_is_service_unavailable() -> None:
         store.consume("A" * 43, SCOPE)
 
 
-def test_a_lost_reply_is_retried_on_a_new_connection(redis_server: RedisServer) -> None:
+@pytest.mark.parametrize("retries", [0, 1])
+def test_a_lost_reply_is_retried_by_the_connections_own_retry(
+    redis_server: RedisServer, retries: int
+) -> None:
     with FaultProxy(("127.0.0.1", redis_server.port)) as proxy:
-        store = TokenStore(redis.Redis(port=proxy.port, retry=Retry(NoBackoff(), 1)))
+        store = TokenStore(redis.Redis(port=proxy.port, retry=Retry(NoBackoff(), retries)))
         warm(store)
         token = issue(store)
         proxy.drop_replies(1, match=b"EVALSHA", then="reset")
-        # Redis consumed it; the reply was lost; the retry finds its own win
-        assert store.consume(token, SCOPE, request_id="r-1").replayed is True
+        if retries:
+            # Redis consumed it; the reply was lost; the retry finds its own win
+            assert store.consume(token, SCOPE, request_id="r-1").replayed is True
+        else:
+            with pytest.raises(ServiceUnavailable):  # fail closed: never "consumed" unheard
+                store.consume(token, SCOPE, request_id="r-1")
+            assert store.consume(token, SCOPE, request_id="r-1").replayed is True
         assert proxy.stats.replies_dropped == 1
-
-
-def test_without_retries_a_lost_reply_is_service_unavailable(redis_server: RedisServer) -> None:
-    with FaultProxy(("127.0.0.1", redis_server.port)) as proxy:
-        store = TokenStore(redis.Redis(port=proxy.port, retry=Retry(NoBackoff(), 0)))
-        warm(store)
-        token = issue(store)
-        proxy.drop_replies(1, match=b"EVALSHA", then="reset")
-        with pytest.raises(ServiceUnavailable):  # fail closed: never "consumed" unheard
-            store.consume(token, SCOPE, request_id="r-1")
-        assert store.consume(token, SCOPE, request_id="r-1").replayed is True
 
 
 # --- the parked connection -------------------------------------------------------

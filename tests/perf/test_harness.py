@@ -30,18 +30,24 @@ def require_binary(name: str) -> None:
         pytest.skip(message)
 
 
-def test_quick_mode_runs_every_part_and_writes_the_report(tmp_path: Path) -> None:
-    for binary in ("wrk", "redis-server", "redis-benchmark"):
-        require_binary(binary)
+def run_module(*args: str, timeout_seconds: float) -> subprocess.CompletedProcess[str]:
+    """``python -m <args>`` from the repository root; fails the test unless it exits 0."""
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "--quick", "--out", str(tmp_path)],
+        [sys.executable, "-m", *args],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=timeout_seconds,
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_quick_mode_runs_every_part_and_writes_the_report(tmp_path: Path) -> None:
+    for binary in ("wrk", "redis-server", "redis-benchmark"):
+        require_binary(binary)
+    run_module("benchmarks", "--quick", "--out", str(tmp_path), timeout_seconds=180)
 
     results = json.loads((tmp_path / "results.json").read_text())
     for endpoint in ("generate", "consume"):
@@ -77,16 +83,8 @@ def test_quick_mode_runs_every_part_and_writes_the_report(tmp_path: Path) -> Non
 
 def test_app_cpu_measures_both_apps_in_process() -> None:
     require_binary("redis-server")
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.app_cpu", "--requests", "50", "--rounds", "1"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    # app_cpu raises if any reply was not the expected 201 / 200
-    assert done.returncode == 0, done.stderr[-3000:]
+    # app_cpu raises (exits non-zero) if any reply was not the expected 201 / 200
+    done = run_module("benchmarks.app_cpu", "--requests", "50", "--rounds", "1", timeout_seconds=120)
     lines = done.stdout.splitlines()
     assert [line.split(":")[0] for line in lines] == ["generate", "consume"]
     assert all("us of CPU per request" in line for line in lines)
