@@ -9,6 +9,7 @@ apart from what is random per request (tokens, request ids, times).
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from typing import Any
 import fakeredis
 import pytest
 from prometheus_client import REGISTRY
+from werkzeug.test import EnvironBuilder
 
 from tests.conftest import API_KEY, AUTH
 from tests.support.processes import free_port
@@ -354,3 +356,51 @@ def test_cross_origin_requests_go_through_flask_cors(redis_client: Any) -> None:
     assert reply.headers["Access-Control-Allow-Origin"] == origin
     # same-origin and server-to-server requests (no Origin) stay on the hot path
     assert assert_same(paths, generate({"scope": SCOPE})).status_code == 201
+
+
+class BrokenInput(io.RawIOBase):
+    """A request body whose client went away: reading it fails."""
+
+    def read(self, size: int = -1) -> bytes:
+        raise OSError("connection reset by peer")
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda env: env.update({"wsgi.input": BrokenInput()}),
+        lambda env: env.update({"CONTENT_LENGTH": str(int(env["CONTENT_LENGTH"]) + 10)}),  # short body
+    ],
+    ids=["read-fails", "short-body"],
+)
+@pytest.mark.parametrize("path", ["/token/generate", "/token/consume"])
+def test_a_body_that_cannot_be_read_is_400_not_500(
+    paths: Paths, path: str, damage: Callable[[dict[str, Any]], None], caplog: pytest.LogCaptureFixture
+) -> None:
+    environ = EnvironBuilder(path=path, method="POST", json={"scope": SCOPE}, headers=AUTH).get_environ()
+    damage(environ)
+    statuses: list[str] = []
+    with caplog.at_level(logging.ERROR):
+        body = b"".join(paths.hot.wsgi_app(environ, lambda status, headers: statuses.append(status)))
+    assert statuses == ["400 BAD REQUEST"]
+    assert json.loads(body)["code"] == "invalid_request"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert paths.handed_on == 0
+
+
+def test_a_consume_without_a_key_is_401_before_its_body_is_read(paths: Paths) -> None:
+    environ = EnvironBuilder(path="/token/consume", method="POST", json={"scope": SCOPE}).get_environ()
+    environ["wsgi.input"] = BrokenInput()
+    statuses: list[str] = []
+    b"".join(paths.hot.wsgi_app(environ, lambda status, headers: statuses.append(status)))
+    assert statuses == ["401 UNAUTHORIZED"]
+
+
+@pytest.mark.parametrize("length", ["\u00b2", "1e3", "-5", " 12", "0x10", "9" * 13])
+def test_odd_content_lengths_go_to_flask(paths: Paths, length: str) -> None:
+    environ = EnvironBuilder(path="/token/generate", method="POST", json={"scope": SCOPE}).get_environ()
+    environ["CONTENT_LENGTH"] = length
+    statuses: list[str] = []
+    b"".join(paths.hot.wsgi_app(environ, lambda status, headers: statuses.append(status)))
+    assert paths.handed_on == 1
+    assert not statuses[0].startswith("5")

@@ -24,9 +24,10 @@ from redis.retry import Retry
 
 from tests.support.processes import RedisServer
 from tests.support.tcp_proxy import FaultProxy
+from token_service import store as store_module
 from token_service.config import Settings
 from token_service.connection import redis_client
-from token_service.errors import ServiceUnavailable
+from token_service.errors import ServiceUnavailable, TokenInvalid
 from token_service.store import IssueRequest, TokenStore
 
 pytestmark = pytest.mark.real
@@ -174,17 +175,60 @@ def test_the_last_connection_is_parked_for_the_next_call(redis_server: RedisServ
 
 def test_a_failed_call_hands_its_connection_back_to_the_pool(redis_server: RedisServer) -> None:
     with FaultProxy(("127.0.0.1", redis_server.port)) as proxy:
-        client = redis.Redis(port=proxy.port, retry=Retry(NoBackoff(), 0))
+        client = redis.Redis(port=proxy.port, retry=Retry(NoBackoff(), 1))
         store = TokenStore(client)
         warm(store)
         token = issue(store)
         assert len(store._parked) == 1
-        proxy.drop_replies(1, match=b"EVALSHA", then="reset")
+        proxy.drop_replies(2, match=b"EVALSHA", then="reset")  # the call and its retry
         with pytest.raises(ServiceUnavailable):
             store.consume(token, SCOPE, request_id="r-1")
         assert store._parked == []
         assert store.consume(token, SCOPE, request_id="r-1").replayed is True
         client.close()
+
+
+def test_an_exception_between_send_and_read_drops_the_connection(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # KeyboardInterrupt, a task time limit, a signal handler's exception: the command is
+    # sent, its reply never read. The next call must not read that reply as its own.
+    client = service_client(redis_server)
+    store = TokenStore(client)
+    warm(store)
+    interrupted, real = issue(store), issue(store)
+    send_and_read = store_module._send_and_read
+
+    def interrupt(conn: Any, command: tuple[Any, ...]) -> Any:
+        conn.send_command(*command)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store_module, "_send_and_read", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        store.consume(interrupted, SCOPE)
+    monkeypatch.setattr(store_module, "_send_and_read", send_and_read)
+    for _ in range(3):
+        with pytest.raises(TokenInvalid):
+            store.consume("A" * 43, SCOPE)  # would read "consumed" one reply behind
+    assert store.consume(real, SCOPE).replayed is False
+    assert store.inspect(real).state == "CONSUMED"
+    client.close()
+
+
+def test_without_retries_nothing_is_parked(redis_server: RedisServer) -> None:
+    # the pool's checkout replaces a connection the server closed; with no retry to fall
+    # back on, skipping that check would turn a closed idle connection into a 503
+    client = redis.Redis(port=redis_server.port, retry=Retry(NoBackoff(), 0))
+    store = TokenStore(client)
+    warm(store)
+    assert store._parked == []
+    token = issue(store)
+    admin = redis_server.client()
+    admin.client_setname("admin")
+    admin.client_kill_filter(_type="normal", skipme=True)
+    assert store.consume(token, SCOPE).replayed is False
+    admin.close()
+    client.close()
 
 
 def test_threads_share_the_store_without_mixing_replies(redis_server: RedisServer) -> None:

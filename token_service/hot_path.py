@@ -32,7 +32,7 @@ from token_service import problems, telemetry
 from token_service.api import HotOperations, parse_json_object
 from token_service.auth import check_service_key
 from token_service.config import Settings
-from token_service.errors import ServiceUnavailable, TokenError
+from token_service.errors import InvalidRequest, ServiceUnavailable, TokenError
 from token_service.metrics import REDIS_ERRORS
 from token_service.responses import JSON_ENCODER, NO_STORE
 
@@ -66,7 +66,7 @@ class HotPath:
         self.cors = bool(settings.cors_origins)
         header = settings.subject_header
         self.subject_key = "HTTP_" + header.upper().replace("-", "_") if header else None
-        self.routes: dict[str, Callable[[WSGIEnvironment, bytes], Reply]] = {
+        self.routes: dict[str, Callable[[WSGIEnvironment, int], Reply]] = {
             GENERATE: self._generate,
             CONSUME: self._consume,
         }
@@ -82,7 +82,7 @@ class HotPath:
         route = environ["PATH_INFO"]
         try:
             try:
-                status, headers, body = handler(environ, environ["wsgi.input"].read(length))
+                status, headers, body = handler(environ, length)
             except ServiceUnavailable as error:
                 REDIS_ERRORS.labels(route).inc()
                 status, headers, body = _problem(error)
@@ -115,20 +115,33 @@ class HotPath:
         ):
             return 0
         text = environ.get("CONTENT_LENGTH", "")
-        if not text.isdigit() or len(text) > 12:
+        if not (text.isascii() and text.isdigit()) or len(text) > 12:
             return 0
         length = int(text)
         return length if length <= self.max_body_bytes else 0
 
-    def _generate(self, environ: WSGIEnvironment, raw: bytes) -> Reply:
+    def _generate(self, environ: WSGIEnvironment, length: int) -> Reply:
+        body = parse_json_object(_read_body(environ, length))
         subject = environ.get(self.subject_key) if self.subject_key else None
-        reply = self.operations.generate(parse_json_object(raw), subject, environ.get("REMOTE_ADDR"))
+        reply = self.operations.generate(body, subject, environ.get("REMOTE_ADDR"))
         return 201, _JSON_HEADERS.copy(), JSON_ENCODER.encode(reply).encode("utf-8")
 
-    def _consume(self, environ: WSGIEnvironment, raw: bytes) -> Reply:
+    def _consume(self, environ: WSGIEnvironment, length: int) -> Reply:
+        # the key first, as the Flask path checks it before its view reads the body
         check_service_key(self.api_keys, environ.get("HTTP_AUTHORIZATION"))
-        reply = self.operations.consume(parse_json_object(raw))
+        reply = self.operations.consume(parse_json_object(_read_body(environ, length)))
         return 200, _JSON_HEADERS.copy(), JSON_ENCODER.encode(reply).encode("utf-8")
+
+
+def _read_body(environ: WSGIEnvironment, length: int) -> bytes:
+    """Exactly ``length`` bytes of body, or InvalidRequest (400) as Werkzeug answers a short body."""
+    try:
+        raw: bytes = environ["wsgi.input"].read(length)
+    except (OSError, ValueError):  # the client went away mid-body (gunicorn: NoMoreData, an IOError)
+        raw = b""
+    if len(raw) != length:
+        raise InvalidRequest("The request body ended early.", {"body": ["Incomplete body."]})
+    return raw
 
 
 def _problem(error: TokenError) -> Reply:

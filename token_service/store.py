@@ -221,6 +221,12 @@ _forks = [0]
 os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
 
 
+def _retries(conn: Any) -> int:
+    """The connection's Retry count (negative: unbounded); get_retries() is redis-py >= 6 only."""
+    retry = conn.retry
+    return int(retry.get_retries() if hasattr(retry, "get_retries") else retry._retries)
+
+
 def _release(pool: Any, conn: Any) -> None:
     """Back to the pool, as execute_command hands it back."""
     try:
@@ -269,8 +275,10 @@ class TokenStore(_StoreBase):
         back to the pool: checking a connection out of redis-py's pool (locks,
         a poll of the socket, bookkeeping) costs ~7 us, another ~15%. The store
         holds at most that one connection; one that failed goes back to the
-        pool, which checks it at the next checkout as always, and a parked one
-        is never used in a forked child. Clients of other kinds (Cluster,
+        pool (dropped first unless the failure was an error reply), a parked
+        one is never used in a forked child, and none is parked when the
+        connection's Retry allows no retry (the pool's checkout check is then
+        what replaces a connection the server closed). Clients of other kinds (Cluster,
         Sentinel, a blocking pool, a single-connection client, fakeredis) take
         ``execute_command``, or at least the pool's checkout every call.
         """
@@ -291,10 +299,24 @@ class TokenStore(_StoreBase):
             reply = conn.retry.call_with_retry(
                 lambda: _send_and_read(conn, command), lambda error: conn.disconnect()
             )
-        except BaseException:
+        except BaseException as exc:
+            if not isinstance(exc, redis_errors.ResponseError):
+                # Only an error reply leaves the connection in step. Anything else may have
+                # struck between the send and the read (KeyboardInterrupt, a task's time
+                # limit, a signal's exception) and left a reply unread: drop the connection,
+                # or the next call would read this one's reply.
+                conn.disconnect()
             _release(pool, conn)
             raise
-        if self._parking and not parked and not (_SHOULD_RECONNECT and conn.should_reconnect()):
+        # Parked only where a failure of the parked connection is retried: it skips the
+        # pool's checkout, whose check of the socket would have replaced a connection the
+        # server closed meanwhile (idle timeout, CLIENT KILL, restart).
+        if (
+            self._parking
+            and not parked
+            and _retries(conn) != 0
+            and not (_SHOULD_RECONNECT and conn.should_reconnect())
+        ):
             parked.append((_forks[0], conn))
         else:
             _release(pool, conn)
