@@ -1,8 +1,7 @@
-"""The SDK's consume shortcuts: remembered scopes and the inlined first attempt.
+"""The SDK's consume: its retries (attempts, backoff, one request id) and remembered scopes.
 
-TokenClient.consume makes its first attempt without _call and hands a
-ServiceUnavailable to _retry; the retries must stay exactly what _call did.
-The scope check remembers scopes that passed. (The store's shortcuts:
+TokenClient.consume retries through _call with the same request id on
+every attempt. The scope check remembers scopes that passed. (The store's shortcuts:
 tests/test_consume_fast_path.py.)
 """
 

@@ -147,24 +147,16 @@ class TokenClient:
     # -- plumbing -----------------------------------------------------------
 
     def _call(self, operation: Callable[[], T]) -> T:
-        try:
-            return operation()
-        except ServiceUnavailable:
-            if self.retry.attempts <= 1:
-                raise
-        return self._retry(operation)
-
-    def _retry(self, operation: Callable[[], T]) -> T:
-        """After a first attempt failed: wait and try again, ``retry.attempts`` tries in all."""
-        failures = 1
+        """``operation``, tried ``retry.attempts`` times in all while the service is unavailable."""
+        failures = 0
         while True:
-            time.sleep(self.retry.delay_seconds(failures))
             try:
                 return operation()
             except ServiceUnavailable:
                 failures += 1
                 if failures >= self.retry.attempts:
                     raise
+                time.sleep(self.retry.delay_seconds(failures))
 
     def close(self) -> None:
         self._backend.close()
@@ -210,14 +202,8 @@ class TokenClient:
         request_id: str | None = None,
     ) -> Consumed:
         """Use a token once. ``replayed`` is true when a retry of this request finds its own win."""
-        rid = request_id or new_request_id()
-        backend = self._backend
-        try:  # _call, inlined for the first attempt (no closure); retries resend the same rid
-            return backend.consume(token, scope, subject, fingerprint, rid)
-        except ServiceUnavailable:
-            if self.retry.attempts <= 1:
-                raise
-        return self._retry(lambda: backend.consume(token, scope, subject, fingerprint, rid))
+        rid = request_id or new_request_id()  # every retry resends it: a lost win is found again
+        return self._call(lambda: self._backend.consume(token, scope, subject, fingerprint, rid))
 
     def begin(
         self,

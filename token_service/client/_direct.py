@@ -115,14 +115,7 @@ class DirectTransport(_Checks):
     def consume(
         self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
     ) -> Consumed:
-        # use(), inlined (the same checks in the same order): consume is the hot call
-        return self.store.consume(
-            check.token(token),
-            check.scope(scope),
-            None if subject is None else check.text("subject", subject, 128),
-            None if fingerprint is None else check.text("fingerprint", fingerprint, 128),
-            check.text("request_id", request_id, 128) or "",
-        )
+        return self.store.consume(*self.use(token, scope, subject, fingerprint, request_id))
 
     def begin(
         self,
