@@ -89,11 +89,8 @@ class HotPath:
             except TokenError as error:
                 status, headers, body = _problem(error)
             except Exception:
-                # A bug, never a request's fault; the message may not be safe to show.
                 log.exception("unhandled error")
-                status, document_headers, body = problems.problem(
-                    500, "internal_error", "Internal error", "The service failed unexpectedly."
-                )
+                status, document_headers, body = problems.internal_error()
                 headers = list(document_headers.items())
             headers.append(("Content-Length", str(len(body))))
             headers.append((telemetry.REQUEST_ID_HEADER, info.request_id))

@@ -42,6 +42,11 @@ def problem(
     return status, headers, json.dumps(body, separators=(",", ":")).encode("utf-8")
 
 
+def internal_error() -> tuple[int, dict[str, str], bytes]:
+    """The answer to a bug: never the request's fault, and its message may not be safe to show."""
+    return problem(500, "internal_error", "Internal error", "The service failed unexpectedly.")
+
+
 def problem_for(error: TokenError) -> tuple[int, dict[str, str], bytes]:
     extra: dict[str, Any] = {}
     if isinstance(error, InvalidRequest):

@@ -63,9 +63,9 @@ def _http_problem(exc: HTTPException) -> Response:
 
 
 def _unexpected(exc: Exception) -> Response:
-    # A bug, never a request's fault; the message may not be safe to show.
     log.exception("unhandled error")
-    return problem(500, "internal_error", "Internal error", "The service failed unexpectedly.")
+    status, headers, body = problems.internal_error()
+    return Response(body, status=status, headers=headers)
 
 
 def register_error_handlers(app: Flask) -> None:
