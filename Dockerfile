@@ -1,4 +1,4 @@
-# token-service image: gunicorn with token_service.gunicorn_conf, as a non-root user.
+# token-service image: gunicorn with token_service.server.gunicorn_conf, as a non-root user.
 #   docker build -t token-service .
 #   docker run -e TOKEN_SERVICE_REDIS_URL=redis://... -e TOKEN_SERVICE_API_KEYS=... -p 8000:8000 token-service
 
@@ -30,4 +30,4 @@ HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
   CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('PORT', '8000'), timeout=2)"]
 # gunicorn binds 0.0.0.0:$PORT. Stop timeout must exceed drain (5 s) + graceful_timeout (10 s).
 STOPSIGNAL SIGTERM
-CMD ["gunicorn", "--config", "python:token_service.gunicorn_conf", "token_service:create_app()"]
+CMD ["gunicorn", "--config", "python:token_service.server.gunicorn_conf", "token_service:create_app()"]

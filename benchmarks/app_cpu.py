@@ -108,7 +108,7 @@ def measure(requests: int, rounds: int, profile: str | None = None) -> dict[str,
     from benchmarks import baseline_app, suite
     from benchmarks.procs import RedisServer
     from token_service import create_app
-    from token_service.logs import logging_config
+    from token_service.server.logs import logging_config
 
     redis_server = RedisServer().start()
     try:

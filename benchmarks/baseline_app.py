@@ -4,7 +4,7 @@ generate: ``secrets.token_urlsafe`` + one ``SET EX``. consume: one small Lua
 GET/SET. No schema, no digest, no auth, no metrics, no logs: the service must
 come within the issue's budget of this while doing all of those.
 Run by the benchmark under gunicorn with exactly the service's flags:
-``gunicorn --config python:token_service.gunicorn_conf 'benchmarks.baseline_app:create_app()'``.
+``gunicorn --config python:token_service.server.gunicorn_conf 'benchmarks.baseline_app:create_app()'``.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # One gunicorn command line for the service and for the hand-written baseline:
 # the project's own config file (sync workers, keepalive, access log to
 # stdout), the same worker count, only the application differs.
-GUNICORN_FLAGS = ("--config", "python:token_service.gunicorn_conf")
+GUNICORN_FLAGS = ("--config", "python:token_service.server.gunicorn_conf")
 
 
 def free_port() -> int:

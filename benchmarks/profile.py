@@ -24,20 +24,20 @@ from benchmarks import suite
 from benchmarks.procs import children
 
 # (label, substring of a frame) — a sample counts for every label whose frame is on its stack
-REQUEST_FRAMES = ("__call__ (token_service/hot_path.py", "wsgi_app (flask/app.py")
+REQUEST_FRAMES = ("__call__ (token_service/server/hot_path.py", "wsgi_app (flask/app.py")
 BUCKETS = [
     ("whole request (hot path)", REQUEST_FRAMES[0]),
     ("whole request (Flask wsgi_app)", REQUEST_FRAMES[1]),
-    ("operation (api.py)", "(token_service/api.py"),
+    ("operation (api.py)", "(token_service/server/api.py"),
     ("  marshmallow load", "load (marshmallow/schema.py"),
     ("  redis-py command", "execute_command (redis/client.py"),
     ("    of which pack", "pack (redis/connection.py"),
     ("    of which socket send/recv", "(redis/_parsers/socket.py"),
-    ("  json_response", "json_response (token_service/responses.py"),
+    ("  json_response", "json_response (token_service/server/responses.py"),
     ("  issuance limits (admit)", "admit (token_service/store.py"),
     ("  metrics", "(prometheus_client/"),
     ("  logging", "(logging/__init__.py"),
-    ("  access line + request metrics", "record (token_service/telemetry.py"),
+    ("  access line + request metrics", "record (token_service/server/telemetry.py"),
     ("gunicorn outside the app", "handle_request (gunicorn/workers/sync.py"),
 ]
 

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.processes import REPO_ROOT, free_port, wait_until
 
-CLI = [sys.executable, "-m", "token_service.cli"]
+CLI = [sys.executable, "-m", "token_service.server.cli"]
 DEV_KEY = "dev-service-key-change-me"
 
 
@@ -139,4 +139,4 @@ def test_the_lua_scripts_and_spec_ship_inside_the_wheel(tmp_path: Path) -> None:
     for script in sorted((REPO_ROOT / "lua").glob("*.lua")):
         assert f"token_service/lua/{script.name}" in names
     assert "token_service/openapi.yaml" in names
-    assert "token_service/static/token-client.js" in names
+    assert "token_service/server/static/token-client.js" in names

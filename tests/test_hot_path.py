@@ -1,7 +1,7 @@
 """The hot path answers generate and consume exactly as the Flask views would.
 
 Every scenario runs twice on an empty Redis: once through the app as built
-(plain requests to the two hot routes answered by token_service.hot_path) and
+(plain requests to the two hot routes answered by token_service.server.hot_path) and
 once through the same app with the hot path removed (Flask answers
 everything). Status, headers, bodies, metrics and access lines must agree,
 apart from what is random per request (tokens, request ids, times).
@@ -22,9 +22,10 @@ from werkzeug.test import EnvironBuilder
 
 from tests.conftest import API_KEY, AUTH
 from tests.support.processes import free_port
-from token_service import create_app, hot_path, request_context
-from token_service.logs import RequestIdFilter
-from token_service.metrics import TOKEN_REF_CHARS
+from token_service import create_app
+from token_service.server import hot_path, request_context
+from token_service.server.logs import RequestIdFilter
+from token_service.server.metrics import TOKEN_REF_CHARS
 from token_service.store import IssueRequest, TokenStore
 from token_service.tokens import token_digest
 

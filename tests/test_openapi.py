@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 from openapi_spec_validator import validate
 
-from token_service.health import openapi_path
+from token_service.server.health import openapi_path
 
 IGNORED_METHODS = {"HEAD", "OPTIONS"}
 

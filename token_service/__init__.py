@@ -17,8 +17,8 @@ if TYPE_CHECKING:
 
 
 def create_app(config: Any = None) -> Flask:
-    from token_service.app import create_app as _create_app
     from token_service.config import ConfigError
+    from token_service.server.app import create_app as _create_app
 
     try:
         return _create_app(config)

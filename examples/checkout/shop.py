@@ -20,7 +20,7 @@ from typing import Any
 from flask import Flask, Response, jsonify, render_template, request
 
 from token_service.errors import InvalidRequest
-from token_service.responses import register_error_handlers
+from token_service.server.responses import register_error_handlers
 
 View = Callable[..., Any]
 SCOPE = "payment.create"

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from flask import Flask, request
 
+from token_service.client._idempotency_store import Claimed, IdempotencyStore, StoredResponse
 from token_service.client.idempotency import IdempotencyMiddleware
-from token_service.idempotency_store import Claimed, IdempotencyStore, StoredResponse
 from token_service.store import lua_source
 
 KEY = '"8e03978e-40d5-43e8-bc93-6894a57f9324"'

@@ -8,8 +8,8 @@ import pytest
 import sqlalchemy as sa
 
 from tests.durable.databases import Db
-from token_service.cli import main
 from token_service.client.durable import delete_expired, utc_now
+from token_service.server.cli import main
 
 
 def add_records(db: Db, prefix: str, count: int, expires_at: datetime) -> None:

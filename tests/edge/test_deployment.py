@@ -92,7 +92,7 @@ def test_the_healthcheck_needs_no_curl() -> None:
 
 def test_the_command_is_gunicorn_with_the_config() -> None:
     command = exec_form(the("CMD"))
-    assert command[:3] == ["gunicorn", "--config", "python:token_service.gunicorn_conf"]
+    assert command[:3] == ["gunicorn", "--config", "python:token_service.server.gunicorn_conf"]
 
 
 @pytest.mark.real

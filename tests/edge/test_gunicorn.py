@@ -193,10 +193,16 @@ def assert_one_line_naming_the_variable(result: subprocess.CompletedProcess[str]
 @pytest.mark.parametrize(
     "args",
     [
-        pytest.param(["-m", "token_service.cli", "serve", "--port", "1"], id="serve"),
-        pytest.param(["-m", "token_service.cli", "check"], id="check"),
+        pytest.param(["-m", "token_service.server.cli", "serve", "--port", "1"], id="serve"),
+        pytest.param(["-m", "token_service.server.cli", "check"], id="check"),
         pytest.param(
-            ["-m", "gunicorn", "-c", "python:token_service.gunicorn_conf", "token_service:create_app()"],
+            [
+                "-m",
+                "gunicorn",
+                "-c",
+                "python:token_service.server.gunicorn_conf",
+                "token_service:create_app()",
+            ],
             id="gunicorn-with-config",
         ),
         # from the repository, gunicorn finds ./gunicorn.conf.py by itself

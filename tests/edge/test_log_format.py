@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pythonjsonlogger.json import JsonFormatter as LibraryJsonFormatter
 
-from token_service.logs import JSON_FORMAT, JsonFormatter, logging_config
+from token_service.server.logs import JSON_FORMAT, JsonFormatter, logging_config
 
 OPTIONS = logging_config()["formatters"]["json"]
 
@@ -37,7 +37,7 @@ class Level(enum.StrEnum):
 
 
 def test_the_service_config_uses_this_formatter() -> None:
-    assert OPTIONS["()"] == "token_service.logs.JsonFormatter"
+    assert OPTIONS["()"] == "token_service.server.logs.JsonFormatter"
     assert OPTIONS["fmt"] == JSON_FORMAT
 
 
@@ -142,7 +142,7 @@ def restore_logging() -> Any:
 def test_gunicorn_builds_no_access_fields_nobody_writes(restore_logging: Any) -> None:
     from gunicorn.config import Config
 
-    from token_service.gunicorn_logger import GunicornLogger
+    from token_service.server.gunicorn_logger import GunicornLogger
 
     class Counting(GunicornLogger):  # type: ignore[misc]
         built = 0

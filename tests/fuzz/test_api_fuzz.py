@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import API_KEY, AUTH
 from token_service import create_app
-from token_service.health import openapi_path
+from token_service.server.health import openapi_path
 from token_service.store import IssueRequest, TokenStore
 
 EXAMPLES_PER_OPERATION = 100

@@ -7,7 +7,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import AUTH
-from token_service import metrics, tokens
+from token_service import tokens
+from token_service.server import metrics
 from token_service.store import TokenStore
 
 

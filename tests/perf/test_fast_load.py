@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from marshmallow import ValidationError
 
-from token_service.schemas import BodySchema, ConsumeSchema, GenerateBatchSchema, GenerateSchema
+from token_service.server.schemas import BodySchema, ConsumeSchema, GenerateBatchSchema, GenerateSchema
 
 TTL_LIMITS = {"ttl_seconds": (1, 86400)}
 SCHEMAS = {

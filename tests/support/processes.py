@@ -125,7 +125,7 @@ class Gunicorn:
             "-m",
             "gunicorn",
             "--config",
-            "python:token_service.gunicorn_conf",
+            "python:token_service.server.gunicorn_conf",
             "--bind",
             f"127.0.0.1:{self.port}",
             "--workers",

@@ -31,7 +31,7 @@ and so does a record the store refuses (e.g. the key holds something else).
 The lock is not extended while the app runs: a request that takes longer than
 ``lock_seconds`` lets a concurrent repeat run too (its own response is then not
 stored). Set ``lock_seconds`` above your slowest request.
-Everything is one Lua script per step (:mod:`token_service.idempotency_store`).
+Everything is one Lua script per step (:mod:`token_service.client._idempotency_store`).
 No Flask needed.
 """
 
@@ -43,8 +43,7 @@ import secrets
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from token_service.errors import InvalidRequest, PayloadTooLarge, ServiceUnavailable, TokenError
-from token_service.idempotency_store import (
+from token_service.client._idempotency_store import (
     Claimed,
     IdempotencyStore,
     InProgress,
@@ -52,6 +51,7 @@ from token_service.idempotency_store import (
     StoredResponse,
     request_fingerprint,
 )
+from token_service.errors import InvalidRequest, PayloadTooLarge, ServiceUnavailable, TokenError
 from token_service.problems import problem, problem_for
 
 if TYPE_CHECKING:

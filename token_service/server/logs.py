@@ -1,8 +1,8 @@
 """Logging configuration: one JSON object per line on stderr.
 
-``token_service.gunicorn_conf`` hands :func:`logging_config` to gunicorn
+``token_service.server.gunicorn_conf`` hands :func:`logging_config` to gunicorn
 (``logconfig_dict``), so gunicorn's own messages, the app's and the access
-lines (``token_service.access``, written by :mod:`token_service.telemetry`;
+lines (``token_service.access``, written by :mod:`token_service.server.telemetry`;
 gunicorn's access log is off) all come out as JSON with a ``request_id``
 where there is one. The service never logs a token or a request body.
 """
@@ -17,7 +17,7 @@ from typing import Any
 from pythonjsonlogger.json import JsonEncoder
 from pythonjsonlogger.json import JsonFormatter as _LibraryJsonFormatter
 
-from token_service import request_context
+from token_service.server import request_context
 
 JSON_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
@@ -109,10 +109,10 @@ def logging_config(level: str = "INFO") -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"request_id": {"()": "token_service.logs.RequestIdFilter"}},
+        "filters": {"request_id": {"()": "token_service.server.logs.RequestIdFilter"}},
         "formatters": {
             "json": {
-                "()": "token_service.logs.JsonFormatter",
+                "()": "token_service.server.logs.JsonFormatter",
                 "fmt": JSON_FORMAT,
                 "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
             }

@@ -1,6 +1,6 @@
 """Prometheus metrics, correct under several gunicorn workers.
 
-Under gunicorn, ``token_service.gunicorn_conf`` points
+Under gunicorn, ``token_service.server.gunicorn_conf`` points
 ``PROMETHEUS_MULTIPROC_DIR`` at a fresh directory before any worker imports
 prometheus_client: each worker then keeps its samples in memory-mapped files
 there (an increment is a write to mapped memory, no system call), and
@@ -31,9 +31,10 @@ from prometheus_client import (
     generate_latest,
 )
 
-from token_service import records, request_context
+from token_service import records
 from token_service.errors import RateLimited, TokenError
 from token_service.limits import IssuanceLimits, OutstandingCapReached
+from token_service.server import request_context
 from token_service.store import IssueRequest, TokenStore
 from token_service.tokens import digest_key, token_digest
 

@@ -1,7 +1,7 @@
 """What the logs know about the request being answered: its id and the token it named.
 
 A context variable rather than Flask's ``g``: the hot path
-(:mod:`token_service.hot_path`) answers requests without Flask's contexts,
+(:mod:`token_service.server.hot_path`) answers requests without Flask's contexts,
 and the log filter runs in gunicorn's master too, where Flask is never
 imported. Each thread (and each asyncio task) sees only its own request.
 """

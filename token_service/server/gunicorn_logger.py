@@ -1,4 +1,4 @@
-"""gunicorn's logger class for token-service (``logger_class`` in ``token_service.gunicorn_conf``)."""
+"""gunicorn's logger class for token-service (``logger_class`` in ``token_service.server.gunicorn_conf``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ class GunicornLogger(Logger):  # type: ignore[misc]
 
     gunicorn computes the Apache-style fields of every request whenever a
     logging configuration is given, then hands them to ``gunicorn.access``,
-    which :func:`token_service.logs.logging_config` keeps at WARNING with no
+    which :func:`token_service.server.logs.logging_config` keeps at WARNING with no
     handler: the fields were built for nothing (~3% of a request's CPU).
     Should that logger be enabled for INFO (another logging config), gunicorn
     logs exactly as before.

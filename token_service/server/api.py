@@ -16,12 +16,12 @@ from flask import Blueprint, Response, request
 from marshmallow import Schema, ValidationError
 
 from token_service import records
-from token_service.auth import check_service_key
 from token_service.config import Settings
 from token_service.errors import InvalidRequest, TokenInvalid
 from token_service.limits import IssuanceLimits, client_key
-from token_service.responses import json_response, json_text_response
-from token_service.schemas import (
+from token_service.server.auth import check_service_key
+from token_service.server.responses import json_response, json_text_response
+from token_service.server.schemas import (
     BeginSchema,
     BodySchema,
     CompleteSchema,
@@ -110,7 +110,7 @@ def _token(data: dict[str, Any]) -> str:
 class HotOperations:
     """The work of the two hottest routes, from a parsed body to the reply document, without Flask.
 
-    The Flask views below and :mod:`token_service.hot_path` (which answers
+    The Flask views below and :mod:`token_service.server.hot_path` (which answers
     these routes without Flask's request machinery) both call these, so the
     two paths cannot drift apart in what they check, store or answer.
     """

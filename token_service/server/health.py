@@ -9,14 +9,14 @@ from pathlib import Path
 
 from flask import Blueprint, Response
 
-from token_service.responses import json_response
+from token_service.server.responses import json_response
 from token_service.store import TokenStore
 
 
 def openapi_path() -> Path:
     """Inside the package (wheel) or at the repository root (editable)."""
     packaged = Path(str(resources.files("token_service"))) / "openapi.yaml"
-    return packaged if packaged.is_file() else Path(__file__).resolve().parent.parent / "openapi.yaml"
+    return packaged if packaged.is_file() else Path(__file__).resolve().parents[2] / "openapi.yaml"
 
 
 @cache

@@ -33,7 +33,7 @@ def serve(args: argparse.Namespace) -> int:
     argv = [
         "gunicorn",
         "--config",
-        "python:token_service.gunicorn_conf",
+        "python:token_service.server.gunicorn_conf",
         "--bind",
         f"{args.host}:{args.port}",
     ]

@@ -5,7 +5,7 @@ characters of ``A-Za-z0-9._:-``, so it cannot forge log fields or smuggle a
 header), else a new random one; either way it is returned in ``X-Request-ID``
 and is in every log line written while the request runs. The access line
 names the route, never the raw path of an unmatched URL, and never a token:
-at most :data:`token_service.metrics.TOKEN_REF_CHARS` characters of its digest.
+at most :data:`token_service.server.metrics.TOKEN_REF_CHARS` characters of its digest.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any
 
 from flask import Flask, Response, g, request
 
-from token_service import request_context
 from token_service.errors import ServiceUnavailable
-from token_service.metrics import LATENCY, REDIS_ERRORS, REQUESTS
-from token_service.request_context import RequestInfo
-from token_service.responses import problem_for
+from token_service.server import request_context
+from token_service.server.metrics import LATENCY, REDIS_ERRORS, REQUESTS
+from token_service.server.request_context import RequestInfo
+from token_service.server.responses import problem_for
 from token_service.tokens import new_request_id
 
 REQUEST_ID_HEADER = "X-Request-ID"

@@ -28,13 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 from werkzeug.http import HTTP_STATUS_CODES
 
-from token_service import problems, telemetry
-from token_service.api import HotOperations, parse_json_object
-from token_service.auth import check_service_key
+from token_service import problems
 from token_service.config import Settings
 from token_service.errors import InvalidRequest, ServiceUnavailable, TokenError
-from token_service.metrics import REDIS_ERRORS
-from token_service.responses import JSON_ENCODER, NO_STORE
+from token_service.server import telemetry
+from token_service.server.api import HotOperations, parse_json_object
+from token_service.server.auth import check_service_key
+from token_service.server.metrics import REDIS_ERRORS
+from token_service.server.responses import JSON_ENCODER, NO_STORE
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment

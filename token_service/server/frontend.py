@@ -22,7 +22,7 @@ CACHE_CONTROL = "public, max-age=300, must-revalidate"
 @cache
 def asset(name: str) -> tuple[bytes, str]:
     """The file's bytes and a strong ETag over them."""
-    data = resources.files("token_service").joinpath("static", name).read_bytes()
+    data = resources.files("token_service.server").joinpath("static", name).read_bytes()
     return data, hashlib.sha256(data).hexdigest()[:32]
 
 

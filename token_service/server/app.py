@@ -9,10 +9,10 @@ from typing import Any
 from flask import Flask
 from werkzeug.middleware.proxy_fix import ProxyFix
 
-from token_service import api, cors, frontend, health, hot_path, metrics, telemetry
 from token_service.config import Settings
 from token_service.connection import redis_client
-from token_service.responses import register_error_handlers
+from token_service.server import api, cors, frontend, health, hot_path, metrics, telemetry
+from token_service.server.responses import register_error_handlers
 
 
 def load_settings(config: Settings | Mapping[str, Any] | None) -> Settings:

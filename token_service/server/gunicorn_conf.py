@@ -1,4 +1,4 @@
-"""gunicorn settings for token-service (``gunicorn -c python:token_service.gunicorn_conf``).
+"""gunicorn settings for token-service (``gunicorn -c python:token_service.server.gunicorn_conf``).
 
 Every choice here can be overridden the usual gunicorn ways (command line,
 ``GUNICORN_CMD_ARGS``); the reasons:
@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from token_service.config import ConfigError, Settings
-from token_service.gunicorn_logger import GunicornLogger
-from token_service.logs import logging_config
+from token_service.server.gunicorn_logger import GunicornLogger
+from token_service.server.logs import logging_config
 
 try:
     _settings = Settings.from_env(os.environ)
