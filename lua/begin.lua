@@ -2,7 +2,9 @@
 -- KEYS[1] token record key
 -- ARGV[1] scope; ARGV[2] subject; ARGV[3] fingerprint; ARGV[4] request_id;
 -- ARGV[5] lease_ms (positive integer); ARGV[6] lease_id for a new lease;
--- ARGV[7] now_ms ('' = Redis TIME)
+-- ARGV[7] now_ms ('' = Redis TIME);
+-- ARGV[8] claim_ms (optional): a keyed operation, which no token was issued for. An absent
+-- record is then taken as ISSUED, bound to ARGV[1..3] and living claim_ms (positive integer)
 -- returns {'started', lease_id, lease_expires_ms, replayed 0|1}
 --       | {'succeeded', result_json} (a finished operation: replay its result)
 --       | {'token_invalid'} | {'token_mismatch', field} | {'token_used'}
@@ -10,10 +12,16 @@
 --       | {'invalid_argument', message}
 if not positive_int(ARGV[5]) then return bad('lease_ms must be a positive integer') end
 if ARGV[6] == nil or ARGV[6] == '' then return bad('lease_id is required') end
+local claim = ARGV[8] ~= nil and ARGV[8] ~= ''
+if claim and not positive_int(ARGV[8]) then return bad('claim_ms must be a positive integer') end
 local refused = separator_in(1, 2, 3, 4, 6)
 if refused then return refused end
 local value = redis.call('GET', KEYS[1])
-if not value then return {'token_invalid'} end
+local claimed_now = not value
+if claimed_now then
+  if not claim then return {'token_invalid'} end
+  value = record('I', {ARGV[1], ARGV[2], ARGV[3]})
+end
 local state, f = parse(value)
 local differs = mismatch(f, ARGV[1], ARGV[2], ARGV[3])
 if differs then return {'token_mismatch', differs} end
@@ -38,9 +46,14 @@ if state == 'P' then
   -- the holder crashed: take over, fencing it out by the new lease id
   token_expires = tonumber(f[7])
   if token_expires <= now then
-    redis.call('DEL', KEYS[1])
-    return {'token_invalid'}
+    if not claim then
+      redis.call('DEL', KEYS[1])
+      return {'token_invalid'}
+    end
+    token_expires = now + tonumber(ARGV[8])  -- a keyed operation is claimed afresh
   end
+elseif claimed_now then
+  token_expires = now + tonumber(ARGV[8])
 else
   token_expires = now + redis.call('PTTL', KEYS[1])
 end

@@ -191,8 +191,13 @@ def begin_args(
     lease_seconds: int,
     lease_id: str,
     now_ms: str,
+    claim_ttl_seconds: int | None = None,
 ) -> list[str]:
-    return [scope, opt(subject), opt(fingerprint), request_id, str(lease_seconds * 1000), lease_id, now_ms]
+    args = [scope, opt(subject), opt(fingerprint), request_id, str(lease_seconds * 1000), lease_id, now_ms]
+    if claim_ttl_seconds is not None:
+        # a keyed operation: no token was issued, an absent record is claimed for this long
+        args.append(str(claim_ttl_seconds * 1000))
+    return args
 
 
 def begin_reply(reply: Reply) -> Started | Finished:

@@ -460,6 +460,32 @@ class TokenStore(_StoreBase):
         )
         return records.begin_reply(self._run("begin", token, args))
 
+    def begin_keyed(
+        self,
+        name: str,
+        scope: str,
+        fingerprint: str | None,
+        request_id: str,
+        lease_seconds: int,
+        claim_ttl_seconds: int,
+    ) -> records.Started | records.Finished:
+        """``begin`` for a keyed operation, which no token was issued for: an absent record is claimed.
+
+        ``name`` stands where a token would (its digest makes the record key); the claimed
+        record is ISSUED for ``claim_ttl_seconds``, bound to ``scope`` and ``fingerprint``.
+        """
+        args = records.begin_args(
+            scope,
+            None,
+            fingerprint,
+            request_id,
+            lease_seconds,
+            new_lease_id(),
+            self._now(),
+            claim_ttl_seconds,
+        )
+        return records.begin_reply(self._run("begin", name, args))
+
     def complete(self, token: str, lease_id: str, result: Any) -> records.Completed:
         args = records.complete_args(lease_id, result, self.result_ttl_seconds, self._now())
         return records.complete_reply(self._run("complete", token, args))
@@ -576,6 +602,27 @@ class AsyncTokenStore(_StoreBase):
             self._now(),
         )
         return records.begin_reply(await self._run("begin", token, args))
+
+    async def begin_keyed(
+        self,
+        name: str,
+        scope: str,
+        fingerprint: str | None,
+        request_id: str,
+        lease_seconds: int,
+        claim_ttl_seconds: int,
+    ) -> records.Started | records.Finished:
+        args = records.begin_args(
+            scope,
+            None,
+            fingerprint,
+            request_id,
+            lease_seconds,
+            new_lease_id(),
+            self._now(),
+            claim_ttl_seconds,
+        )
+        return records.begin_reply(await self._run("begin", name, args))
 
     async def complete(self, token: str, lease_id: str, result: Any) -> records.Completed:
         args = records.complete_args(lease_id, result, self.result_ttl_seconds, self._now())

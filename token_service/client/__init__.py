@@ -8,6 +8,8 @@ Errors are the classes of :mod:`token_service.errors`, one per error code.
 This package does not import Flask. The Flask view decorator lives in
 :mod:`token_service.client.flask` (``require_token``) and the WSGI
 ``Idempotency-Key`` middleware in :mod:`token_service.client.idempotency`.
+``idempotent`` / ``keyed_guard`` run any function at most once per key
+(:mod:`token_service.client.functions`), no token needed.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from ._types import (
     Started,
     TokenInfo,
 )
+from .functions import idempotent, keyed_guard, operation_token
 from .guard import AsyncGuard, Guard, Replayed, describe_error, guarded
 
 __all__ = [
@@ -75,7 +78,10 @@ __all__ = [
     "Unauthorized",
     "describe_error",
     "guarded",
+    "idempotent",
+    "keyed_guard",
     "new_request_id",
+    "operation_token",
     "require_token",
 ]
 

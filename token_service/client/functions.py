@@ -1,0 +1,364 @@
+"""Any function, keyed by any value: run it at most once per key, no token issued beforehand.
+
+::
+
+    @idempotent(client, "order.ship", key="order_id")
+    def ship(order_id: str, address: dict) -> dict:
+        ...
+
+    ship("o-1", address)   # runs, stores its (JSON) result
+    ship("o-1", address)   # does not run: returns the stored result
+
+The key is any JSON value taken from the call: an argument's name
+(``key="message_id"``), several names (``key=("user_id", "cart_id")``) or a
+callable given the function's arguments. The block form is
+:func:`keyed_guard`; coroutine functions take an :class:`AsyncTokenClient`.
+
+It is the two-phase guard (:class:`~token_service.client.guard.Guard`) on a
+record derived from ``(scope, key)`` instead of an issued token: ``begin``
+treats an absent record as ISSUED (``lua/begin.lua``'s ``claim_ms``), and
+everything after is the token state machine — a lease while the function runs
+(taken over when its holder dies), release on an exception (retryable),
+terminal failures recorded (``terminal=``: duplicates get
+:class:`~token_service.errors.TokenFailed`), the result replayed to every
+duplicate, ``wait_seconds`` to wait for a live holder and return its result.
+
+The derived record can never be reached with a token: its name (``op:`` and a
+digest) is not a well-formed token, which every token path (the HTTP API, the
+direct transport, ``@require_token``) refuses before Redis. It runs on the
+direct transport (``TokenClient.from_redis``): the service's HTTP API takes
+issued tokens only.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import inspect
+import json
+import re
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from token_service.errors import TokenInvalid
+from token_service.records import Completed, FailRecorded, Finished, Started
+
+from . import _validate as check
+from ._client import AsyncTokenClient, TokenClient
+from ._direct import AsyncDirectTransport, DirectTransport, _info
+from ._types import Consumed, IssuedToken, TokenInfo
+from .guard import AsyncGuard, Guard, Terminal, as_json
+
+if TYPE_CHECKING:
+    from token_service.store import AsyncTokenStore, TokenStore
+
+__all__ = ["DEFAULT_KEY_TTL_SECONDS", "idempotent", "keyed_guard", "operation_token"]
+
+T = TypeVar("T")
+# How long a key is remembered while nothing finished it (a finished one is kept at least
+# the store's result_ttl_seconds): the longest a released or abandoned key blocks nothing.
+DEFAULT_KEY_TTL_SECONDS = 86400
+_OPERATION_RE = re.compile(r"op:[A-Za-z0-9_-]{43}\Z")
+KeySpec = str | Sequence[str] | Callable[..., Any]
+
+
+def canonical_json(value: Any) -> str:
+    """One text per JSON value: sorted keys, no spaces (tuples are lists)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def operation_token(scope: str, key: Any) -> str:
+    """The name of the record of ``key`` in ``scope``: ``op:`` and a SHA-256 of both (never a token).
+
+    The key itself never reaches Redis, only this digest of it.
+    """
+    check.scope(scope)
+    if key is None:
+        raise ValueError("the idempotency key is None (a missing message id?): refusing to key on it")
+    try:
+        canonical = canonical_json([scope, key])
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"an idempotency key must be a JSON value (str, int, tuple, ...): {exc}") from exc
+    digest = hashlib.sha256(canonical.encode("utf-8")).digest()
+    return "op:" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+def _operation(value: Any) -> str:
+    if not isinstance(value, str) or not _OPERATION_RE.match(value):
+        raise TokenInvalid("Not a keyed operation's record.")
+    return value
+
+
+def _fingerprint(value: Any) -> str | None:
+    """The record's fingerprint for a JSON value describing the input: its SHA-256 (hex)."""
+    if value is None:
+        return None
+    return hashlib.sha256(canonical_json(as_json(value)).encode("utf-8")).hexdigest()
+
+
+def _not_for_keys(operation: str) -> TypeError:
+    return TypeError(f"{operation} is for issued tokens, not keyed operations")
+
+
+class _Keyed:
+    """Checks shared by both keyed transports."""
+
+    def __init__(self, direct: DirectTransport | AsyncDirectTransport, ttl_seconds: int) -> None:
+        limits = direct.limits
+        check.bounded("ttl_seconds", ttl_seconds, 1, limits.max_ttl_seconds)
+        self.direct = direct
+        self.ttl_seconds = ttl_seconds
+
+    def begin_args(
+        self,
+        token: str,
+        scope: str,
+        subject: str | None,
+        fingerprint: str | None,
+        request_id: str,
+        lease_seconds: int | None,
+    ) -> dict[str, Any]:
+        if subject is not None:
+            raise TypeError("a keyed operation has no subject: make it part of the key")
+        return {
+            "name": _operation(token),
+            "scope": check.scope(scope),
+            "fingerprint": check.text("fingerprint", fingerprint, 128),
+            "request_id": check.text("request_id", request_id, 128) or "",
+            "lease_seconds": self.direct.lease_seconds(lease_seconds),
+            "claim_ttl_seconds": self.ttl_seconds,
+        }
+
+    def result_args(self, token: str, lease_id: str, name: str, value: Any) -> tuple[str, str]:
+        check.payload(name, value, self.direct.limits.max_result_bytes)
+        return _operation(token), self.direct.lease_id(lease_id)
+
+
+class _KeyedTransport(_Keyed):
+    """What :class:`Guard` calls on a client, for ``op:`` records, on the direct transport's store."""
+
+    def __init__(self, direct: DirectTransport, ttl_seconds: int) -> None:
+        super().__init__(direct, ttl_seconds)
+        self.store: TokenStore = direct.store
+
+    def begin(
+        self,
+        token: str,
+        scope: str,
+        subject: str | None,
+        fingerprint: str | None,
+        request_id: str,
+        lease_seconds: int | None,
+    ) -> Started | Finished:
+        return self.store.begin_keyed(
+            **self.begin_args(token, scope, subject, fingerprint, request_id, lease_seconds)
+        )
+
+    def complete(self, token: str, lease_id: str, result: Any) -> Completed:
+        return self.store.complete(*self.result_args(token, lease_id, "result", result), result)
+
+    def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded:
+        record, lease = self.result_args(token, lease_id, "error", error)
+        return self.store.fail(record, lease, retryable=retryable, error=error)
+
+    def inspect(self, token: str) -> TokenInfo:
+        return _info(self.store.inspect(_operation(token)))
+
+    def issue(self, *args: Any) -> list[IssuedToken]:
+        raise _not_for_keys("issue")
+
+    def consume(self, *args: Any) -> Consumed:
+        raise _not_for_keys("consume")
+
+    def revoke(self, *args: Any) -> None:
+        raise _not_for_keys("revoke")
+
+    def close(self) -> None:
+        pass  # the client's connections belong to the client the decorator was given
+
+
+class _AsyncKeyedTransport(_Keyed):
+    def __init__(self, direct: AsyncDirectTransport, ttl_seconds: int) -> None:
+        super().__init__(direct, ttl_seconds)
+        self.store: AsyncTokenStore = direct.store
+
+    async def begin(
+        self,
+        token: str,
+        scope: str,
+        subject: str | None,
+        fingerprint: str | None,
+        request_id: str,
+        lease_seconds: int | None,
+    ) -> Started | Finished:
+        args = self.begin_args(token, scope, subject, fingerprint, request_id, lease_seconds)
+        return await self.store.begin_keyed(**args)
+
+    async def complete(self, token: str, lease_id: str, result: Any) -> Completed:
+        return await self.store.complete(*self.result_args(token, lease_id, "result", result), result)
+
+    async def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded:
+        record, lease = self.result_args(token, lease_id, "error", error)
+        return await self.store.fail(record, lease, retryable=retryable, error=error)
+
+    async def inspect(self, token: str) -> TokenInfo:
+        return _info(await self.store.inspect(_operation(token)))
+
+    async def issue(self, *args: Any) -> list[IssuedToken]:
+        raise _not_for_keys("issue")
+
+    async def consume(self, *args: Any) -> Consumed:
+        raise _not_for_keys("consume")
+
+    async def revoke(self, *args: Any) -> None:
+        raise _not_for_keys("revoke")
+
+    async def close(self) -> None:
+        pass
+
+
+def _keyed_client(client: TokenClient | AsyncTokenClient, ttl_seconds: int) -> TokenClient | AsyncTokenClient:
+    """A client of the same kind and retry policy whose operations address ``op:`` records."""
+    backend = client._backend
+    if isinstance(client, AsyncTokenClient) and isinstance(backend, AsyncDirectTransport):
+        return AsyncTokenClient(retry=client.retry, _backend=_AsyncKeyedTransport(backend, ttl_seconds))
+    if isinstance(client, TokenClient) and isinstance(backend, DirectTransport):
+        return TokenClient(retry=client.retry, _backend=_KeyedTransport(backend, ttl_seconds))
+    raise TypeError(
+        "keyed operations run on the direct transport: use TokenClient.from_redis(...) "
+        "(or AsyncTokenClient.from_redis) on the service's Redis"
+    )
+
+
+def _guard_for(
+    keyed: TokenClient | AsyncTokenClient,
+    scope: str,
+    key: Any,
+    fingerprint: Any,
+    request_id: str | None,
+    lease_seconds: int | None,
+    terminal: Terminal,
+    wait_seconds: float,
+) -> Guard | AsyncGuard:
+    return keyed.guard(
+        operation_token(scope, key),
+        scope,
+        fingerprint=_fingerprint(fingerprint),
+        request_id=request_id,
+        lease_seconds=lease_seconds,
+        terminal=terminal,
+        wait_seconds=wait_seconds,
+    )
+
+
+def keyed_guard(
+    client: TokenClient | AsyncTokenClient,
+    scope: str,
+    key: Any,
+    *,
+    fingerprint: Any = None,
+    ttl_seconds: int = DEFAULT_KEY_TTL_SECONDS,
+    request_id: str | None = None,
+    lease_seconds: int | None = None,
+    terminal: Terminal = (),
+    wait_seconds: float = 0.0,
+) -> Any:
+    """A guard on ``key`` in ``scope``: ``with`` it (``async with`` for an AsyncTokenClient).
+
+    ::
+
+        try:
+            with keyed_guard(client, "invoice.send", invoice_id) as op:
+                op.result = send(invoice_id)
+            sent = op.result
+        except Replayed as replay:
+            sent = replay.result
+
+    ``fingerprint`` is any JSON value describing the operation's input (kept as
+    its SHA-256): the same key with another fingerprint raises
+    :class:`~token_service.errors.TokenMismatch` instead of replaying a result
+    that answers another question. ``ttl_seconds`` is how long an unfinished key
+    is remembered (a finished one: at least the store's ``result_ttl_seconds``).
+    """
+    keyed = _keyed_client(client, ttl_seconds)
+    return _guard_for(keyed, scope, key, fingerprint, request_id, lease_seconds, terminal, wait_seconds)
+
+
+def _key_reader(
+    operation: Callable[..., Any], key: KeySpec, what: str
+) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    """How to read the key (or fingerprint) of a call: argument name(s) or a callable."""
+    if callable(key):
+        return lambda args, kwargs: key(*args, **kwargs)
+    signature = inspect.signature(operation)
+    names = (key,) if isinstance(key, str) else tuple(key)
+    if not names:
+        raise TypeError(f"{what} names no argument")
+    for name in names:
+        if name not in signature.parameters:
+            raise TypeError(f"{operation.__qualname__} has no parameter {name!r} to take the {what} from")
+
+    def read(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        values = [bound.arguments[name] for name in names]
+        return values[0] if isinstance(key, str) else values
+
+    return read
+
+
+def idempotent(
+    client: TokenClient | AsyncTokenClient,
+    scope: str,
+    *,
+    key: KeySpec,
+    fingerprint: KeySpec | None = None,
+    ttl_seconds: int = DEFAULT_KEY_TTL_SECONDS,
+    lease_seconds: int | None = None,
+    terminal: Terminal = (),
+    wait_seconds: float = 0.0,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a function so it runs at most once per key (see the module docs).
+
+    ``key`` names the argument (or arguments) the key is made of, or is a
+    callable given the function's arguments. ``fingerprint`` (names or a
+    callable, optional) describes the input: the same key called with another
+    fingerprint raises :class:`~token_service.errors.TokenMismatch`. The
+    decorated function returns the JSON form of the result (tuples become
+    lists), the same value every duplicate gets. Raises
+    :class:`~token_service.errors.TokenInProgress` while another call holds
+    the key (after ``wait_seconds``), :class:`~token_service.errors.TokenFailed`
+    after a terminal failure.
+    """
+    check.scope(scope)
+    keyed = _keyed_client(client, ttl_seconds)
+
+    def decorate(operation: Callable[..., Any]) -> Callable[..., Any]:
+        read_key = _key_reader(operation, key, "key")
+        read_fingerprint = _key_reader(operation, fingerprint, "fingerprint") if fingerprint else None
+        is_async = inspect.iscoroutinefunction(operation)
+        if is_async != isinstance(keyed, AsyncTokenClient):
+            raise TypeError("coroutine functions need an AsyncTokenClient, plain functions a TokenClient")
+
+        def guard_for(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            described = read_fingerprint(args, kwargs) if read_fingerprint else None
+            return _guard_for(
+                keyed, scope, read_key(args, kwargs), described, None, lease_seconds, terminal, wait_seconds
+            )
+
+        if is_async:
+
+            @functools.wraps(operation)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                return await guard_for(args, kwargs).run(operation, *args, **kwargs)
+
+            return run_async
+
+        @functools.wraps(operation)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return guard_for(args, kwargs).run(operation, *args, **kwargs)
+
+        return run
+
+    return decorate
