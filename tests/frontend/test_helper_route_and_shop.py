@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-from importlib import resources
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.frontend.conftest import RunningDemo
+from tests.support.processes import REPO_ROOT
 
 HELPER = "/static/token-client.js"
 
@@ -18,9 +18,7 @@ def test_the_helper_is_served_from_the_package_as_javascript(client: Any) -> Non
     response = client.get(HELPER)
     assert response.status_code == 200
     assert response.mimetype == "text/javascript"
-    assert (
-        response.data == resources.files("token_service").joinpath("static", "token-client.js").read_bytes()
-    )
+    assert response.data == (REPO_ROOT / "frontend" / "token-client.js").read_bytes()
     assert b"export class TokenClient" in response.data
     assert response.headers["Cache-Control"] == "public, max-age=300, must-revalidate"
     assert response.headers["X-Content-Type-Options"] == "nosniff"

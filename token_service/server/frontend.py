@@ -1,9 +1,12 @@
-"""The browser helper, ``GET /static/token-client.js``, shipped inside the package.
+"""The browser helper, ``GET /static/token-client.js``.
 
-One explicit route rather than Flask's catch-all static folder, so the app
-serves exactly the file it documents (and ``openapi.yaml`` can list it). The
-URL is not versioned, so caches keep it briefly and then revalidate with the
-ETag; browsers load it cross-origin as an ES module, so it is a frontend
+One source: ``frontend/token-client.js``, the npm package shops bundle. The
+wheel carries a copy at ``token_service/server/static/`` (pyproject's
+force-include); an editable checkout has no copy and serves the repository's
+file. One explicit route rather than Flask's catch-all static folder, so the
+app serves exactly the file it documents (and ``openapi.yaml`` can list it).
+The URL is not versioned, so caches keep it briefly and then revalidate with
+the ETag; browsers load it cross-origin as an ES module, so it is a frontend
 route under the CORS allowlist.
 """
 
@@ -12,18 +15,39 @@ from __future__ import annotations
 import hashlib
 from functools import cache
 from importlib import resources
+from pathlib import Path
 
 from flask import Blueprint, Response, request
 
 ASSET_ENDPOINTS = ("frontend.token_client_js",)
 CACHE_CONTROL = "public, max-age=300, must-revalidate"
+HELPER = "token-client.js"
+
+
+def asset_path(name: str = HELPER) -> Path:
+    """Where the file is: inside the installed package, else in the checkout's ``frontend/``."""
+    packaged = Path(str(resources.files("token_service.server"))) / "static" / name
+    return packaged if packaged.is_file() else Path(__file__).resolve().parents[2] / "frontend" / name
 
 
 @cache
-def asset(name: str) -> tuple[bytes, str]:
+def asset(name: str = HELPER) -> tuple[bytes, str]:
     """The file's bytes and a strong ETag over them."""
-    data = resources.files("token_service.server").joinpath("static", name).read_bytes()
+    data = asset_path(name).read_bytes()
     return data, hashlib.sha256(data).hexdigest()[:32]
+
+
+def asset_response(name: str = HELPER) -> Response:
+    """The file as a cacheable JavaScript response (304 on a matching If-None-Match)."""
+    data, etag = asset(name)
+    response = Response(data, mimetype="text/javascript")
+    response.set_etag(etag)
+    response.headers["Cache-Control"] = CACHE_CONTROL
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    # 304 on a matching If-None-Match; HEAD drops the body.
+    response.make_conditional(request)  # in place
+    response.headers.remove("Date")  # the server adds its own
+    return response
 
 
 def make_blueprint() -> Blueprint:
@@ -31,14 +55,6 @@ def make_blueprint() -> Blueprint:
 
     @bp.get("/static/token-client.js")
     def token_client_js() -> Response:
-        data, etag = asset("token-client.js")
-        response = Response(data, mimetype="text/javascript")
-        response.set_etag(etag)
-        response.headers["Cache-Control"] = CACHE_CONTROL
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        # 304 on a matching If-None-Match; HEAD drops the body.
-        response.make_conditional(request)  # in place
-        response.headers.remove("Date")  # the server adds its own
-        return response
+        return asset_response()
 
     return bp

@@ -1,11 +1,13 @@
 // token-client.js — the browser helper of token-service. No dependencies.
 //
-// Load it as an ES module from the token service:
+// Bundle it (npm install <repo>/frontend, then import "token-service-client"),
+// or load it as an ES module from the token service:
 //
 //   import { TokenClient, isReplayed } from "https://tokens.example.com/static/token-client.js";
 //
 // or with a script tag, <script type="module" src=".../token-client.js">, which
 // also sets window.TokenClient (with the helpers below as static members).
+// A bundled copy has no token service URL to guess: pass { baseUrl }.
 //
 // One *action* is one user intent ("pay for this order"): it holds ONE token,
 // fetched lazily, and every request of the action carries it in the
@@ -13,15 +15,21 @@
 // a 503, all send the same token, so the backend runs the action at most once
 // and answers the duplicates with the stored response (Idempotent-Replayed:
 // true). A new action fetches a fresh token.
+//
+// An action's token that expired before any request carried it (the page sat
+// open) is replaced by a fresh one on its own: nothing was done with it.
 
 const DEFAULT_HEADER = "Idempotency-Token";
 const REPLAYED_HEADER = "Idempotent-Replayed";
 
 /** Base class of every error this module throws. */
 export class TokenClientError extends Error {
-  constructor(message, { status = 0, code = "", problem = null, response = null, cause } = {}) {
+  constructor(message, { status = 0, code = "", problem = null, response = null, stage = "", cause } = {}) {
     super(message, cause === undefined ? undefined : { cause });
     this.name = new.target.name;
+    // "token": getting the token failed, so no request of the action was sent by
+    // this call; "request": the action's request itself failed or was refused.
+    this.stage = stage;
     this.status = status; // HTTP status, 0 when no response came back
     this.code = code; // the service's stable problem code, e.g. "token_used"
     this.problem = problem; // the parsed problem+json body, when there was one
@@ -50,7 +58,7 @@ export class RateLimitedError extends TokenClientError {
   }
 }
 
-/** The network failed on every attempt (the last error is `cause`). */
+/** The network failed on every attempt (the last error is `cause`); `stage` says which request. */
 export class NetworkError extends TokenClientError {}
 
 /** True when the backend answered with the stored response of an earlier request. */
@@ -98,7 +106,7 @@ function retryAfterSeconds(response, problem) {
 }
 
 function defaultBaseUrl() {
-  // The module is served by the token service at <base>/static/token-client.js.
+  // Served by the token service at <base>/static/token-client.js.
   try {
     return new URL("../", import.meta.url).href;
   } catch {
@@ -111,6 +119,7 @@ function defaultBaseUrl() {
  *
  * options:
  *   baseUrl        the token service, default: where this module was loaded from
+ *                  (a bundled copy must pass it)
  *   header         the header carrying the token, default "Idempotency-Token"
  *   retries        retries of one request after a network error or a 503,
  *                  always with the same token (default 3)
@@ -119,9 +128,14 @@ function defaultBaseUrl() {
  *                  stored result (default 10000)
  *   retryDelayMs   first backoff delay, doubled each time, with jitter (default 250)
  *   maxRetryDelayMs  cap on any wait, Retry-After included (default 5000)
+ *   expiryMarginMs an unsent token this close to its expiry is replaced (default
+ *                  5000, at most a quarter of the token's lifetime)
  *   credentials    fetch credentials for the token service (default "omit")
  *   fetch          the fetch function to use (default globalThis.fetch)
- *   onRetry        called as onRetry({attempt, reason, delayMs}) before each retry
+ *   now            the clock, in ms (default Date.now)
+ *   onRetry        called as onRetry({attempt, reason, delayMs, stage}) before each
+ *                  retry; stage is "token" (asking for a token: no token exists
+ *                  yet) or "request" (resending a request with the action's token)
  */
 export class TokenClient {
   constructor(options = {}) {
@@ -131,8 +145,10 @@ export class TokenClient {
     this.retryDelayMs = options.retryDelayMs ?? 250;
     this.maxRetryDelayMs = options.maxRetryDelayMs ?? 5000;
     this.inProgressWaitMs = options.inProgressWaitMs ?? 10000;
+    this.expiryMarginMs = options.expiryMarginMs ?? 5000;
     this.credentials = options.credentials ?? "omit";
     this.onRetry = options.onRetry ?? null;
+    this.now = options.now ?? (() => Date.now());
     const fetchImpl = options.fetch ?? globalThis.fetch;
     this._fetch = (...args) => fetchImpl.apply(globalThis, args);
   }
@@ -161,10 +177,11 @@ export class TokenClient {
           signal: options.signal,
         }),
       options.signal,
+      { stage: "token" },
     );
     if (response.status === 201) return response.json();
     const problem = await readProblem(response);
-    throw this._errorFor(response, problem, "The token service refused to issue a token");
+    throw this._errorFor(response, problem, "The token service refused to issue a token", "token");
   }
 
   /** Start a new action: one token, shared by every request of the action. */
@@ -182,7 +199,7 @@ export class TokenClient {
   // Runs send() until it yields a response that is not worth retrying.
   // Failures (network, 503) spend `retries`; waiting for another request of
   // the same action (409 token_in_progress) spends `inProgressWaitMs`.
-  async _send(send, signal, { retryInProgress = false, onRetry = null } = {}) {
+  async _send(send, signal, { stage, retryInProgress = false, onRetry = null } = {}) {
     let failures = 0;
     let polls = 0;
     let waitedMs = 0;
@@ -195,7 +212,9 @@ export class TokenClient {
       } catch (error) {
         if (isAbort(error) || signal?.aborted) throw error;
         if (failures >= this.retries) {
-          throw new NetworkError(`The request failed after ${attempt} attempts: ${error.message}`, {
+          const what = stage === "token" ? "No token: the token service" : "The request";
+          throw new NetworkError(`${what} could not be reached (${attempt} attempts): ${error.message}`, {
+            stage,
             cause: error,
           });
         }
@@ -224,8 +243,9 @@ export class TokenClient {
         failures += 1;
       }
       delayMs = Math.min(this.maxRetryDelayMs, delayMs);
-      this.onRetry?.({ attempt, reason, delayMs });
-      onRetry?.({ attempt, reason, delayMs });
+      const retry = { attempt, reason, delayMs, stage };
+      this.onRetry?.(retry);
+      onRetry?.(retry);
       await sleep(delayMs, signal);
     }
   }
@@ -234,10 +254,10 @@ export class TokenClient {
     return this.retryDelayMs * 2 ** n * (0.75 + Math.random() / 2);
   }
 
-  _errorFor(response, problem, what) {
+  _errorFor(response, problem, what, stage) {
     const code = problem?.code ?? "";
     const detail = problem?.detail ?? problem?.title ?? response.statusText;
-    const details = { status: response.status, code, problem, response };
+    const details = { status: response.status, code, problem, response, stage };
     const message = `${what}: ${response.status}${code ? " " + code : ""}${detail ? " — " + detail : ""}`;
     if (response.status === 429) {
       return new RateLimitedError(message, { ...details, retryAfterSeconds: retryAfterSeconds(response, problem) });
@@ -254,60 +274,127 @@ export class TokenClient {
 
 /**
  * One user intent. Its token is fetched on first use (or given as
- * options.token) and reused by every request of the action.
+ * options.token) and reused by every request of the action. options: subject,
+ * fingerprint, ttlSeconds (as getToken), token.
  */
 export class TokenAction {
   constructor(client, scope, options = {}) {
     this.client = client;
     this.scope = scope;
     this.options = options;
-    this.attempts = 0; // requests sent with this action's token, retries included
-    this._token = options.token ? Promise.resolve(options.token) : null;
+    this.attempts = 0; // requests sent with this action's token(s), retries included
+    this.renewals = 0; // fresh tokens that replaced one that expired unused
+    // The current token: {token: Promise<string>, expiresAtMs, sent, spent}.
+    // `spent`: some request carried it and got an answer other than "unknown
+    // token" (or none at all) — it may have done its work, so it is never replaced.
+    this._current = options.token
+      ? { token: Promise.resolve(options.token), expiresAtMs: Infinity, sent: 0, spent: true, issued: false }
+      : null;
   }
 
-  /** The action's token (fetched once; a failed fetch is tried again next time). */
+  /**
+   * The action's token: fetched once and reused; fetched again when the last
+   * fetch failed, or when it expired (or is about to) before any request carried it.
+   */
   token() {
-    if (!this._token) {
-      this._token = this.client.getToken(this.scope, this.options).then(
-        (issued) => issued.token,
-        (error) => {
-          this._token = null;
-          throw error;
-        },
-      );
+    return this._entry().token;
+  }
+
+  _entry() {
+    const current = this._current;
+    if (current && !(current.sent === 0 && current.issued && this.client.now() >= current.expiresAtMs)) {
+      return current;
     }
-    return this._token;
+    if (current) this.renewals += 1;
+    return this._issue();
+  }
+
+  _issue() {
+    const entry = { token: null, expiresAtMs: Infinity, sent: 0, spent: false, issued: false };
+    entry.token = this.client.getToken(this.scope, this.options).then(
+      (issued) => {
+        // Counted from when the answer arrived, on this machine's clock: the
+        // server's expires_at would drag in any clock difference.
+        const lifetimeMs = Number(issued.ttl_seconds) * 1000;
+        if (Number.isFinite(lifetimeMs)) {
+          const margin = Math.min(this.client.expiryMarginMs, lifetimeMs / 4);
+          entry.expiresAtMs = this.client.now() + lifetimeMs - margin;
+        }
+        entry.issued = true;
+        return issued.token;
+      },
+      (error) => {
+        if (this._current === entry) this._current = null;
+        throw error;
+      },
+    );
+    this._current = entry;
+    return entry;
   }
 
   /**
    * fetch() with the action's token in the header. Resolves to the Response
    * (isReplayed(response) tells a stored answer to a duplicate); rejects with
    * DuplicateRequestError on 409, RateLimitedError on 429, NetworkError when
-   * every attempt failed. The body must be re-readable (a string, Blob,
-   * FormData or URLSearchParams), since retries send it again.
-   * options.onRetry({attempt, reason, delayMs}) hears this call's retries;
+   * every attempt failed (error.stage: "token" when no token could be had, so
+   * nothing was sent). The body must be re-readable (a string, Blob, FormData
+   * or URLSearchParams), since retries send it again.
+   * options.onRetry({attempt, reason, delayMs, stage}) hears this call's retries;
    * reason is "network", "unavailable" (503) or "in_progress" (409).
    */
   async fetch(input, init = {}, options = {}) {
-    const token = await this.token();
     const template = new Request(input, init);
-    const response = await this.client._send(
-      () => {
-        const request = template.clone();
-        request.headers.set(this.client.header, token);
-        this.attempts += 1;
-        return this.client._fetch(request);
-      },
-      init.signal,
-      { retryInProgress: true, onRetry: options.onRetry },
-    );
+    let response = await this._fetchWith(this._entry(), template, init.signal, options);
+    if (response.renew) {
+      // The token expired before it was ever used (the backend does not know it):
+      // nothing was done with it, so a fresh one is safe. Once per call.
+      response = await this._fetchWith(this._renew(response.entry), template, init.signal, options);
+    }
+    response = response.response;
     if (response.status === 409 || response.status === 429) {
-      throw this.client._errorFor(response, await readProblem(response), "The request was refused");
+      throw this.client._errorFor(
+        response,
+        await readProblem(response),
+        "The request was refused",
+        "request",
+      );
     }
     return response;
   }
-}
 
+  _renew(stale) {
+    if (this._current !== stale) return this._entry(); // another call renewed it already
+    this.renewals += 1;
+    return this._issue();
+  }
+
+  async _fetchWith(entry, template, signal, options) {
+    const token = await entry.token;
+    entry.sent += 1;
+    let response;
+    try {
+      response = await this.client._send(
+        () => {
+          const request = template.clone();
+          request.headers.set(this.client.header, token);
+          this.attempts += 1;
+          return this.client._fetch(request);
+        },
+        signal,
+        { stage: "request", retryInProgress: true, onRetry: options.onRetry },
+      );
+    } catch (error) {
+      entry.spent = true; // no answer: the request may have run
+      throw error;
+    }
+    if (response.status === 404 && entry.issued && !entry.spent) {
+      const problem = await readProblem(response);
+      if (problem?.code === "token_invalid") return { response, renew: true, entry };
+    }
+    entry.spent = true;
+    return { response, renew: false, entry };
+  }
+}
 const defaultClients = new Map();
 function defaultClient(options) {
   const baseUrl = options?.baseUrl ?? defaultBaseUrl();
