@@ -18,7 +18,7 @@ from tests.conftest import AUTH
 from tests.support.processes import free_port
 from token_service import create_app
 from token_service.server.logs import JSON_FORMAT, RequestIdFilter
-from token_service.server.metrics import OTHER_SCOPE, ScopeLabels
+from token_service.server.metric_files import OTHER_SCOPE, ScopeLabels
 
 
 def sample(name: str, **labels: str) -> float:

@@ -89,7 +89,7 @@ _drain_file = Path(os.environ["TOKEN_SERVICE_DRAIN_FILE"])
 def on_starting(server: Any) -> None:
     # Samples left by a previous run would be added to this one's.
     _metrics_dir.mkdir(parents=True, exist_ok=True)
-    for stale in _metrics_dir.glob("*.db"):
+    for stale in [*_metrics_dir.glob("*.db"), *_metrics_dir.glob("scopes.*")]:
         stale.unlink()
     _drain_file.unlink(missing_ok=True)
 
@@ -113,7 +113,11 @@ def when_ready(server: Any) -> None:
 def child_exit(server: Any, worker: Any) -> None:
     from prometheus_client import multiprocess
 
+    from token_service.server.metric_files import fold_dead_worker
+
     multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
+    # its counts move to the archive files, so the directory does not grow with every restart
+    fold_dead_worker(worker.pid, _metrics_dir)
 
 
 def on_exit(server: Any) -> None:

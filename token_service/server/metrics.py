@@ -9,15 +9,14 @@ included, so a count survives a worker restart. Without that variable (tests,
 ``flask run``) the metrics live in this process's default registry.
 
 Label values are bounded: routes are the app's URL rules (``unmatched`` for
-anything else), codes are SPEC's error codes, and scopes -- chosen by clients
--- are kept for the first :data:`MAX_SCOPES` distinct values a worker sees
-and counted as ``_other`` after that.
+anything else), codes are the API's error codes, and scopes -- chosen by
+clients -- are kept for the first :data:`MAX_SCOPES` distinct values the
+instance sees (all its workers, past and present) and counted as ``_other``
+after that; see :mod:`token_service.server.metric_files`.
 """
 
 from __future__ import annotations
 
-import os
-import threading
 from functools import cache
 from typing import Any
 
@@ -35,11 +34,11 @@ from token_service import records
 from token_service.errors import RateLimited, TokenError
 from token_service.limits import IssuanceLimits, OutstandingCapReached
 from token_service.server import request_context
+from token_service.server.metric_files import multiprocess_dir, reading, scope_labels
 from token_service.store import IssueRequest, TokenStore
 from token_service.tokens import digest_key, token_digest
 
 MAX_SCOPES = 50
-OTHER_SCOPE = "_other"
 # A digest prefix is enough to find a token's record (SCAN ts:t:<prefix>*) and reveals nothing.
 TOKEN_REF_CHARS = 8
 
@@ -65,31 +64,13 @@ LATENCY = Histogram(
 )
 
 
-class ScopeLabels:
-    """Client-chosen scopes as label values, at most ``limit`` distinct ones per process."""
-
-    def __init__(self, limit: int = MAX_SCOPES) -> None:
-        self.limit = limit
-        self._seen: set[str] = set()
-        self._lock = threading.Lock()
-
-    def __call__(self, scope: str) -> str:
-        if scope in self._seen:
-            return scope
-        with self._lock:
-            if len(self._seen) < self.limit:
-                self._seen.add(scope)
-                return scope
-        return OTHER_SCOPE
-
-
 def note_token(token: str, digest: str | None = None) -> None:
     """Remember a short digest prefix of the request's token for the access log."""
     request_context.note_token_ref((digest or token_digest(token))[:TOKEN_REF_CHARS])
 
 
 # Labelled children, looked up once: every label value here is bounded (operations,
-# SPEC's codes, scopes through ScopeLabels), so are these caches.
+# the API's error codes, scopes through metric_files.scope_labels), so are these caches.
 @cache
 def _outcomes(operation: str, code: str, scope: str) -> Any:
     return OUTCOMES.labels(operation, code, scope)
@@ -110,7 +91,7 @@ class MeteredStore(TokenStore):
 
     def __init__(self, client: Any, **options: Any) -> None:
         super().__init__(client, **options)
-        self.scopes = ScopeLabels()
+        self.scopes = scope_labels(MAX_SCOPES)
         # the last token noted and its key: the store's key() reuses the digest just made
         self._noted: tuple[str | None, str] = (None, "")
 
@@ -237,7 +218,7 @@ class MeteredStore(TokenStore):
 
 
 def _registry() -> CollectorRegistry:
-    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    if multiprocess_dir() is None:
         return REGISTRY
     from prometheus_client import multiprocess
 
@@ -252,7 +233,8 @@ def make_blueprint() -> Blueprint:
 
     @bp.get("/metrics")
     def metrics() -> Response:
-        body = generate_latest(_registry())
+        with reading(multiprocess_dir()):
+            body = generate_latest(_registry())
         return Response(body, headers={"Content-Type": CONTENT_TYPE_LATEST, "Cache-Control": "no-store"})
 
     return bp

@@ -1,0 +1,176 @@
+"""Metric files under worker churn: scope labels stay bounded, dead workers' files are folded, counts kept."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import API_KEY
+from tests.edge.test_gunicorn import children, counter
+from tests.support.processes import Gunicorn, RedisServer, wait_until
+from token_service.server.metric_files import (
+    OTHER_SCOPE,
+    SharedScopeLabels,
+    fold_dead_worker,
+    reading,
+)
+from token_service.server.metrics import MAX_SCOPES
+
+
+def test_workers_share_one_bound_on_scope_labels(tmp_path: Path) -> None:
+    first = SharedScopeLabels(3, tmp_path)
+    assert [first(s) for s in ("a", "b")] == ["a", "b"]
+    # a worker started later extends the same list instead of starting its own
+    later = SharedScopeLabels(3, tmp_path)
+    assert [later(s) for s in ("c", "d", "a")] == ["c", OTHER_SCOPE, "a"]
+    # and the first worker learns that the list is full
+    assert [first(s) for s in ("c", "e")] == ["c", OTHER_SCOPE]
+    assert (tmp_path / "scopes.list").read_text().split() == ["a", "b", "c"]
+
+
+def _write_samples(directory: Path, increments: dict[str, int]) -> None:
+    """A worker process: counts scopes in multiprocess mode, then exits (its files stay)."""
+    script = textwrap.dedent(
+        f"""
+        from prometheus_client import Counter, Histogram
+        issued = Counter("folded_issued", "test", ["scope"])
+        latency = Histogram("folded_latency_seconds", "test", buckets=(0.1, 1.0))
+        for scope, n in {increments!r}.items():
+            issued.labels(scope).inc(n)
+            for _ in range(n):
+                latency.observe(0.5)
+        """
+    )
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    command = [sys.executable, "-c", script]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def _scrape(directory: Path) -> str:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory)}
+    script = (
+        "from prometheus_client import CollectorRegistry, generate_latest, multiprocess\n"
+        "r = CollectorRegistry(); multiprocess.MultiProcessCollector(r)\n"
+        "print(generate_latest(r).decode())"
+    )
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    return done.stdout
+
+
+def test_folding_dead_workers_keeps_every_count_and_one_file_per_kind(tmp_path: Path) -> None:
+    for increments in ({"a": 2, "b": 1}, {"a": 3}, {"c": 4}):
+        _write_samples(tmp_path, increments)
+    before = _scrape(tmp_path)
+    pids = {int(f.stem.split("_")[1]) for f in tmp_path.glob("counter_*.db")}
+    assert len(pids) == 3
+
+    for pid in pids:
+        fold_dead_worker(pid, tmp_path)
+
+    assert sorted(f.name for f in tmp_path.glob("*.db")) == ["counter_archive.db", "histogram_archive.db"]
+    after = _scrape(tmp_path)
+    assert counter(after, "folded_issued_total", scope="a") == 5
+    assert counter(after, "folded_issued_total", scope="c") == 4
+    assert counter(after, "folded_latency_seconds_bucket", le="1.0") == 10
+    assert "folded_latency_seconds_count 10.0" in after.splitlines()
+    assert sorted(before.splitlines()) == sorted(after.splitlines())
+
+
+def test_a_scrape_waits_for_a_fold_in_progress(tmp_path: Path) -> None:
+    """The fold holds the lock exclusively: a scrape under ``reading`` never sees a half-moved sample."""
+    import fcntl
+
+    lock = tmp_path / "metrics.lock"
+    with open(lock, "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        probe = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from pathlib import Path\n"
+                "from token_service.server.metric_files import reading\n"
+                f"with reading(Path({str(tmp_path)!r})): print('read')",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        with pytest.raises(subprocess.TimeoutExpired):
+            probe.wait(timeout=1)
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    out, _ = probe.communicate(timeout=30)
+    assert out.strip() == "read"
+    with reading(tmp_path):  # and the lead's own reads do not deadlock on themselves
+        pass
+
+
+@pytest.fixture
+def churned_service(tmp_path: Path) -> Iterator[tuple[Gunicorn, Path]]:
+    redis_server = RedisServer().start()
+    server = Gunicorn(
+        {
+            "TOKEN_SERVICE_REDIS_URL": redis_server.url,
+            "TOKEN_SERVICE_API_KEYS": API_KEY,
+            "TOKEN_SERVICE_RATE_LIMIT": "off",
+            "TOKEN_SERVICE_MAX_OUTSTANDING_PER_SUBJECT": "0",  # no cap
+            "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+        },
+        workers=2,
+    ).start()
+    yield server, tmp_path
+    server.stop()
+    redis_server.stop()
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_scope_labels_and_files_stay_bounded_across_worker_restarts(
+    churned_service: tuple[Gunicorn, Path],
+) -> None:
+    server, metrics_dir = churned_service
+    assert server.process is not None
+    master = server.process.pid
+    cycles, scopes_per_cycle = 6, 20
+    issued = 0
+    with httpx.Client(base_url=server.url, timeout=10) as http:
+        for cycle in range(cycles):
+            workers = children(master)
+            assert len(workers) == 2
+            for n in range(scopes_per_cycle):
+                reply = http.post("/token/generate", json={"scope": f"churn.c{cycle}.s{n}"})
+                assert reply.status_code == 201, reply.text
+                issued += 1
+            victim = sorted(workers)[0]
+            os.kill(victim, signal.SIGKILL)
+            wait_until(
+                lambda victim=victim: victim not in children(master) and len(children(master)) == 2,
+                timeout_seconds=30,
+                what="a replacement worker",
+            )
+        wait_until(lambda: http.get("/healthz").status_code == 200, timeout_seconds=30, what="service")
+        text = http.get("/metrics").text
+
+    scopes = set()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("token_service_tokens_issued_total{"):
+            scopes.add(line.split('scope="', 1)[1].split('"', 1)[0])
+            total += float(line.rpartition(" ")[2])
+    # 120 distinct scopes were used; the instance labels at most MAX_SCOPES of them, however many workers
+    assert cycles * scopes_per_cycle > MAX_SCOPES + 1
+    assert len(scopes) <= MAX_SCOPES + 1
+    assert OTHER_SCOPE in scopes
+    # nothing lost in the folding: every token issued is counted once
+    assert total == issued
+    # files: the two live workers' and one archive per kind, not one per worker that ever lived
+    counter_files = sorted(f.name for f in metrics_dir.glob("counter_*.db"))
+    assert len(counter_files) <= 3, counter_files
+    assert "counter_archive.db" in counter_files

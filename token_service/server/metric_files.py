@@ -1,0 +1,139 @@
+"""The metric files the gunicorn workers share: bounded across worker restarts.
+
+In multiprocess mode every worker writes its samples to ``<kind>_<pid>.db`` in
+``PROMETHEUS_MULTIPROC_DIR`` and a scrape adds up every file, the dead
+workers' included, so that counts survive a restart. Left alone, that
+directory grows with every worker that ever lived, and so would the label
+values a worker picks on its own (client-chosen scopes). Two things keep both
+bounded however often workers are replaced:
+
+- :class:`SharedScopeLabels`: the scopes that get a label of their own are
+  chosen once for the whole instance, in a list file beside the samples, so a
+  new worker extends the same list instead of starting its own.
+- :func:`fold_dead_worker`: when a worker exits, the master adds its counter
+  and histogram samples into one ``<kind>_archive.db`` per kind and deletes
+  the worker's files. Scrapes read under a shared lock and the fold holds the
+  exclusive one, so a scrape never sees a sample twice or not at all (either
+  would look like a counter reset to Prometheus).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from prometheus_client.mmap_dict import MmapedDict
+
+OTHER_SCOPE = "_other"
+SCOPES_FILE = "scopes.list"
+LOCK_FILE = "metrics.lock"
+# Gauges are not folded: their per-process modes (live*, min, max) do not add up.
+_FOLDED_KINDS = ("counter", "histogram")
+
+
+def multiprocess_dir() -> Path | None:
+    value = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    return Path(value) if value else None
+
+
+@contextmanager
+def _flock(path: Path, mode: int) -> Iterator[None]:
+    with open(path, "a+b") as handle:
+        fcntl.flock(handle.fileno(), mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+@contextmanager
+def reading(directory: Path | None) -> Iterator[None]:
+    """Hold while collecting: no fold moves samples between files meanwhile."""
+    if directory is None:
+        yield
+        return
+    with _flock(directory / LOCK_FILE, fcntl.LOCK_SH):
+        yield
+
+
+def fold_dead_worker(pid: int, directory: Path) -> None:
+    """Add a dead worker's counters and histograms to the archive files, then delete its files."""
+    with _flock(directory / LOCK_FILE, fcntl.LOCK_EX):
+        for kind in _FOLDED_KINDS:
+            dead = directory / f"{kind}_{pid}.db"
+            if not dead.exists():
+                continue
+            archive = MmapedDict(str(directory / f"{kind}_archive.db"))  # type: ignore[no-untyped-call]
+            try:
+                for key, value, _timestamp, _pos in MmapedDict.read_all_values_from_file(str(dead)):  # type: ignore[no-untyped-call]
+                    current, _ = archive.read_value(key)  # type: ignore[no-untyped-call]
+                    archive.write_value(key, current + value, 0.0)  # type: ignore[no-untyped-call]
+            finally:
+                archive.close()  # type: ignore[no-untyped-call]
+            dead.unlink()
+
+
+class ScopeLabels:
+    """Client-chosen scopes as label values, at most ``limit`` distinct ones in this process."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._seen: set[str] = set()
+        self._full = False
+        self._lock = threading.Lock()
+
+    def __call__(self, scope: str) -> str:
+        if scope in self._seen:
+            return scope
+        if self._full:
+            return OTHER_SCOPE
+        with self._lock:
+            if self._admit(scope):
+                self._seen.add(scope)
+                return scope
+            self._full = True
+        return OTHER_SCOPE
+
+    def _admit(self, scope: str) -> bool:
+        return len(self._seen) < self.limit
+
+
+class SharedScopeLabels(ScopeLabels):
+    """The same bound for every worker of an instance, past and future: the list is a file.
+
+    Each worker reads the list when it meets a scope it has not seen, until the
+    list is full; after that an unknown scope costs nothing (``_other``).
+    """
+
+    def __init__(self, limit: int, directory: Path) -> None:
+        super().__init__(limit)
+        self._path = directory / SCOPES_FILE
+
+    def _admit(self, scope: str) -> bool:
+        with _flock(self._path.with_suffix(".lock"), fcntl.LOCK_EX):
+            listed = self._read()
+            self._seen.update(listed[: self.limit])
+            if scope in self._seen:
+                return True
+            if len(listed) >= self.limit:
+                return False
+            with open(self._path, "a", encoding="utf-8") as handle:
+                handle.write(scope + "\n")
+            return True
+
+    def _read(self) -> list[str]:
+        try:
+            text = self._path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        return [line for line in text.split("\n") if line]
+
+
+def scope_labels(limit: int) -> ScopeLabels:
+    """Per process without a shared directory (tests, ``flask run``), per instance under gunicorn."""
+    directory = multiprocess_dir()
+    return SharedScopeLabels(limit, directory) if directory else ScopeLabels(limit)
