@@ -7,9 +7,10 @@ import time
 from typing import Any
 
 import pytest
-from flask import Flask, request
+from flask import Flask, Response, request
 
-from token_service.client._idempotency_store import Claimed, IdempotencyStore, StoredResponse
+from token_service.client._idempotency_store import Claimed, IdempotencyStore
+from token_service.client._response import StoredResponse
 from token_service.client.idempotency import IdempotencyMiddleware
 from token_service.store import lua_source
 
@@ -32,6 +33,17 @@ def orders_app(redis_client: Any, **options: Any) -> Flask:
             raise RuntimeError("bug")
         if body.get("fail") == "503":
             return {"error": "bank down"}, 503
+        if "status" in body:
+            return {"status": body["status"]}, body["status"], {"Retry-After": "1"}
+        if "stream" in body:
+
+            def chunks() -> Any:
+                for number in range(body["stream"]):
+                    if body.get("break_at") == number:
+                        raise RuntimeError("the stream broke")
+                    yield b"x" * 1000
+
+            return Response(chunks(), 200, {"Content-Type": "application/octet-stream"})
         if body.get("binary"):
             return b"\x00\xffraw", 201, {"Content-Type": "application/octet-stream"}
         number = len(app.config["runs"])
@@ -76,6 +88,7 @@ def test_first_request_runs_and_a_repeat_is_replayed(redis_client: Any) -> None:
 def test_binary_responses_are_stored_compactly_and_replayed_exactly(redis_client: Any) -> None:
     app = orders_app(redis_client, ttl_seconds=60)
     first = post(app, {"binary": True})
+    assert first.get_data() == b"\x00\xffraw"  # the test client sends the body when it is read
     again = post(app, {"binary": True})
     assert again.get_data() == first.get_data() == b"\x00\xffraw"
     assert again.headers["Content-Type"] == "application/octet-stream"
@@ -200,7 +213,7 @@ def test_a_stale_claim_is_fenced_out(redis_client: Any) -> None:
     redis_client.pexpire(key, 1)  # the first attempt's lock runs out (its process died)
     time.sleep(0.01)
     assert store.begin(key, "fp", "owner-2", lock_seconds=30) == Claimed()
-    response = StoredResponse(201, [("Content-Type", "text/plain")], b"late")
+    response = StoredResponse(201, b"late", [("Content-Type", "text/plain")])
     assert store.store(key, "fp", "owner-1", response, ttl_seconds=60) is False
     assert store.release(key, "fp", "owner-1") is False
     assert store.store(key, "fp", "owner-2", response, ttl_seconds=60) is True
@@ -301,3 +314,78 @@ def test_a_record_the_store_refuses_is_problem_json_not_500(redis_client: Any) -
     assert response.mimetype == "application/problem+json"
     assert response.get_json()["code"] == "store_unavailable"
     assert app.config["runs"] == []
+
+
+def post_raw(app: Flask, raw: bytes, key: str = KEY) -> Any:
+    headers = {"Authorization": "Bearer alice", "Idempotency-Key": key, "Content-Type": "application/json"}
+    return app.test_client().post("/orders", data=raw, headers=headers)
+
+
+def test_the_same_json_with_keys_reordered_is_replayed_not_422(redis_client: Any) -> None:
+    app = orders_app(redis_client)
+    first = post_raw(app, b'{"item":"book","qty":2,"ship":{"to":"Oslo","by":"air"}}')
+    assert first.status_code == 201
+    again = post_raw(app, b'{ "ship": {"by": "air", "to": "Oslo"},\n  "qty": 2, "item": "book" }')
+    assert again.status_code == 201
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.get_data() == first.get_data()
+    assert post_raw(app, b'{"item":"book","qty":3,"ship":{"to":"Oslo","by":"air"}}').status_code == 422
+    assert len(app.config["runs"]) == 1
+
+
+@pytest.mark.parametrize("status", [408, 409, 425, 429, 500, 503])
+def test_transient_answers_are_not_stored_and_free_the_key(redis_client: Any, status: int) -> None:
+    app = orders_app(redis_client)
+    for _ in range(2):
+        response = post(app, {"status": status})
+        assert response.status_code == status
+        assert "Idempotent-Replayed" not in response.headers
+    assert redis_client.keys("ts:ik:*") == []
+    assert len(app.config["runs"]) == 2
+
+
+@pytest.mark.parametrize("status", [200, 202, 303, 400, 404, 422])
+def test_final_answers_are_stored_and_replayed(redis_client: Any, status: int) -> None:
+    app = orders_app(redis_client)
+    assert post(app, {"status": status}).status_code == status
+    again = post(app, {"status": status})
+    assert again.status_code == status
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.get_json() == {"status": status}
+    assert len(app.config["runs"]) == 1
+
+
+def test_which_statuses_are_stored_is_configurable(redis_client: Any) -> None:
+    app = orders_app(redis_client, store_status=lambda status: 200 <= status < 300 or status == 503)
+    assert post(app, {"status": 404}).status_code == 404
+    assert "Idempotent-Replayed" not in post(app, {"status": 404}).headers
+    assert post(app, {"status": 503}, key='"k2"').status_code == 503
+    assert post(app, {"status": 503}, key='"k2"').headers["Idempotent-Replayed"] == "true"
+    assert len(app.config["runs"]) == 3
+
+
+def test_a_stream_over_the_cap_passes_through_and_is_stored_omitted(redis_client: Any) -> None:
+    app = orders_app(redis_client, max_stored_bytes=2500)
+    first = post(app, {"stream": 10})
+    assert first.status_code == 200
+    assert first.get_data() == b"x" * 10_000
+    again = post(app, {"stream": 10})
+    assert again.status_code == 200
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.headers["Idempotent-Body-Omitted"] == "10000"
+    assert again.headers["Content-Type"] == "application/octet-stream"
+    assert again.get_data() == b""
+    # a stream under the cap is kept whole
+    small = post(app, {"stream": 2}, key='"k2"')
+    assert small.get_data() == b"x" * 2000
+    assert post(app, {"stream": 2}, key='"k2"').get_data() == b"x" * 2000
+    assert len(app.config["runs"]) == 2
+
+
+def test_a_stream_that_breaks_frees_the_key(redis_client: Any) -> None:
+    app = orders_app(redis_client)
+    with pytest.raises(RuntimeError, match="broke"):
+        post(app, {"stream": 5, "break_at": 3}).get_data()
+    assert redis_client.keys("ts:ik:*") == []
+    assert post(app, {"stream": 5}).status_code == 200
+    assert len(app.config["runs"]) == 2

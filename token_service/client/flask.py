@@ -12,7 +12,13 @@ first request with it runs the view; its response (status, body and the
 headers named in ``replay_headers``) is stored as the token's result, and
 every duplicate gets that response again, marked ``Idempotent-Replayed:
 true``, without the view running (a body too large to keep is replayed empty,
-marked ``Idempotent-Body-Omitted: <original length>``). A 5xx response or an exception releases
+marked ``Idempotent-Body-Omitted: <original length>``). Every kind of response
+works: ``send_file()`` and other direct-passthrough or streamed bodies pass
+through to the client and are recorded as they go (kept up to
+``max_body_bytes``, else recorded as omitted); the outcome is recorded when
+the last byte is handed to the server, or when the server closes the
+response early. A response whose status ``store_status`` does not keep (by
+default a 5xx, 408, 409, 425, 429) or an exception releases
 the token so the client may retry with it (exceptions listed in
 ``terminal`` record a terminal failure instead: duplicates get 409
 ``token_failed``). Token errors become problem+json: missing header 400,
@@ -25,10 +31,9 @@ itself does not.
 
 from __future__ import annotations
 
-import base64
 import functools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from flask import Request, Response, g, make_response, request
@@ -38,12 +43,27 @@ from token_service.problems import problem_for
 from token_service.records import dump_json
 
 from ._client import TokenClient
+from ._fingerprint import body_identity
+from ._fingerprint import fingerprint as fingerprint_of
+from ._idempotency_core import Recorder
+from ._response import OMITTED_HEADER, REPLAYED_HEADER, StoredResponse, StorePolicy, default_store_status
 from .guard import Guard, Terminal
 
 log = logging.getLogger(__name__)
 
-REPLAYED_HEADER = "Idempotent-Replayed"
-OMITTED_HEADER = "Idempotent-Body-Omitted"
+__all__ = [
+    "DEFAULT_MAX_RESULT_BYTES",
+    "DEFAULT_REPLAY_HEADERS",
+    "OMITTED_HEADER",
+    "REPLAYED_HEADER",
+    "current_guard",
+    "default_store_status",
+    "problem_response",
+    "replay_response",
+    "require_token",
+    "stored_response",
+]
+
 # The service's default max_result_bytes (TOKEN_SERVICE_MAX_RESULT_BYTES): what a stored response may take.
 DEFAULT_MAX_RESULT_BYTES = 16384
 DEFAULT_REPLAY_HEADERS = ("Content-Type", "Location")
@@ -54,53 +74,86 @@ def problem_response(error: TokenError) -> Response:
     return Response(body, status=status, headers=headers)
 
 
+def _result(stored: StoredResponse, max_body_bytes: int, max_result_bytes: int) -> dict[str, Any]:
+    """The token's result: with the body when it fits both limits, else with the body omitted."""
+    if stored.omitted is None and len(stored.body) <= max_body_bytes:
+        result = stored.to_result()
+        # counted the way the store counts it (ASCII-only JSON: a CJK character takes 6 bytes)
+        if len(dump_json(result)) <= max_result_bytes:
+            return result
+    omitted = stored.omitted if stored.omitted is not None else len(stored.body)
+    return StoredResponse(stored.status, b"", stored.headers, omitted=omitted).to_result()
+
+
+def _kept_headers(response: Response, replay_headers: Iterable[str]) -> list[tuple[str, str]]:
+    wanted = {name.lower() for name in replay_headers}
+    return [(name, value) for name, value in response.headers.items() if name.lower() in wanted]
+
+
 def stored_response(
     response: Response,
     replay_headers: Iterable[str],
     max_body_bytes: int,
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
 ) -> dict[str, Any]:
-    """The compact JSON form of a response kept as the token's result.
+    """The compact JSON form of a (buffered) response kept as the token's result.
 
     The body is kept only when it is at most ``max_body_bytes`` raw AND the whole
     stored form fits ``max_result_bytes`` once JSON-encoded the way the store counts
     it (ASCII-only: a CJK character takes 6 bytes). Otherwise the body is omitted.
     """
-    wanted = {name.lower() for name in replay_headers}
-    stored: dict[str, Any] = {
-        "s": response.status_code,
-        "h": [[name, value] for name, value in response.headers.items() if name.lower() in wanted],
-    }
-    data = response.get_data()
-    if len(data) <= max_body_bytes:
-        with_body = dict(stored)
-        try:
-            with_body["b"] = data.decode("utf-8")
-        except UnicodeDecodeError:
-            with_body["b"] = base64.b64encode(data).decode("ascii")
-            with_body["e"] = "base64"
-        if len(dump_json(with_body)) <= max_result_bytes:
-            return with_body
-    # Too large to keep: duplicates get the status and headers, and know the body was dropped.
-    stored["omitted"] = len(data)
-    return stored
+    stored = StoredResponse(
+        response.status_code, response.get_data(), _kept_headers(response, replay_headers)
+    )
+    return _result(stored, max_body_bytes, max_result_bytes)
 
 
 def replay_response(stored: Any) -> Response:
-    if not isinstance(stored, dict) or not isinstance(stored.get("s"), int):
-        # Not written by this decorator (another kind of guard used the token's scope).
-        raise TypeError("the token's stored result is not a stored response")
-    body = stored.get("b", "")
-    data = base64.b64decode(body) if stored.get("e") == "base64" else body.encode("utf-8")
-    response = Response(data, status=stored["s"])
+    """A duplicate's response from the token's stored result (``TypeError`` if it is not one)."""
+    replayed = StoredResponse.from_result(stored)
+    response = Response(replayed.body, status=replayed.status)
     response.headers.remove("Content-Type")
-    for name, value in stored.get("h", []):
+    for name, value in replayed.replay_headers():
         response.headers.add(name, value)
-    if "omitted" in stored:
-        # the same marker as the Idempotency-Key middleware: the body was too large to keep
-        response.headers[OMITTED_HEADER] = str(stored["omitted"])
-    response.headers[REPLAYED_HEADER] = "true"
     return response
+
+
+class _Recorded:
+    """A streamed or direct-passthrough body on its way out: passed through, recorded, then settled."""
+
+    def __init__(self, body: Iterable[Any], recorder: Recorder, settle: Callable[[Recorder, bool], None]):
+        self.body = body
+        self.recorder = recorder
+        self.settle_with = settle
+        self.settled = False
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            for chunk in self.body:
+                # a streamed view may yield text: Werkzeug encodes it as UTF-8 after this
+                if self.recorder.feed(chunk.encode() if isinstance(chunk, str) else chunk):
+                    self._settle(failed=False)  # a Content-Length body is complete: record, then send
+                yield chunk
+        except GeneratorExit:
+            raise  # closed early: close() records what went out
+        except BaseException:
+            self._settle(failed=True)
+            raise
+        self.recorder.complete = True
+        self._settle(failed=False)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self.body, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._settle(failed=False)
+
+    def _settle(self, *, failed: bool) -> None:
+        if not self.settled:
+            self.settled = True
+            self.settle_with(self.recorder, failed)
 
 
 def current_guard() -> Guard | None:
@@ -109,28 +162,43 @@ def current_guard() -> Guard | None:
     return guard
 
 
+def _request_fingerprint(spec: Callable[[Request], str | None] | Sequence[str] | None) -> str | None:
+    if spec is None:
+        return None
+    if callable(spec):
+        return spec(request)
+    if isinstance(spec, str):
+        raise TypeError("fingerprint fields must be a sequence of names, not one string")
+    return fingerprint_of(body_identity(request.get_data(), request.content_type, spec))
+
+
 def require_token(
     client: TokenClient,
     scope: str,
     *,
     header: str = "Idempotency-Token",
     subject: Callable[[Request], str | None] | None = None,
-    fingerprint: Callable[[Request], str | None] | None = None,
+    fingerprint: Callable[[Request], str | None] | Sequence[str] | None = None,
     replay_headers: Iterable[str] = DEFAULT_REPLAY_HEADERS,
     lease_seconds: int | None = None,
     terminal: Terminal = (),
     wait_seconds: float = 0.0,
     max_body_bytes: int = 8192,
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+    store_status: StorePolicy = default_store_status,
 ) -> Callable[[Callable[..., Any]], Callable[..., Response]]:
     """Decorate a Flask view so each token runs it at most once (see the module docs).
 
     ``subject`` and ``fingerprint`` are callables given the current request:
     they must reproduce what the token was issued with (e.g. the user id
-    from the session, an order id from the body). A response body over
+    from the session, an order id from the body). ``fingerprint`` may also be
+    a list of body field names: the token is then issued with
+    ``fields_fingerprint({name: value, ...})`` (JSON or form bodies; key order
+    and whitespace do not matter). A response body over
     ``max_body_bytes``, or whose stored form is over ``max_result_bytes`` of JSON
     (set it to the service's ``TOKEN_SERVICE_MAX_RESULT_BYTES``), is not kept:
     duplicates get the status and headers with ``Idempotent-Body-Omitted: <length>``.
+    ``store_status(status)`` says which responses are kept (the others free the token).
     """
     replay_headers = tuple(replay_headers)
 
@@ -146,7 +214,7 @@ def require_token(
                 token,
                 scope,
                 subject=subject(request) if subject else None,
-                fingerprint=fingerprint(request) if fingerprint else None,
+                fingerprint=_request_fingerprint(fingerprint),
                 lease_seconds=lease_seconds,
                 terminal=terminal,
                 wait_seconds=wait_seconds,
@@ -170,18 +238,44 @@ def require_token(
             except BaseException as exc:
                 guard.abandon_quietly(exc)
                 raise
-            if response.status_code >= 500:
-                # not an answer to keep: free the token so the client can retry with it
+            if not store_status(response.status_code):
+                # not an answer to keep (a 5xx, a 429...): free the token so the client can retry with it
                 guard.abandon_quietly(None, retryable=True)
                 return response
-            try:
-                guard.succeed(stored_response(response, replay_headers, max_body_bytes, max_result_bytes))
-            except TokenError as exc:
-                # The work is done and its response goes out; only the record of it is missing
-                # (LeaseLost: the view outlived its lease, a duplicate may have run it again).
-                log.error("could not store the response of a %s request: %s", scope, exc)
+            kept = _kept_headers(response, replay_headers)
+            if request.method == "HEAD" and (response.is_streamed or response.direct_passthrough):
+                # no body goes out: what the view answered is its status and headers
+                omitted = StoredResponse(
+                    response.status_code, b"", kept, omitted=response.content_length or 0
+                )
+                _succeed(guard, scope, omitted.to_result())
+                return response
+            if response.is_streamed or response.direct_passthrough:
+                # a file or a stream: never buffered whole, recorded as it goes out
+                def settle(recorder: Recorder, failed: bool) -> None:
+                    if failed:
+                        guard.abandon_quietly(None, retryable=True)
+                        return
+                    stored = recorder.stored()
+                    assert stored is not None
+                    _succeed(guard, scope, _result(stored, max_body_bytes, max_result_bytes))
+
+                recorder = Recorder(response.status_code, kept, max_body_bytes, True, response.content_length)
+                response.response = _Recorded(response.response, recorder, settle)
+                return response
+            stored = StoredResponse(response.status_code, response.get_data(), kept)
+            _succeed(guard, scope, _result(stored, max_body_bytes, max_result_bytes))
             return response
 
         return guarded_view
 
     return decorate
+
+
+def _succeed(guard: Guard, scope: str, result: dict[str, Any]) -> None:
+    try:
+        guard.succeed(result)
+    except TokenError as exc:
+        # The work is done and its response goes out; only the record of it is missing
+        # (LeaseLost: the view outlived its lease, a duplicate may have run it again).
+        log.error("could not store the response of a %s request: %s", scope, exc)

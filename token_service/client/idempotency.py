@@ -8,7 +8,9 @@ For the unsafe methods (POST and PATCH by default) the client sends a key of
 its choosing, ``Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"``.
 The key is namespaced per client identity (``identity(environ)``, by default
 the ``Authorization`` header, else ``REMOTE_USER``), and the request is
-fingerprinted (method, path, query string, body). A request with a key but no
+fingerprinted (method, path, query string, and the body by what it means: a
+JSON body by its parsed value, so key order and whitespace do not matter;
+``fingerprint=`` takes chosen field names or a callable). A request with a key but no
 identity (``identity`` returns ``""`` or ``None``) gets 400
 ``idempotency_identity_required`` and does not run: anonymous clients would all
 share one namespace and could be handed each other's responses. Pass your own
@@ -17,13 +19,18 @@ the raw header changes when the token is refreshed), or return a constant on
 purpose to share keys between anonymous clients. Then:
 
 - the first request with a key runs, and its response (status, headers,
-  body) is stored for ``ttl_seconds``;
+  body) is stored for ``ttl_seconds`` when ``store_status(status)`` says so
+  (by default 2xx, 3xx and 4xx except 408, 409, 425 and 429; never 5xx);
+  the body streams through to the client and is kept up to
+  ``max_stored_bytes`` (a larger one is stored as omitted: duplicates get the
+  status and headers with ``Idempotent-Body-Omitted: <length>``);
 - a repeat gets the stored response, with ``Idempotent-Replayed: true``,
   without the app running;
 - a repeat while the first is still running gets 409 (``Retry-After`` set);
 - the same key with a different request gets 422;
 - no key gets 400 when ``required`` (else the request just runs);
-- a 5xx response or an exception is not stored: the key is freed for a retry.
+- a response that is not stored (a 5xx, a 429, ...) or an exception frees
+  the key for a retry.
 
 Redis failures answer 503 (fail closed: the request does not run unguarded),
 and so does a record the store refuses (e.g. the key holds something else).
@@ -31,53 +38,42 @@ and so does a record the store refuses (e.g. the key holds something else).
 The lock is not extended while the app runs: a request that takes longer than
 ``lock_seconds`` lets a concurrent repeat run too (its own response is then not
 stored). Set ``lock_seconds`` above your slowest request.
-Everything is one Lua script per step (:mod:`token_service.client._idempotency_store`).
-No Flask needed.
+Everything is one Lua script per step (:mod:`token_service.client._idempotency_store`);
+the decisions are :mod:`token_service.client._idempotency_core`'s, shared with
+the ASGI middleware. No Flask needed.
 """
 
 from __future__ import annotations
 
 import io
-import logging
-import secrets
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from token_service.client._idempotency_store import (
-    Claimed,
-    IdempotencyStore,
-    InProgress,
-    Mismatch,
-    StoredResponse,
-    request_fingerprint,
+from token_service.client._fingerprint import FingerprintSpec, RequestFacts
+from token_service.client._idempotency_core import (
+    MAX_KEY_CHARS,
+    REPLAYED_HEADER,
+    Answer,
+    Attempt,
+    IdempotencyCore,
+    Recorder,
+    parse_key,
+    status_line,
 )
-from token_service.errors import InvalidRequest, PayloadTooLarge, ServiceUnavailable, TokenError
-from token_service.problems import problem, problem_for
+from token_service.client._idempotency_store import IdempotencyStore
+from token_service.client._response import StorePolicy, default_store_status
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
-log = logging.getLogger(__name__)
-
-REPLAYED_HEADER = "Idempotent-Replayed"
-MAX_KEY_CHARS = 255
-# Never replayed: they describe one connection or one moment, or belong to one session.
-_NOT_STORED = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "transfer-encoding",
-        "te",
-        "trailer",
-        "upgrade",
-        "proxy-authenticate",
-        "date",
-        "server",
-        "set-cookie",
-    }
-)
-
-Answer = tuple[int, list[tuple[str, str]], bytes]
+__all__ = [
+    "MAX_KEY_CHARS",
+    "REPLAYED_HEADER",
+    "IdempotencyMiddleware",
+    "default_identity",
+    "default_store_status",
+    "parse_key",
+]
 
 
 def default_identity(environ: WSGIEnvironment) -> str:
@@ -85,23 +81,27 @@ def default_identity(environ: WSGIEnvironment) -> str:
     return str(environ.get("HTTP_AUTHORIZATION") or environ.get("REMOTE_USER") or "")
 
 
-def parse_key(raw: str) -> str | None:
-    """The key from the header: an sf-string (``"..."``); a bare token is accepted too."""
-    value = raw.strip()
-    if len(value) >= 2 and value[0] == value[-1] == '"':
-        value = value[1:-1]
-    if not 1 <= len(value) <= MAX_KEY_CHARS or not value.isascii() or not value.isprintable():
-        return None
-    return value
+def _facts(environ: WSGIEnvironment, body: bytes) -> RequestFacts:
+    headers = {
+        name[5:].replace("_", "-").lower(): str(value)
+        for name, value in environ.items()
+        if name.startswith("HTTP_")
+    }
+    if environ.get("CONTENT_TYPE"):
+        headers["content-type"] = environ["CONTENT_TYPE"]
+    return RequestFacts(
+        method=environ.get("REQUEST_METHOD", "GET").upper(),
+        path=environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", ""),
+        query=environ.get("QUERY_STRING", ""),
+        body=body,
+        content_type=environ.get("CONTENT_TYPE"),
+        headers=headers,
+    )
 
 
-def _status_line(status: int) -> str:
-    from http import HTTPStatus
-
-    try:
-        return f"{status} {HTTPStatus(status).phrase}"
-    except ValueError:
-        return f"{status} Unknown"
+def _send(start_response: StartResponse, answer: Answer) -> Iterable[bytes]:
+    start_response(status_line(answer.status), answer.headers)
+    return [answer.body]
 
 
 class IdempotencyMiddleware:
@@ -121,202 +121,66 @@ class IdempotencyMiddleware:
         lock_seconds: int = 60,
         max_body_bytes: int = 1024 * 1024,
         max_stored_bytes: int = 256 * 1024,
+        store_status: StorePolicy = default_store_status,
+        fingerprint: FingerprintSpec = None,
         key_prefix: str = "ts:",
     ) -> None:
-        for name, value in (("ttl_seconds", ttl_seconds), ("lock_seconds", lock_seconds)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive whole number of seconds, not {value!r}")
+        self.core = IdempotencyCore(
+            header=header,
+            methods=methods,
+            required=required,
+            ttl_seconds=ttl_seconds,
+            lock_seconds=lock_seconds,
+            max_body_bytes=max_body_bytes,
+            max_stored_bytes=max_stored_bytes,
+            store_status=store_status,
+            fingerprint=fingerprint,
+        )
         self.app = app
         self.store = (
             store if isinstance(store, IdempotencyStore) else IdempotencyStore(store, key_prefix=key_prefix)
         )
-        self.header = header
         self.environ_key = "HTTP_" + header.upper().replace("-", "_")
-        self.methods = frozenset(method.upper() for method in methods)
-        self.required = required
         self.applies = applies
         self.identity = identity
-        self.ttl_seconds = ttl_seconds
-        self.lock_seconds = lock_seconds
-        self.max_body_bytes = max_body_bytes
-        self.max_stored_bytes = max_stored_bytes
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        if environ.get("REQUEST_METHOD", "GET").upper() not in self.methods or (
-            self.applies is not None and not self.applies(environ)
-        ):
+        core = self.core
+        if self.applies is not None and not self.applies(environ):
             return self.app(environ, start_response)
-        raw_key = environ.get(self.environ_key)
-        if raw_key is None or not raw_key.strip():
-            if not self.required:
-                return self.app(environ, start_response)
-            return self._problem(
-                start_response,
-                InvalidRequest(f"The {self.header} header is required.", {self.header: ["Missing."]}),
-            )
-        key = parse_key(raw_key)
-        if key is None:
-            return self._problem(
-                start_response,
-                InvalidRequest(
-                    f"The {self.header} header is not a valid key.",
-                    {self.header: [f"1-{MAX_KEY_CHARS} printable ASCII characters."]},
-                ),
-            )
+        screened = core.screen(environ.get("REQUEST_METHOD", "GET"), environ.get(self.environ_key))
+        if screened is None:
+            return self.app(environ, start_response)
+        if isinstance(screened, Answer):
+            return _send(start_response, screened)
         body = self._read_body(environ)
         if body is None:
-            return self._problem(start_response, PayloadTooLarge("The request body is over the limit."))
-        return self._guarded(environ, start_response, key, body)
-
-    # -- the protocol ----------------------------------------------------------
-
-    def _guarded(
-        self, environ: WSGIEnvironment, start_response: StartResponse, key: str, body: bytes
-    ) -> Iterable[bytes]:
-        fingerprint = request_fingerprint(
-            environ.get("REQUEST_METHOD", ""),
-            environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", ""),
-            environ.get("QUERY_STRING", ""),
-            body,
-        )
-        identity = self.identity(environ)
-        if not identity:
-            return self._answer(
-                start_response,
-                problem(
-                    400,
-                    "idempotency_identity_required",
-                    "Unidentified client",
-                    f"An {self.header} is kept per client: send the request with your credentials.",
-                ),
-            )
-        record = self.store.key(identity, key)
-        owner = secrets.token_urlsafe(12)
-        try:
-            claim = self.store.begin(record, fingerprint, owner, self.lock_seconds)
-        except ServiceUnavailable as exc:
-            return self._problem(start_response, exc)
-        except (TokenError, ValueError, KeyError, TypeError) as exc:
-            # the store refused the record (not an idempotency record, unreadable): fail closed
-            log.error("the idempotency store refused a request: %s", exc)
-            return self._problem(
-                start_response,
-                ServiceUnavailable(
-                    "The idempotency store could not handle this key; the request did not run."
-                ),
-            )
-        if isinstance(claim, StoredResponse):
-            headers = [*claim.headers, (REPLAYED_HEADER, "true")]
-            start_response(_status_line(claim.status), headers)
-            return [claim.body]
-        if isinstance(claim, InProgress):
-            return self._answer(
-                start_response,
-                problem(
-                    409,
-                    "idempotency_key_in_use",
-                    "Request in progress",
-                    "A request with this Idempotency-Key is still being processed; retry later.",
-                    retry_after_seconds=claim.retry_after_seconds,
-                ),
-                extra_headers=[("Retry-After", str(claim.retry_after_seconds))],
-            )
-        if isinstance(claim, Mismatch):
-            return self._answer(
-                start_response,
-                problem(
-                    422,
-                    "idempotency_key_mismatch",
-                    "Idempotency-Key reused",
-                    "This Idempotency-Key was used for a different request.",
-                ),
-            )
-        assert isinstance(claim, Claimed)
-        try:
-            status, headers, content = self._run_app(environ)
-        except BaseException:
-            self._release(record, fingerprint, owner)
-            raise
-        if status >= 500:
-            self._release(record, fingerprint, owner)
-        else:
-            self._keep(record, fingerprint, owner, status, headers, content)
-        start_response(_status_line(status), headers)
-        return [content]
-
-    def _run_app(self, environ: WSGIEnvironment) -> Answer:
-        captured: dict[str, Any] = {}
-        written: list[bytes] = []
-
-        def capture(
-            status: str, headers: list[tuple[str, str]], exc_info: Any = None
-        ) -> Callable[[bytes], Any]:
-            captured["status"] = int(status.split(" ", 1)[0])
-            captured["headers"] = list(headers)
-            return written.append
-
-        result = self.app(environ, capture)
-        try:
-            chunks: Iterator[bytes] = iter(result)
-            content = b"".join([*written, *chunks])
-        finally:
-            close = getattr(result, "close", None)
-            if close is not None:
-                close()
-        return captured["status"], captured["headers"], content
-
-    def _keep(
-        self,
-        record: str,
-        fingerprint: str,
-        owner: str,
-        status: int,
-        headers: list[tuple[str, str]],
-        content: bytes,
-    ) -> None:
-        kept = [(name, value) for name, value in headers if name.lower() not in _NOT_STORED]
-        if len(content) > self.max_stored_bytes:
-            # too large to keep: duplicates get the status and headers, and learn the body was dropped
-            kept = [(n, v) for n, v in kept if n.lower() != "content-length"]
-            kept.append(("Idempotent-Body-Omitted", str(len(content))))
-            content = b""
-        try:
-            stored = self.store.store(
-                record, fingerprint, owner, StoredResponse(status, kept, content), self.ttl_seconds
-            )
-        except TokenError as exc:
-            log.error("could not store an idempotent response: %s", exc)
-            return
-        if not stored:
-            log.warning(
-                "an idempotent request outlived its %d s lock; its response was not stored", self.lock_seconds
-            )
-
-    def _release(self, record: str, fingerprint: str, owner: str) -> None:
-        try:
-            self.store.release(record, fingerprint, owner)
-        except TokenError as exc:
-            # the claim runs out by itself after lock_seconds
-            log.error("could not free an Idempotency-Key: %s", exc)
-
-    # -- plumbing --------------------------------------------------------------
+            return _send(start_response, core.too_large())
+        attempt = core.attempt(self.store, self.identity(environ), screened, _facts(environ, body))
+        if isinstance(attempt, Answer):
+            return _send(start_response, attempt)
+        answer = core.claim(self.store, attempt)
+        if answer is not None:
+            return _send(start_response, answer)
+        return _Relay(self, attempt).run(environ, start_response)
 
     def _read_body(self, environ: WSGIEnvironment) -> bytes | None:
         """The whole body (None when over the limit); the app gets a fresh stream of it."""
+        limit = self.core.max_body_bytes
         stream = environ.get("wsgi.input")
         try:
             length = int(environ.get("CONTENT_LENGTH") or 0)
         except ValueError:
             length = 0
-        if length > self.max_body_bytes:
+        if length > limit:
             return None
         if stream is None:
             body = b""
         elif length:
             body = stream.read(length)
         elif environ.get("wsgi.input_terminated"):
-            body = stream.read(self.max_body_bytes + 1)
-            if len(body) > self.max_body_bytes:
+            body = stream.read(limit + 1)
+            if len(body) > limit:
                 return None
         else:
             body = b""
@@ -324,16 +188,78 @@ class IdempotencyMiddleware:
         environ["CONTENT_LENGTH"] = str(len(body))
         return body
 
-    def _problem(self, start_response: StartResponse, error: Any) -> Iterable[bytes]:
-        return self._answer(start_response, problem_for(error))
 
-    def _answer(
-        self,
-        start_response: StartResponse,
-        answer: tuple[int, dict[str, str], bytes],
-        extra_headers: list[tuple[str, str]] | None = None,
-    ) -> Iterable[bytes]:
-        status, headers, body = answer
-        header_list = [*headers.items(), *(extra_headers or []), ("Content-Length", str(len(body)))]
-        start_response(_status_line(status), header_list)
-        return [body]
+class _Relay:
+    """The app's response on its way out: passed through chunk by chunk, recorded, then settled.
+
+    The key is held from :meth:`run` until the body is exhausted or the server
+    closes the response (whichever comes first), inside ``core.hold``.
+    """
+
+    def __init__(self, middleware: IdempotencyMiddleware, attempt: Attempt) -> None:
+        self.core = middleware.core
+        self.store = middleware.store
+        self.app = middleware.app
+        self.attempt = attempt
+        self.recorder: Recorder | None = None
+        self.result: Iterable[bytes] = ()
+        self.settled = False
+        self.hold = self.core.hold(self.store, attempt)
+
+    def run(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        def relay_start(
+            status: str, headers: list[tuple[str, str]], exc_info: Any = None
+        ) -> Callable[[bytes], Any]:
+            self.recorder = self.core.recorder(int(status.split(" ", 1)[0]), headers)
+            write = start_response(status, headers, exc_info)
+
+            def relay_write(chunk: bytes) -> Any:
+                if self.recorder is not None:
+                    self.recorder.feed(chunk)
+                return write(chunk)
+
+            return relay_write
+
+        self.hold.__enter__()
+        try:
+            self.result = self.app(environ, relay_start)
+        except BaseException as exc:
+            self._settle(exc)
+            raise
+        return self
+
+    def __iter__(self) -> Iterator[bytes]:
+        try:
+            for chunk in self.result:
+                if self.recorder is not None and self.recorder.feed(chunk):
+                    self._settle(None)  # the last byte of a Content-Length body: settle, then send
+                yield chunk
+        except GeneratorExit:
+            raise  # closed early (the client left): close() settles it
+        except BaseException as exc:
+            self._settle(exc)
+            raise
+        if self.recorder is not None:
+            # a chunked or close-delimited body ends after this: settle before its end goes out
+            self.recorder.complete = True
+        self._settle(None)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self.result, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._settle(None)
+
+    def _settle(self, error: BaseException | None) -> None:
+        if self.settled:
+            return
+        self.settled = True
+        recorder = self.recorder
+        if recorder is not None and error is not None:
+            recorder.failed = True
+        try:
+            self.core.settle(self.store, self.attempt, recorder)
+        finally:
+            self.hold.__exit__(type(error) if error else None, error, error.__traceback__ if error else None)

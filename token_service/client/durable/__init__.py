@@ -10,6 +10,8 @@ locking. SQLAlchemy Core 2.x; PostgreSQL, MySQL/MariaDB and SQLite. No Flask.
 Install with ``pip install 'token-service[db]'``.
 """
 
+from token_service.client._fingerprint import fingerprint as request_fingerprint
+from token_service.client._response import StoredResponse
 from token_service.client.durable._cleanup import delete_expired
 from token_service.client.durable._guard import (
     DEFAULT_LEASE_SECONDS,
@@ -17,12 +19,10 @@ from token_service.client.durable._guard import (
     Claim,
     Outcome,
     Replay,
-    StoredResponse,
     claim,
     complete,
     fail,
     is_retryable,
-    request_fingerprint,
     retry_transaction,
     run_once,
     run_once_for_token,

@@ -28,14 +28,13 @@ several waiters race a rolled-back key; that is also "retry the transaction".
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
 import secrets
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -43,6 +42,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 
+from token_service.client._response import StoredResponse
 from token_service.client.durable._schema import (
     FAILED,
     IDEMPOTENCY_RECORDS,
@@ -77,23 +77,6 @@ def utc_now() -> datetime:
 
 
 @dataclass(frozen=True)
-class StoredResponse:
-    """What a duplicate gets back: the first execution's status, body bytes and headers."""
-
-    status: int
-    body: bytes = b""
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def json(cls, status: int, payload: Any, headers: Mapping[str, str] | None = None) -> StoredResponse:
-        body = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
-        return cls(status, body, {"Content-Type": "application/json", **(headers or {})})
-
-    def payload(self) -> Any:
-        return json.loads(self.body)
-
-
-@dataclass(frozen=True)
 class Outcome:
     """The result of ``run_once``: the response, and whether it was replayed from the record."""
 
@@ -117,12 +100,6 @@ class Replay:
 
     key: str
     response: StoredResponse
-
-
-def request_fingerprint(*parts: Any) -> str:
-    """SHA-256 (hex) of the canonical JSON of ``parts``: the same request gives the same fingerprint."""
-    canonical = json.dumps(parts, separators=(",", ":"), sort_keys=True, default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def token_record_key(token: str, namespace: str = "token") -> str:
@@ -264,7 +241,7 @@ def complete(
             lease_id=None,
             lease_expires_at=None,
             response_status=response.status,
-            response_headers=json.dumps(dict(response.headers), separators=(",", ":")),
+            response_headers=response.headers_json(),
             response_body=response.body,
             updated_at=clock(),
         )

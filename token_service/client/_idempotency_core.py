@@ -1,0 +1,362 @@
+"""The decisions of ``Idempotency-Key`` handling, once, for every framework.
+
+The WSGI middleware (:mod:`token_service.client.idempotency`), the ASGI one
+(:mod:`token_service.client.asgi`) and the framework integrations only move
+bytes; what to answer is decided here:
+
+1. :meth:`IdempotencyCore.screen`: is this request guarded, and is its key
+   valid (missing → 400 when ``required``, malformed → 400)?
+2. :meth:`IdempotencyCore.attempt`: who is asking (no identity → 400
+   ``idempotency_identity_required``), the request's fingerprint, the record
+   key (per client), a fresh owner id for this attempt.
+3. :meth:`IdempotencyCore.claim` / :meth:`aclaim`: one Lua call. Returns
+   ``None`` (this request holds the key: run the app) or the answer: the
+   stored response with ``Idempotent-Replayed: true``, 409 with
+   ``Retry-After`` (still running), 422 (the key was used for another
+   request), 503 (the store failed: the request does not run unguarded).
+4. The app runs inside ``with core.hold(store, attempt):`` (``async with
+   core.ahold(...)``): the one place where a request holds the key.
+5. :meth:`IdempotencyCore.recorder` watches the response go out: it keeps
+   the body up to ``max_stored_bytes`` and only counts the rest (a 64 MB
+   stream passes through, never buffered whole). :meth:`settle` / :meth:`asettle`
+   then store it (the status is one ``store_status`` keeps; a body over the
+   cap is stored as omitted) or free the key (a 5xx, 408/409/425/429, an
+   exception, a response that never started). Storing is fenced by the
+   attempt's owner id: an attempt that outlived its lock never overwrites a
+   later attempt's record.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+from token_service.client._fingerprint import FingerprintSpec, RequestFacts, fingerprint_request
+from token_service.client._idempotency_store import (
+    AsyncIdempotencyStore,
+    Claimed,
+    IdempotencyStore,
+    InProgress,
+    Mismatch,
+    Outcome,
+)
+from token_service.client._response import (
+    OMITTED_HEADER,
+    REPLAYED_HEADER,
+    StoredResponse,
+    StorePolicy,
+    default_store_status,
+)
+from token_service.errors import InvalidRequest, PayloadTooLarge, ServiceUnavailable, TokenError
+from token_service.problems import problem, problem_for
+
+log = logging.getLogger("token_service.client.idempotency")
+
+MAX_KEY_CHARS = 255
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+DEFAULT_MAX_STORED_BYTES = 256 * 1024
+# Never replayed: they describe one connection or one moment, or belong to one session.
+NOT_STORED_HEADERS = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-authenticate",
+        "date",
+        "server",
+        "set-cookie",
+        REPLAYED_HEADER.lower(),
+    }
+)
+
+__all__ = [
+    "MAX_KEY_CHARS",
+    "OMITTED_HEADER",
+    "REPLAYED_HEADER",
+    "Answer",
+    "Attempt",
+    "IdempotencyCore",
+    "Recorder",
+    "parse_key",
+    "status_line",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A complete response the middleware sends instead of running the app."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+    replayed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One request's claim on a key: the record, what it must match, and who holds it."""
+
+    record: str
+    fingerprint: str
+    owner: str
+
+
+@dataclass(slots=True)
+class Recorder:
+    """Watches one response go out; keeps its body up to ``cap`` bytes, counts the rest."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    cap: int
+    storable: bool
+    length: int | None = None  # the declared Content-Length, if any
+    size: int = 0
+    complete: bool = False
+    failed: bool = False
+    _chunks: list[bytes] | None = field(default_factory=list)
+
+    def feed(self, chunk: bytes) -> bool:
+        """Record ``chunk``; True when it completes a body of declared length (settle before sending it:
+        a client that has the whole response may send its duplicate at once)."""
+        self.size += len(chunk)
+        if self._chunks is not None and self.storable:
+            if self.size > self.cap:
+                self._chunks = None  # over the cap: from here on only counted, never held
+            elif chunk:
+                self._chunks.append(bytes(chunk))
+        if self.length is not None and self.size >= self.length:
+            self.complete = True
+        return self.complete
+
+    def stored(self) -> StoredResponse | None:
+        """What duplicates get, or None: nothing worth keeping (the key is freed)."""
+        if not self.storable or self.failed:
+            return None
+        kept = [(name, value) for name, value in self.headers if name.lower() not in NOT_STORED_HEADERS]
+        if self._chunks is None or not self.complete:
+            # over the cap, or the client left mid-body: the work is done, the body not kept
+            kept = [(n, v) for n, v in kept if n.lower() not in ("content-length", OMITTED_HEADER.lower())]
+            return StoredResponse(self.status, b"", kept, omitted=self.size)
+        return StoredResponse(self.status, b"".join(self._chunks), kept)
+
+
+def parse_key(raw: str, max_chars: int = MAX_KEY_CHARS) -> str | None:
+    """The key from the header: an sf-string (``"..."``); a bare token is accepted too."""
+    value = raw.strip()
+    if len(value) >= 2 and value[0] == value[-1] == '"':
+        value = value[1:-1]
+    if not 1 <= len(value) <= max_chars or not value.isascii() or not value.isprintable():
+        return None
+    return value
+
+
+def status_line(status: int) -> str:
+    try:
+        return f"{status} {HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"{status} Unknown"
+
+
+def _answer(document: tuple[int, dict[str, str], bytes], *extra: tuple[str, str]) -> Answer:
+    status, headers, body = document
+    return Answer(status, [*headers.items(), *extra, ("Content-Length", str(len(body)))], body)
+
+
+def _whole_seconds(name: str, value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive whole number of seconds, not {value!r}")
+    return value
+
+
+class IdempotencyCore:
+    """The options and decisions of one Idempotency-Key middleware (see the module docs)."""
+
+    def __init__(
+        self,
+        *,
+        header: str = "Idempotency-Key",
+        methods: Iterable[str] = ("POST", "PATCH"),
+        required: bool = True,
+        ttl_seconds: int = 86400,
+        lock_seconds: int = 60,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES,
+        store_status: StorePolicy = default_store_status,
+        fingerprint: FingerprintSpec = None,
+    ) -> None:
+        self.header = header
+        self.methods = frozenset(method.upper() for method in methods)
+        self.required = required
+        self.ttl_seconds = _whole_seconds("ttl_seconds", ttl_seconds)
+        self.lock_seconds = _whole_seconds("lock_seconds", lock_seconds)
+        self.max_body_bytes = max_body_bytes
+        self.max_stored_bytes = max_stored_bytes
+        self.store_status = store_status
+        self.fingerprint = fingerprint
+
+    # -- before the app ------------------------------------------------------------------
+
+    def screen(self, method: str, raw_key: str | None) -> str | Answer | None:
+        """The key (guard the request), an answer (refuse it) or None (not guarded: just run it)."""
+        if method.upper() not in self.methods:
+            return None
+        if raw_key is None or not raw_key.strip():
+            if not self.required:
+                return None
+            return self.problem(
+                InvalidRequest(f"The {self.header} header is required.", {self.header: ["Missing."]})
+            )
+        key = parse_key(raw_key)
+        if key is None:
+            return self.problem(
+                InvalidRequest(
+                    f"The {self.header} header is not a valid key.",
+                    {self.header: [f"1-{MAX_KEY_CHARS} printable ASCII characters."]},
+                )
+            )
+        return key
+
+    def too_large(self) -> Answer:
+        return self.problem(PayloadTooLarge("The request body is over the limit."))
+
+    def attempt(
+        self,
+        store: IdempotencyStore | AsyncIdempotencyStore,
+        identity: str | None,
+        key: str,
+        facts: RequestFacts,
+    ) -> Attempt | Answer:
+        if not identity:
+            # anonymous clients would share one namespace and get each other's responses
+            return _answer(
+                problem(
+                    400,
+                    "idempotency_identity_required",
+                    "Unidentified client",
+                    f"An {self.header} is kept per client: send the request with your credentials.",
+                )
+            )
+        return Attempt(
+            store.key(identity, key), fingerprint_request(facts, self.fingerprint), secrets.token_urlsafe(12)
+        )
+
+    def claim(self, store: IdempotencyStore, attempt: Attempt) -> Answer | None:
+        """None: this request holds the key and runs. Else what to answer instead."""
+        try:
+            outcome = store.begin(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds)
+        except (TokenError, ValueError, KeyError, TypeError) as exc:
+            return self.store_failed(exc)
+        return self.decide(outcome)
+
+    async def aclaim(self, store: AsyncIdempotencyStore, attempt: Attempt) -> Answer | None:
+        try:
+            outcome = await store.begin(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds)
+        except (TokenError, ValueError, KeyError, TypeError) as exc:
+            return self.store_failed(exc)
+        return self.decide(outcome)
+
+    def decide(self, outcome: Outcome) -> Answer | None:
+        if isinstance(outcome, Claimed):
+            return None
+        if isinstance(outcome, StoredResponse):
+            return Answer(outcome.status, outcome.replay_headers(), outcome.body, replayed=True)
+        if isinstance(outcome, InProgress):
+            return _answer(
+                problem(
+                    409,
+                    "idempotency_key_in_use",
+                    "Request in progress",
+                    f"A request with this {self.header} is still being processed; retry later.",
+                    retry_after_seconds=outcome.retry_after_seconds,
+                ),
+                ("Retry-After", str(outcome.retry_after_seconds)),
+            )
+        assert isinstance(outcome, Mismatch)
+        return _answer(
+            problem(
+                422,
+                "idempotency_key_mismatch",
+                "Idempotency-Key reused",
+                f"This {self.header} was used for a different request.",
+            )
+        )
+
+    def store_failed(self, exc: BaseException) -> Answer:
+        """Fail closed: the request does not run unguarded."""
+        if isinstance(exc, ServiceUnavailable):
+            return self.problem(exc)
+        # the store refused the record (not an idempotency record, unreadable)
+        log.error("the idempotency store refused a request: %s", exc)
+        return self.problem(
+            ServiceUnavailable("The idempotency store could not handle this key; the request did not run.")
+        )
+
+    def problem(self, error: TokenError) -> Answer:
+        return _answer(problem_for(error))
+
+    # -- while the app runs ----------------------------------------------------------------
+
+    def hold(self, store: IdempotencyStore, attempt: Attempt) -> AbstractContextManager[Any]:
+        """The app runs (and its body streams) inside this: the one place a request holds the key."""
+        return contextlib.nullcontext()
+
+    def ahold(self, store: AsyncIdempotencyStore, attempt: Attempt) -> AbstractAsyncContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def recorder(self, status: int, headers: Iterable[tuple[str, str]]) -> Recorder:
+        headers = list(headers)
+        declared = next((v.strip() for n, v in headers if n.lower() == "content-length"), "")
+        length = int(declared) if declared.isdigit() else None
+        return Recorder(status, headers, self.max_stored_bytes, self.store_status(status), length)
+
+    # -- after the app ---------------------------------------------------------------------
+
+    def settle(self, store: IdempotencyStore, attempt: Attempt, recorder: Recorder | None) -> None:
+        """Store what duplicates get, or free the key. Never raises: the response is already out."""
+        stored = recorder.stored() if recorder is not None else None
+        try:
+            if stored is None:
+                store.release(attempt.record, attempt.fingerprint, attempt.owner)
+            else:
+                self._stored(
+                    store.store(attempt.record, attempt.fingerprint, attempt.owner, stored, self.ttl_seconds)
+                )
+        except TokenError as exc:
+            self._settle_failed(stored, exc)
+
+    async def asettle(
+        self, store: AsyncIdempotencyStore, attempt: Attempt, recorder: Recorder | None
+    ) -> None:
+        stored = recorder.stored() if recorder is not None else None
+        try:
+            if stored is None:
+                await store.release(attempt.record, attempt.fingerprint, attempt.owner)
+            else:
+                kept = await store.store(
+                    attempt.record, attempt.fingerprint, attempt.owner, stored, self.ttl_seconds
+                )
+                self._stored(kept)
+        except TokenError as exc:
+            self._settle_failed(stored, exc)
+
+    def _stored(self, kept: bool) -> None:
+        if not kept:
+            log.warning(
+                "an idempotent request outlived its %d s lock; its response was not stored", self.lock_seconds
+            )
+
+    def _settle_failed(self, stored: StoredResponse | None, exc: TokenError) -> None:
+        if stored is None:
+            # the claim runs out by itself after lock_seconds
+            log.error("could not free an Idempotency-Key: %s", exc)
+        else:
+            log.error("could not store an idempotent response: %s", exc)

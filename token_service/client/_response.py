@@ -1,0 +1,152 @@
+"""One stored-response shape, and which responses are worth storing.
+
+What a duplicate gets back is the first execution's :class:`StoredResponse`:
+its status, headers (an ordered list of pairs: a header may repeat) and body
+bytes, or, when the body could not be kept (too large, a file, a stream over
+the cap), its length in ``omitted``. The Idempotency-Key middlewares keep it
+in Redis (:meth:`encode`), ``@require_token`` keeps it as the token's result
+(:meth:`to_result`, JSON), the durable backstop in a database row.
+
+A replay carries ``Idempotent-Replayed: true``, and ``Idempotent-Body-Omitted:
+<length>`` when the body was not kept.
+
+Which statuses are stored is :func:`default_store_status`: every 2xx, 3xx and
+4xx except the transient ones (408, 409, 425, 429); never a 5xx. A response
+that is not stored frees the key (or token) so the client may retry.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+REPLAYED_HEADER = "Idempotent-Replayed"
+OMITTED_HEADER = "Idempotent-Body-Omitted"
+
+# A client may simply try again later: storing these would replay "later" for the whole TTL.
+TRANSIENT_4XX = frozenset({408, 409, 425, 429})
+
+StorePolicy = Callable[[int], bool]
+
+Headers = tuple[tuple[str, str], ...]
+
+
+def default_store_status(status: int) -> bool:
+    """Store 2xx, 3xx (a POST answered 303 did its work) and 4xx but 408/409/425/429; never 5xx."""
+    return 200 <= status < 500 and status not in TRANSIENT_4XX
+
+
+def _pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]] | Iterable[list[str]]) -> Headers:
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    return tuple((str(name), str(value)) for name, value in items)
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class StoredResponse:
+    """What a duplicate gets back: the first execution's status, body bytes and headers."""
+
+    status: int
+    body: bytes
+    headers: Headers
+    omitted: int | None
+
+    def __init__(
+        self,
+        status: int,
+        body: bytes = b"",
+        headers: Mapping[str, str] | Iterable[tuple[str, str]] = (),
+        *,
+        omitted: int | None = None,
+    ) -> None:
+        if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 999:
+            raise ValueError(f"a status is a three-digit number, not {status!r}")
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise TypeError(f"a stored body is bytes, not {type(body).__name__}")
+        object.__setattr__(self, "status", status)
+        object.__setattr__(self, "body", bytes(body))
+        object.__setattr__(self, "headers", _pairs(headers))
+        object.__setattr__(self, "omitted", omitted)
+
+    @classmethod
+    def json(cls, status: int, payload: Any, headers: Mapping[str, str] | None = None) -> StoredResponse:
+        body = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode()
+        return cls(status, body, {"Content-Type": "application/json", **(headers or {})})
+
+    def payload(self) -> Any:
+        return json.loads(self.body)
+
+    def header(self, name: str) -> str | None:
+        """The first value of header ``name`` (any case), or None."""
+        wanted = name.lower()
+        return next((value for key, value in self.headers if key.lower() == wanted), None)
+
+    def replay_headers(self) -> list[tuple[str, str]]:
+        """The headers a duplicate gets: the stored ones, the omitted marker, ``Idempotent-Replayed``."""
+        headers = [(name, value) for name, value in self.headers if name.lower() != REPLAYED_HEADER.lower()]
+        if self.omitted is not None:
+            headers = [
+                (n, v) for n, v in headers if n.lower() not in ("content-length", OMITTED_HEADER.lower())
+            ]
+            headers.append((OMITTED_HEADER, str(self.omitted)))
+        headers.append((REPLAYED_HEADER, "true"))
+        return headers
+
+    # -- the Redis form (the Idempotency-Key middlewares) ------------------------------------
+
+    def encode(self) -> bytes:
+        """Compact: a one-line JSON head, a newline, then the body's raw bytes."""
+        head: dict[str, Any] = {"s": self.status, "h": self.headers}
+        if self.omitted is not None:
+            head["o"] = self.omitted
+        return json.dumps(head, separators=(",", ":"), ensure_ascii=True).encode("ascii") + b"\n" + self.body
+
+    @classmethod
+    def decode(cls, raw: bytes) -> StoredResponse:
+        head, _, body = raw.partition(b"\n")
+        parsed = json.loads(head)
+        headers = [(name, value) for name, value in parsed["h"]]
+        omitted = parsed.get("o")
+        # records written before "o" existed carried the marker as a header
+        for name, value in headers:
+            if omitted is None and name.lower() == OMITTED_HEADER.lower() and value.isdigit():
+                omitted = int(value)
+        return cls(parsed["s"], body, headers, omitted=omitted)
+
+    # -- the JSON form (a token's result, ``@require_token``) ---------------------------------
+
+    def to_result(self) -> dict[str, Any]:
+        """JSON-able: the body as UTF-8 text when it is, else base64 (``"e": "base64"``)."""
+        result: dict[str, Any] = {"s": self.status, "h": [[name, value] for name, value in self.headers]}
+        if self.omitted is not None:
+            result["omitted"] = self.omitted
+            return result
+        try:
+            result["b"] = self.body.decode("utf-8")
+        except UnicodeDecodeError:
+            result["b"] = base64.b64encode(self.body).decode("ascii")
+            result["e"] = "base64"
+        return result
+
+    @classmethod
+    def from_result(cls, result: Any) -> StoredResponse:
+        if (
+            not isinstance(result, dict)
+            or isinstance(result.get("s"), bool)
+            or not isinstance(result.get("s"), int)
+        ):
+            # Not written by a response guard (another kind of guard used the token's scope).
+            raise TypeError("the token's stored result is not a stored response")
+        text = result.get("b", "")
+        body = base64.b64decode(text) if result.get("e") == "base64" else text.encode("utf-8")
+        return cls(result["s"], body, result.get("h", []), omitted=result.get("omitted"))
+
+    # -- the database form (the durable backstop) ---------------------------------------------
+
+    def headers_json(self) -> str:
+        """An object when no name repeats (what earlier versions wrote), else a list of pairs."""
+        names = [name.lower() for name, _ in self.headers]
+        value: Any = dict(self.headers) if len(set(names)) == len(names) else [list(p) for p in self.headers]
+        return json.dumps(value, separators=(",", ":"))
