@@ -19,6 +19,7 @@ from tests.support.processes import free_port
 from token_service import create_app
 from token_service.server.logs import JSON_FORMAT, RequestIdFilter
 from token_service.server.metric_files import OTHER_SCOPE, ScopeLabels
+from token_service.server.metrics import TOKEN_REF_CHARS
 
 
 def sample(name: str, **labels: str) -> float:
@@ -82,7 +83,7 @@ def test_one_json_access_line_per_request_without_tokens(client: Any, access_lin
     assert [line["route"] for line in lines] == ["/token/generate", "/token/consume", "unmatched"]
     assert lines[1]["request_id"] == "req-42"
     assert lines[1]["status"] == 200
-    assert len(lines[1]["token_ref"]) == 8
+    assert len(lines[1]["token_ref"]) == TOKEN_REF_CHARS
     assert all(line["request_id"] for line in lines)
     assert not any(token in line or token[:12] in line for line in access_lines)
 

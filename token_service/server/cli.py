@@ -1,5 +1,6 @@
 """The ``token-service`` command: ``serve`` runs gunicorn, ``check`` validates config and Redis,
-``db-cleanup`` deletes expired idempotency records from a business database."""
+``db-cleanup`` deletes expired idempotency records from a business database, ``admin``
+finds, shows, revokes, releases and lists records and reconciles stuck operations."""
 
 from __future__ import annotations
 
@@ -162,6 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     cleanup_cmd.add_argument("--pause", type=float, default=0.0, help="seconds to sleep between batches")
     cleanup_cmd.set_defaults(handler=db_cleanup)
+    from token_service.server import admin_cli
+
+    admin_cli.add_parser(commands)
     args = parser.parse_args(argv)
     return int(args.handler(args))
 

@@ -39,8 +39,10 @@ from token_service.store import IssueRequest, TokenStore
 from token_service.tokens import digest_key, token_digest
 
 MAX_SCOPES = 50
-# A digest prefix is enough to find a token's record (SCAN ts:t:<prefix>*) and reveals nothing.
-TOKEN_REF_CHARS = 8
+# The whole digest: it is the record key's last part (<prefix>t:<token_ref>), so an operator
+# finds the record with one GET (token-service admin show <token_ref>). It reveals nothing:
+# the token behind it has 256 random bits.
+TOKEN_REF_CHARS = 22
 
 TOKENS_ISSUED = Counter("token_service_tokens_issued", "Tokens issued.", ["scope"])
 OUTCOMES = Counter(

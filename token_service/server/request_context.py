@@ -15,7 +15,7 @@ from dataclasses import dataclass
 @dataclass(slots=True)
 class RequestInfo:
     request_id: str
-    # at most TOKEN_REF_CHARS characters of the digest of the request's token, never the token
+    # the digest of the request's token (TOKEN_REF_CHARS characters), never the token
     token_ref: str | None = None
 
 

@@ -1,0 +1,65 @@
+"""Fixtures of the operators' tools tests: the admin over a real standalone Redis and a real Cluster."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.support.topologies import ClusterTopology, Standalone
+from token_service.admin import Admin
+from token_service.store import TokenStore
+
+
+@pytest.fixture(scope="session")
+def ops_standalone() -> Iterator[Standalone]:
+    topology = Standalone().start()
+    yield topology
+    topology.stop()
+
+
+@pytest.fixture(scope="session")
+def ops_cluster() -> Iterator[ClusterTopology]:
+    topology = ClusterTopology().start()
+    yield topology
+    topology.stop()
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("standalone", marks=pytest.mark.real),
+        pytest.param("cluster", marks=pytest.mark.real),
+    ]
+)
+def redis_any(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A flushed client of a real standalone Redis, then of a real 3-master Cluster."""
+    topology = request.getfixturevalue(f"ops_{request.param}")
+    topology.flush()
+    client = topology.client()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def store(redis_any: Any) -> TokenStore:
+    return TokenStore(redis_any)
+
+
+@pytest.fixture
+def admin(redis_any: Any) -> Admin:
+    return Admin(redis_any, actor="test")
+
+
+def past_clock(seconds_ago: float) -> Any:
+    """A store clock that many seconds behind: a lease it grants has already run out by Redis's."""
+    return lambda: int((time.time() - seconds_ago) * 1000)
+
+
+@pytest.fixture
+def audit_lines(caplog: pytest.LogCaptureFixture) -> Any:
+    """A function returning the audit records logged so far in the test."""
+    caplog.set_level(logging.INFO, logger="token_service.audit")
+    return lambda: [record for record in caplog.records if record.name == "token_service.audit"]

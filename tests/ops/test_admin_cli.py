@@ -1,0 +1,156 @@
+"""``token-service admin …`` as an operator runs it, against a real redis-server (and a Cluster)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.ops.conftest import past_clock
+from tests.support.processes import REPO_ROOT
+from tests.support.topologies import ClusterTopology, Standalone
+from token_service.store import IssueRequest, TokenStore
+from token_service.tokens import token_digest
+
+CLI = [sys.executable, "-m", "token_service.server.cli", "admin"]
+PAY = IssueRequest("pay", "user-7", None, 600)
+
+
+def admin_cli(
+    url: str, *args: str, stdin: str = "", cwd: Path = REPO_ROOT
+) -> tuple[int, list[dict[str, Any]], list[dict[str, Any]]]:
+    """Exit status, the JSON lines of stdout, and the JSON audit lines of stderr."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOKEN_SERVICE_")}
+    env["TOKEN_SERVICE_REDIS_URL"] = url
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    done = subprocess.run(
+        [*CLI, *args], env=env, input=stdin, capture_output=True, text=True, timeout=120, cwd=cwd
+    )
+    out = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    err = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    return done.returncode, out, err
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+def topology(request: pytest.FixtureRequest) -> Standalone | ClusterTopology:
+    found: Standalone | ClusterTopology = request.getfixturevalue(f"ops_{request.param}")
+    found.flush()
+    return found
+
+
+@pytest.fixture
+def client(topology: Any) -> Any:
+    opened = topology.client()
+    yield opened
+    opened.close()
+
+
+def test_show_revoke_and_release(topology: Any, client: Any) -> None:
+    store = TokenStore(client)
+    held, issued = store.issue(PAY, 2)
+    store.begin(held, "pay", "user-7", request_id="order-5", lease_seconds=600)
+
+    status, out, audit = admin_cli(topology.url, "show", token_digest(held))
+    assert status == 0
+    assert out[0]["state"] == "PROCESSING"
+    assert out[0]["request_id"] == "order-5"
+    assert [(line["action"], line["outcome"]) for line in audit] == [("show", "found")]
+    assert audit[0]["actor"].startswith("cli:")
+
+    status, out, _ = admin_cli(topology.url, "release", token_digest(held))
+    assert (status, out) == (0, [{"outcome": "released", "ref": token_digest(held)}])
+    status, out, _ = admin_cli(topology.url, "release", token_digest(issued))
+    assert status == 1
+    assert out[0]["outcome"] == "not_in_progress"
+
+    status, out, _ = admin_cli(topology.url, "revoke", token_digest(issued))
+    assert status == 0
+    assert out[0]["outcome"] == "revoked"
+    status, out, _ = admin_cli(topology.url, "show", token_digest(issued))
+    assert status == 1
+    assert out[0]["outcome"] == "not_found"
+
+
+def test_list_and_find(topology: Any, client: Any) -> None:
+    store = TokenStore(client)
+    tokens = store.issue(PAY, 25)
+    for token in tokens[:7]:
+        store.consume(token, "pay", "user-7")
+    store.consume(tokens[21], "pay", "user-7", request_id="checkout-99")
+
+    status, out, _ = admin_cli(topology.url, "list", "--state", "CONSUMED", "--scope", "pay", "--count", "5")
+    assert status == 0
+    *records, end = out
+    assert sorted(r["ref"] for r in records) == sorted(token_digest(t) for t in [*tokens[:7], tokens[21]])
+    assert end["done"] is True
+
+    status, out, _ = admin_cli(topology.url, "list", "--state", "ISSUED", "--limit", "3", "--count", "2")
+    *records, end = out
+    assert 3 <= len(records) < 17
+    assert end["done"] is False  # go on with --cursor
+    status, out, _ = admin_cli(topology.url, "list", "--state", "ISSUED", "--cursor", end["cursor"])
+    assert len(records) + len(out[:-1]) == 17
+
+    status, out, _ = admin_cli(topology.url, "find", "--request-id", "checkout-99")
+    assert status == 0
+    assert [r["ref"] for r in out] == [token_digest(tokens[21])]
+    status, out, _ = admin_cli(topology.url, "show", token_digest(tokens[21])[:8])
+    assert [r["ref"] for r in out] == [token_digest(tokens[21])]
+
+
+def test_idempotency_identity_is_read_from_stdin(topology: Any, client: Any) -> None:
+    from token_service.client._idempotency_store import IdempotencyStore
+
+    claims = IdempotencyStore(client)
+    claims.begin(claims.key("Bearer carol-credential", "k-1"), "fp", "owner", 600)
+    status, out, audit = admin_cli(
+        topology.url, "show", "--idempotency-key", "k-1", "--identity", "-", stdin="Bearer carol-credential\n"
+    )
+    assert status == 0
+    assert out[0]["kind"] == "idempotency"
+    assert out[0]["state"] == "PROCESSING"
+    assert "carol-credential" not in json.dumps(audit)
+    assert "k-1" not in json.dumps([line.get("ref") for line in audit])
+
+
+def test_reconcile_with_a_handler_module(topology: Any, client: Any, tmp_path: Path) -> None:
+    past = TokenStore(client, clock_ms=past_clock(30))
+    [token] = past.issue(PAY, 1)
+    past.begin(token, "pay", "user-7", request_id="order-77", lease_seconds=1)
+    (tmp_path / "completer.py").write_text(
+        "from token_service.reconcile import Complete\n"
+        "def decide(stuck):\n"
+        "    return Complete({'order': stuck.request_id, 'recovered': True})\n"
+    )
+    status, out, _ = admin_cli(topology.url, "reconcile", "--dry-run", cwd=tmp_path)
+    assert status == 0
+    assert out[0]["action"] == "dry_run"
+    assert out[0]["request_id"] == "order-77"
+    status, out, audit = admin_cli(topology.url, "reconcile", "--handler", "completer:decide", cwd=tmp_path)
+    assert status == 0
+    assert (out[0]["action"], out[0]["outcome"]) == ("complete", "succeeded")
+    assert audit[-1]["action"] == "reconcile"
+    status, out, _ = admin_cli(topology.url, "show", token_digest(token))
+    assert out[0]["result"] == {"order": "order-77", "recovered": True}
+
+
+def test_usage_errors_exit_2_without_a_traceback(ops_standalone: Standalone) -> None:
+    for args in (["show"], ["show", "*"], ["reconcile", "--handler", "nope"], ["list", "--cursor", "zz"]):
+        status, _, _ = admin_cli(ops_standalone.url, *args)
+        assert status == 2, args
+    done = subprocess.run(
+        [*CLI, "list"],
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
+    assert done.returncode == 2
+    assert "TOKEN_SERVICE_REDIS_URL" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,556 @@
+"""Operators' tools over the store: find, show, revoke, release and list records. No Flask.
+
+An operator never has the token (nobody keeps it), so records are found by
+what the logs carry:
+
+- the ``token_ref`` of an access line: the token's digest, which *is* the
+  record key's last part (``<prefix>t:<token_ref>``): one GET. A shorter
+  prefix of it (older logs kept 8 characters) is looked for with a bounded
+  SCAN;
+- the ``request_id`` a consume or begin carried (stored in the record): a
+  bounded SCAN that reads each record;
+- an ``Idempotency-Key`` and the client identity the middleware keyed it on
+  (by default the ``Authorization`` header): the digest of both is the key.
+
+Every listing walks the keyspace with ``SCAN … COUNT n`` (each call does
+O(n) work, so Redis is never held for long), one node at a time on a Cluster,
+and hands back a cursor to continue from. Each action writes one audit line
+on the ``token_service.audit`` logger: the action, the record's reference
+and the outcome, never a token, a credential or an Idempotency-Key.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+import redis
+import redis.cluster
+from redis import exceptions as redis_errors
+
+from token_service import records
+from token_service.client._idempotency_store import StoredResponse
+from token_service.client._idempotency_store import digest as idempotency_digest
+from token_service.errors import InvalidRequest, TokenError
+from token_service.store import lua_source, translate_errors
+from token_service.tokens import new_lease_id
+
+audit_log = logging.getLogger("token_service.audit")
+
+TOKEN = "token"  # noqa: S105 - a record kind, not a secret
+IDEMPOTENCY = "idempotency"
+KINDS = (TOKEN, IDEMPOTENCY)
+TOKEN_STATES = {"I": "ISSUED", "P": "PROCESSING", "C": "CONSUMED", "S": "SUCCEEDED", "F": "FAILED"}
+IDEMPOTENCY_STATES = {"P": "PROCESSING", "D": "COMPLETED"}
+STATES = frozenset(TOKEN_STATES.values()) | frozenset(IDEMPOTENCY_STATES.values())
+# A token_ref is base64url; no glob characters can reach a SCAN MATCH pattern.
+REF_RE = re.compile(r"[A-Za-z0-9_-]{6,22}\Z")
+FULL_REF_CHARS = 22
+DEFAULT_COUNT = 1000
+MAX_COUNT = 10000
+BODY_PREVIEW_BYTES = 4096
+_SEP = "\x1f"
+_SCRIPTS = ("admin_read", "begin", "complete", "fail", "revoke", "idempotency_release")
+
+
+class RecordNotFound(TokenError):
+    """No record under that reference (never issued, expired, or deleted)."""
+
+    code = "not_found"
+    status = 404
+    title = "Not found"
+
+
+class NotInProgress(TokenError):
+    """Release asked of a record that holds no operation in progress."""
+
+    code = "not_in_progress"
+    status = 409
+    title = "Not in progress"
+
+
+def check_ref(ref: str) -> str:
+    if not isinstance(ref, str) or not REF_RE.match(ref):
+        raise InvalidRequest(
+            "A record reference is 6-22 characters of A-Za-z0-9_- (the token_ref of a log line).",
+            {"ref": ["6-22 characters of A-Za-z0-9_-."]},
+        )
+    return ref
+
+
+def _iso(epoch_ms: int) -> str:
+    return (
+        datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record as an operator sees it (no token, no lease id, no owner id).
+
+    ``expires_in_ms`` is the record's own time left in Redis (None: no expiry);
+    for a PROCESSING token, ``lease_expires_in_ms`` is the lease's (negative once
+    it ran out: the holder is presumed dead and the token may be taken again) and
+    ``token_expires_in_ms`` the token's own.
+    """
+
+    kind: str
+    ref: str
+    key: str
+    state: str
+    now_ms: int
+    expires_in_ms: int | None
+    scope: str | None = None
+    subject: str | None = None
+    fingerprint: str | None = None
+    request_id: str | None = None
+    lease_expires_in_ms: int | None = None
+    token_expires_in_ms: int | None = None
+    result: Any = None
+    error: Any = None
+    response: dict[str, Any] | None = None
+    # not shown: what release and the reconciler need to act on the record
+    _lease_id: str = field(default="", repr=False, compare=False)
+    _owner: str = field(default="", repr=False, compare=False)
+    _raw_fingerprint: str = field(default="", repr=False, compare=False)
+
+    @property
+    def lease_expired(self) -> bool:
+        return self.lease_expires_in_ms is not None and self.lease_expires_in_ms <= 0
+
+    def to_dict(self) -> dict[str, Any]:
+        shown: dict[str, Any] = {"kind": self.kind, "ref": self.ref, "key": self.key, "state": self.state}
+        if self.kind == TOKEN:
+            shown.update(
+                scope=self.scope,
+                subject=self.subject,
+                fingerprint=self.fingerprint,
+                request_id=self.request_id,
+            )
+        else:
+            shown["fingerprint"] = self.fingerprint
+        shown["expires_in_seconds"] = None if self.expires_in_ms is None else self.expires_in_ms / 1000
+        if self.expires_in_ms is not None:
+            shown["expires_at"] = _iso(self.now_ms + self.expires_in_ms)
+        if self.lease_expires_in_ms is not None:
+            shown["lease_expires_at"] = _iso(self.now_ms + self.lease_expires_in_ms)
+            shown["lease_expires_in_seconds"] = self.lease_expires_in_ms / 1000
+            shown["lease_expired"] = self.lease_expired
+        if self.token_expires_in_ms is not None:
+            shown["token_expires_at"] = _iso(self.now_ms + self.token_expires_in_ms)
+            shown["token_expires_in_seconds"] = self.token_expires_in_ms / 1000
+        if self.state == "SUCCEEDED":
+            shown["result"] = self.result
+        if self.state == "FAILED":
+            shown["error"] = self.error
+        if self.response is not None:
+            shown["response"] = self.response
+        return shown
+
+
+def _load_json(raw: str) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return raw  # shown as stored
+
+
+def parse_token_record(key: str, ref: str, value: str, pttl: int, now: int) -> Record:
+    state_letter, rest = value[:1], value[1:]
+    fields = rest.split(_SEP, 7)
+    fields += [""] * (8 - len(fields))
+    scope, subject, fingerprint, request_id, lease_id, lease_expires, token_expires, payload = fields
+    state = TOKEN_STATES.get(state_letter, f"UNKNOWN({state_letter})")
+    lease_left = token_left = None
+    if state_letter == "P":
+        lease_left = int(lease_expires or 0) - now
+        token_left = int(token_expires or 0) - now
+    return Record(
+        kind=TOKEN,
+        ref=ref,
+        key=key,
+        state=state,
+        now_ms=now,
+        expires_in_ms=pttl if pttl >= 0 else None,
+        scope=scope,
+        subject=subject or None,
+        fingerprint=fingerprint or None,
+        request_id=request_id or None,
+        lease_expires_in_ms=lease_left,
+        token_expires_in_ms=token_left,
+        result=_load_json(payload) if state_letter == "S" else None,
+        error=_load_json(payload) if state_letter == "F" else None,
+        _lease_id=lease_id,
+    )
+
+
+def _response_view(raw: bytes) -> dict[str, Any]:
+    try:
+        stored = StoredResponse.decode(raw)
+    except (ValueError, KeyError, TypeError):
+        return {"unreadable": True, "bytes": len(raw)}
+    body = stored.body[:BODY_PREVIEW_BYTES]
+    try:
+        shown_body: dict[str, Any] = {"body": body.decode("utf-8")}
+    except UnicodeDecodeError:
+        shown_body = {"body_base64": base64.b64encode(body).decode("ascii")}
+    return {
+        "status": stored.status,
+        "headers": stored.headers,
+        "body_bytes": len(stored.body),
+        "body_truncated": len(stored.body) > BODY_PREVIEW_BYTES,
+        **shown_body,
+    }
+
+
+def parse_idempotency_record(key: str, ref: str, value: bytes, pttl: int, now: int) -> Record:
+    state_letter = value[:1].decode("ascii", "replace")
+    head, _, tail = value[1:].partition(b"\x1f")
+    fingerprint = head.decode("utf-8", "replace")
+    state = IDEMPOTENCY_STATES.get(state_letter, f"UNKNOWN({state_letter})")
+    return Record(
+        kind=IDEMPOTENCY,
+        ref=ref,
+        key=key,
+        state=state,
+        now_ms=now,
+        expires_in_ms=pttl if pttl >= 0 else None,
+        fingerprint=fingerprint,
+        # while PROCESSING the record's time left is the claim's lock
+        lease_expires_in_ms=pttl if state_letter == "P" and pttl >= 0 else None,
+        response=_response_view(tail) if state_letter == "D" else None,
+        _owner=tail.decode("utf-8", "replace") if state_letter == "P" else "",
+        _raw_fingerprint=fingerprint,
+    )
+
+
+@dataclass(frozen=True)
+class Page:
+    """Records found by one bounded step of a walk; ``cursor`` continues it ("0": the walk is over)."""
+
+    records: list[Record]
+    cursor: str
+    scanned: int
+
+    @property
+    def done(self) -> bool:
+        return self.cursor == "0"
+
+
+@dataclass(frozen=True)
+class Filter:
+    kind: str | None = None
+    state: str | None = None
+    scope: str | None = None
+    request_id: str | None = None
+    ref_prefix: str | None = None
+    lease_expired: bool | None = None
+
+    def matches(self, record: Record) -> bool:
+        if self.state is not None and record.state != self.state:
+            return False
+        if self.scope is not None and record.scope != self.scope:
+            return False
+        if self.request_id is not None and record.request_id != self.request_id:
+            return False
+        return self.lease_expired is None or record.lease_expired == self.lease_expired
+
+
+def _cursor(text: str, nodes: int) -> tuple[int, int]:
+    node, _, position = (text or "0").partition(".")
+    if not node.isdigit() or (position and not position.isdigit()) or int(node) >= max(nodes, 1):
+        raise InvalidRequest("The cursor is not one this walk handed out.", {"cursor": ["Unknown cursor."]})
+    return int(node), int(position or 0)
+
+
+class Admin:
+    """The operators' actions on one Redis (standalone, Sentinel master or Cluster).
+
+    ``actor`` names who acts in the audit lines (the CLI's user, the admin key's label).
+    """
+
+    MAX_SCAN_STEPS_PER_PAGE: ClassVar[int] = 50
+
+    def __init__(
+        self, client: Any, *, key_prefix: str = "ts:", result_ttl_seconds: int = 86400, actor: str = "admin"
+    ) -> None:
+        self.client = client
+        self.key_prefix = key_prefix
+        self.result_ttl_seconds = result_ttl_seconds
+        self.actor = actor
+        self._cluster = isinstance(client, redis.cluster.RedisCluster)
+        self._scripts = {name: client.register_script(lua_source(name)) for name in _SCRIPTS}
+
+    # -- keys and references -------------------------------------------------------------
+
+    def token_key(self, ref: str) -> str:
+        return f"{self.key_prefix}t:{ref}"
+
+    def idempotency_key(self, ref: str) -> str:
+        return f"{self.key_prefix}ik:{ref}"
+
+    def idempotency_ref(self, identity: str, idempotency_key: str) -> str:
+        """The ref of an Idempotency-Key record: what the middleware's key is made of."""
+        # as IdempotencyStore.key: 128 bits of the digest of both
+        return idempotency_digest(identity, idempotency_key)[:FULL_REF_CHARS]
+
+    def _split(self, key: str) -> tuple[str, str] | None:
+        for kind, part in ((TOKEN, "t:"), (IDEMPOTENCY, "ik:")):
+            head = self.key_prefix + part
+            if key.startswith(head):
+                return kind, key[len(head) :]
+        return None
+
+    # -- reading -------------------------------------------------------------------------
+
+    def _read(self, kind: str, ref: str) -> Record | None:
+        key = self.token_key(ref) if kind == TOKEN else self.idempotency_key(ref)
+        with translate_errors():
+            reply = self._scripts["admin_read"](keys=[key])
+        return self._record(kind, key, ref, reply)
+
+    @staticmethod
+    def _record(kind: str, key: str, ref: str, reply: Any) -> Record | None:
+        if not reply:
+            return None
+        value, pttl, now = reply[0], int(reply[1]), int(reply[2])
+        if kind == TOKEN:
+            return parse_token_record(key, ref, records.text(value), pttl, now)
+        raw = value if isinstance(value, bytes) else str(value).encode("utf-8", "surrogateescape")
+        return parse_idempotency_record(key, ref, raw, pttl, now)
+
+    def _find(self, ref: str, kind: str | None) -> Record | None:
+        check_ref(ref)
+        if len(ref) != FULL_REF_CHARS:
+            raise InvalidRequest(
+                f"Only a full ref ({FULL_REF_CHARS} characters) names one record; look a shorter one up.",
+                {"ref": [f"{FULL_REF_CHARS} characters."]},
+            )
+        if kind is not None and kind not in KINDS:
+            raise InvalidRequest(f"kind is one of {', '.join(KINDS)}.", {"kind": ["Unknown kind."]})
+        for candidate in (kind,) if kind else KINDS:
+            found = self._read(candidate, ref)
+            if found is not None:
+                return found
+        return None
+
+    def _found(self, action: str, ref: str, kind: str | None) -> Record:
+        found = self._find(ref, kind)
+        if found is None:
+            self._audit(action, ref, "not_found", kind=kind)
+            raise RecordNotFound("No record under that reference (never issued, expired, or deleted).")
+        return found
+
+    def show(self, ref: str, kind: str | None = None) -> Record:
+        """The record whose full ref (22 characters) this is: a token's, else an Idempotency-Key's."""
+        found = self._found("show", ref, kind)
+        self._audit("show", ref, "found", kind=found.kind, state=found.state)
+        return found
+
+    def show_idempotency(self, identity: str, idempotency_key: str) -> Record:
+        return self.show(self.idempotency_ref(identity, idempotency_key), IDEMPOTENCY)
+
+    # -- changing ------------------------------------------------------------------------
+
+    def revoke(self, ref: str, kind: str | None = None) -> Record:
+        """Delete the record whatever its state: a token can no longer be used, an
+        Idempotency-Key's stored response is forgotten (the next request runs again)."""
+        found = self._found("revoke", ref, kind)
+        with translate_errors():
+            reply = self._scripts["revoke"](keys=[found.key])
+        outcome = "revoked" if records.text(reply[0]) == "revoked" else "not_found"
+        self._audit("revoke", ref, outcome, kind=found.kind, state=found.state)
+        if outcome == "not_found":
+            raise RecordNotFound("The record went away before it could be revoked.")
+        return found
+
+    def release(self, ref: str, kind: str | None = None) -> str:
+        """Free a record held by an operation in progress, as a retryable failure does.
+
+        A token goes back to ISSUED (its lease is ended: a holder still running can
+        no longer complete); an Idempotency-Key's claim is deleted, so the client's
+        retry runs. Returns ``released``, or ``lease_expired`` when the lease had
+        already run out (the token is usable again as it is).
+        """
+        found = self._found("release", ref, kind)
+        if found.state != "PROCESSING":
+            self._audit("release", ref, "not_in_progress", kind=found.kind, state=found.state)
+            raise NotInProgress(f"The record is {found.state}: there is no operation in progress to release.")
+        if found.kind == TOKEN and found.lease_expired:
+            outcome = "lease_expired"
+        else:
+            with translate_errors():
+                if found.kind == TOKEN:
+                    args = [found._lease_id, "1", "null", str(self.result_ttl_seconds * 1000), ""]
+                    reply = self._scripts["fail"](keys=[found.key], args=args)
+                else:
+                    args = [found._raw_fingerprint, found._owner]
+                    reply = self._scripts["idempotency_release"](keys=[found.key], args=args)
+            outcome = records.text(reply[0])
+            if outcome == "lease_lost" or outcome == "lost":
+                outcome = "changed"  # the holder finished (or a retry took over) meanwhile
+        self._audit("release", ref, outcome, kind=found.kind, state=found.state)
+        if outcome == "changed":
+            raise NotInProgress("The record changed while it was being released; show it again.")
+        return outcome
+
+    # -- walking ---------------------------------------------------------------------------
+
+    def nodes(self) -> list[tuple[str, redis.Redis]]:
+        """The clients to SCAN: the one server, or every primary of a Cluster (by address)."""
+        if not self._cluster:
+            return [("", self.client)]
+        primaries = sorted(self.client.get_primaries(), key=lambda node: node.name)
+        return [(node.name, self.client.get_redis_connection(node)) for node in primaries]
+
+    def _pattern(self, wanted: Filter) -> str:
+        if wanted.ref_prefix is not None:
+            return self.token_key(wanted.ref_prefix) + "*"
+        if wanted.kind == TOKEN:
+            return self.token_key("*")
+        if wanted.kind == IDEMPOTENCY:
+            return self.idempotency_key("*")
+        return self.key_prefix + "*"
+
+    def scan(self, wanted: Filter, cursor: str = "0", count: int = DEFAULT_COUNT, limit: int = 100) -> Page:
+        """Records matching ``wanted``, from a bounded walk that starts at ``cursor``.
+
+        Stops after the SCAN call that brings the matches to ``limit`` (a call's
+        keys are never split across pages: SCAN cannot resume mid-reply, so a page
+        may hold a few more) or after :attr:`MAX_SCAN_STEPS_PER_PAGE` calls (each
+        ``COUNT count``), whichever is first: a page may be empty while the walk
+        goes on. Continue with the returned cursor until it is ``"0"``.
+        """
+        if not 1 <= count <= MAX_COUNT:
+            raise ValueError(f"count must be between 1 and {MAX_COUNT}")
+        nodes = self.nodes()
+        node, position = _cursor(cursor, len(nodes))
+        pattern = self._pattern(wanted)
+        found: list[Record] = []
+        scanned = 0
+        steps = 0
+        with translate_errors():
+            while steps < self.MAX_SCAN_STEPS_PER_PAGE and len(found) < limit:
+                steps += 1
+                position, keys = nodes[node][1].scan(position, match=pattern, count=count, _type="string")
+                scanned += len(keys)
+                found += [
+                    record for record in self._read_many(nodes[node][1], keys) if wanted.matches(record)
+                ]
+                if position == 0:
+                    node += 1
+                    if node == len(nodes):
+                        return Page(found, "0", scanned)
+        return Page(found, f"{node}.{position}", scanned)
+
+    def _read_many(self, node: redis.Redis, keys: list[Any]) -> Iterator[Record]:
+        script = self._scripts["admin_read"]
+        named = []
+        for raw in keys:
+            key = records.text(raw)
+            split = self._split(key)
+            if split is not None:
+                named.append((key, *split))
+        if not named:
+            return
+        replies = self._pipeline_read(node, script.sha, [key for key, _, _ in named])
+        if any(isinstance(reply, redis_errors.NoScriptError) for reply in replies):
+            node.script_load(script.script)  # this node had not seen the script yet
+            replies = self._pipeline_read(node, script.sha, [key for key, _, _ in named])
+        for (key, kind, ref), reply in zip(named, replies, strict=True):
+            if isinstance(reply, Exception):
+                continue  # moved to another node meanwhile (a Cluster reshard): its walk lists it
+            record = self._record(kind, key, ref, reply)
+            if record is not None:
+                yield record
+
+    @staticmethod
+    def _pipeline_read(node: redis.Redis, sha: str, keys: list[str]) -> list[Any]:
+        pipe = node.pipeline(transaction=False)
+        for key in keys:
+            pipe.execute_command("EVALSHA", sha, 1, key)  # type: ignore[no-untyped-call]
+        return list(pipe.execute(raise_on_error=False))
+
+    def walk(
+        self, wanted: Filter, count: int = DEFAULT_COUNT, pause_seconds: float = 0.0
+    ) -> Iterator[Record]:
+        """Every matching record, page after page (each page bounded as in :meth:`scan`)."""
+        cursor = "0"
+        while True:
+            page = self.scan(wanted, cursor, count)
+            yield from page.records
+            if page.done:
+                return
+            cursor = page.cursor
+            if pause_seconds:
+                time.sleep(pause_seconds)
+
+    def list(self, wanted: Filter, cursor: str = "0", count: int = DEFAULT_COUNT, limit: int = 100) -> Page:
+        page = self.scan(wanted, cursor, count, limit)
+        self._audit(
+            "list",
+            None,
+            f"{len(page.records)} found",
+            kind=wanted.kind,
+            state=wanted.state,
+            scope=wanted.scope,
+            cursor=page.cursor,
+        )
+        return page
+
+    def find_by_request_id(self, request_id: str, cursor: str = "0", count: int = DEFAULT_COUNT) -> Page:
+        page = self.scan(Filter(kind=TOKEN, request_id=request_id), cursor, count)
+        self._audit("find_by_request_id", None, f"{len(page.records)} found", cursor=page.cursor)
+        return page
+
+    def find_by_ref_prefix(self, prefix: str, cursor: str = "0", count: int = DEFAULT_COUNT) -> Page:
+        check_ref(prefix)
+        page = self.scan(Filter(kind=TOKEN, ref_prefix=prefix), cursor, count)
+        self._audit("find_by_ref_prefix", prefix, f"{len(page.records)} found", cursor=page.cursor)
+        return page
+
+    # -- audit -----------------------------------------------------------------------------
+
+    def _audit(self, action: str, ref: str | None, outcome: str, **details: Any) -> None:
+        fields = {"audit": True, "actor": self.actor, "action": action, "ref": ref, "outcome": outcome}
+        fields.update({name: value for name, value in details.items() if value is not None})
+        audit_log.info("admin %s", action, extra=fields)
+
+    # -- for the reconciler --------------------------------------------------------------
+
+    def _take_over(self, found: Record, lease_seconds: int) -> str | None:
+        """A fresh lease on a PROCESSING token whose lease ran out, or None if it moved on."""
+        lease_id = new_lease_id()
+        args = records.begin_args(
+            found.scope or "",
+            found.subject,
+            found.fingerprint,
+            "reconciler:" + lease_id[:12],
+            lease_seconds,
+            lease_id,
+            "",
+        )
+        with translate_errors():
+            reply = self._scripts["begin"](keys=[found.key], args=args)
+        if records.text(reply[0]) != "started" or int(reply[3]) == 1:
+            return None
+        return lease_id
+
+    def _finish(self, found: Record, lease_id: str, outcome: Any) -> str:
+        ttl_ms = str(self.result_ttl_seconds * 1000)
+        with translate_errors():
+            if outcome.action == "complete":
+                args = records.complete_args(lease_id, outcome.value, self.result_ttl_seconds, "")
+                reply = self._scripts["complete"](keys=[found.key], args=args)
+            else:
+                retryable = "1" if outcome.action == "release" else "0"
+                args = [lease_id, retryable, records.dump_json(outcome.value), ttl_ms, ""]
+                reply = self._scripts["fail"](keys=[found.key], args=args)
+        return records.text(reply[0])

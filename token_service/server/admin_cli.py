@@ -1,0 +1,261 @@
+"""``token-service admin …``: the operators' tools of :mod:`token_service.admin` on the command line.
+
+Each command prints one JSON object per line on stdout (records, or what was
+done) and writes its audit line (JSON) on stderr. Exit status: 0 done, 1 not
+found / refused / Redis unavailable, 2 bad usage or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import importlib
+import json
+import logging.config
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from token_service.errors import TokenError
+
+_KINDS = ("token", "idempotency")
+
+
+def _emit(document: Any) -> None:
+    print(json.dumps(document, separators=(",", ":"), default=str), flush=True)
+
+
+def _admin(args: argparse.Namespace) -> Any:
+    from token_service.admin import Admin
+    from token_service.config import ConfigError, Settings
+    from token_service.connection import redis_client
+    from token_service.server.logs import logging_config
+
+    try:
+        settings = Settings.from_env(os.environ)
+    except ConfigError as exc:
+        raise _UsageError(f"configuration error: {exc}") from None
+    if settings.embedded:
+        raise _UsageError("admin needs TOKEN_SERVICE_REDIS_URL (the embedded store is the server's own)")
+    logging.config.dictConfig(logging_config(settings.log_level))
+    return Admin(
+        redis_client(settings),
+        key_prefix=settings.key_prefix,
+        result_ttl_seconds=settings.result_ttl_seconds,
+        actor=f"cli:{getpass.getuser()}",
+    )
+
+
+class _UsageError(Exception):
+    pass
+
+
+def _identity(text: str) -> str:
+    # "-": read it from stdin, so a credential stays out of the shell history and of ps
+    return sys.stdin.readline().rstrip("\r\n") if text == "-" else text
+
+
+def show(args: argparse.Namespace) -> int:
+    admin = _admin(args)
+    if args.idempotency_key is not None:
+        if args.identity is None:
+            raise _UsageError("--idempotency-key needs --identity (the client identity it was keyed on)")
+        _emit(admin.show_idempotency(_identity(args.identity), args.idempotency_key).to_dict())
+        return 0
+    if args.ref is None:
+        raise _UsageError("give a ref (the token_ref of a log line) or --idempotency-key with --identity")
+    if len(args.ref) < 22:
+        # an older, shorter token_ref: walk the keyspace for the records it may be
+        from token_service.admin import Filter, check_ref
+
+        check_ref(args.ref)
+        found = 0
+        for record in admin.walk(Filter(kind="token", ref_prefix=args.ref), count=args.count):
+            _emit(record.to_dict())
+            found += 1
+        admin._audit("find_by_ref_prefix", args.ref, f"{found} found")
+        return 0 if found else 1
+    _emit(admin.show(args.ref, args.kind).to_dict())
+    return 0
+
+
+def find(args: argparse.Namespace) -> int:
+    from token_service.admin import Filter
+
+    admin = _admin(args)
+    found = 0
+    for record in admin.walk(Filter(kind="token", request_id=args.request_id), count=args.count):
+        _emit(record.to_dict())
+        found += 1
+    admin._audit("find_by_request_id", None, f"{found} found")
+    return 0 if found else 1
+
+
+def revoke(args: argparse.Namespace) -> int:
+    admin = _admin(args)
+    record = admin.revoke(args.ref, args.kind)
+    _emit({"outcome": "revoked", "kind": record.kind, "ref": record.ref, "was": record.state})
+    return 0
+
+
+def release(args: argparse.Namespace) -> int:
+    admin = _admin(args)
+    outcome = admin.release(args.ref, args.kind)
+    _emit({"outcome": outcome, "ref": args.ref})
+    return 0
+
+
+def list_records(args: argparse.Namespace) -> int:
+    from token_service.admin import Filter
+
+    admin = _admin(args)
+    wanted = Filter(kind=args.kind, state=args.state, scope=args.scope)
+    cursor, shown = args.cursor, 0
+    while shown < args.limit:
+        page = admin.list(wanted, cursor, args.count, args.limit - shown)
+        for record in page.records:
+            _emit(record.to_dict())
+        shown += len(page.records)
+        cursor = page.cursor
+        if page.done:
+            break
+    # where to go on from (a page may stop at --limit mid-walk)
+    _emit({"cursor": cursor, "done": cursor == "0", "shown": shown})
+    return 0
+
+
+def _handler(path: str) -> Callable[..., Any]:
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise _UsageError(f"--handler must be module:function, got {path!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        handler = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise _UsageError(f"cannot load the handler {path!r}: {exc}") from None
+    if not callable(handler):
+        raise _UsageError(f"{path!r} is not callable")
+    return handler  # type: ignore[no-any-return]
+
+
+def _never(*args: Any) -> Any:
+    raise AssertionError("a dry run hands nothing over")
+
+
+def reconcile(args: argparse.Namespace) -> int:
+    from token_service import reconcile as reconciler
+
+    handler = _never if args.dry_run else _handler(args.decide_with or "")
+    if args.db_url:
+        import sqlalchemy as sa
+
+        from token_service.client.durable import records_table
+
+        engine = sa.create_engine(args.db_url)
+        try:
+            done = reconciler.reconcile_durable(
+                engine,
+                handler,
+                table=records_table(args.table, schema=args.schema),
+                dry_run=args.dry_run,
+                lease_seconds=args.lease_seconds,
+                actor=f"cli:{getpass.getuser()}",
+            )
+        finally:
+            engine.dispose()
+    else:
+        admin = _admin(args)
+        done = reconciler.reconcile(admin, handler, dry_run=args.dry_run, lease_seconds=args.lease_seconds)
+    for item in done:
+        _emit(
+            {
+                "source": item.stuck.source,
+                "ref": item.stuck.ref,
+                "request_id": item.stuck.request_id,
+                "lease_expired_at": item.stuck.lease_expired_at,
+                "action": item.action,
+                "outcome": item.outcome,
+            }
+        )
+    _emit({"reconciled": len(done), "dry_run": args.dry_run})
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    from token_service.admin import NotInProgress, RecordNotFound
+
+    try:
+        return int(args.admin_handler(args))
+    except _UsageError as exc:
+        print(f"token-service admin: {exc}", file=sys.stderr)
+        return 2
+    except (RecordNotFound, NotInProgress) as exc:
+        _emit({"outcome": exc.code, "detail": exc.detail})
+        return 1
+    except TokenError as exc:
+        print(f"token-service admin: {exc.code}: {exc.detail}", file=sys.stderr)
+        return 1 if exc.status >= 500 or exc.status == 404 else 2
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 10000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not between 1 and 10000")
+    return int(text)
+
+
+def add_parser(commands: Any) -> None:
+    """``admin`` and its subcommands, on the ``token-service`` parser's subparsers."""
+    admin = commands.add_parser(
+        "admin", help="find, show, revoke, release and list records; reconcile stuck operations"
+    )
+    admin.set_defaults(handler=run)
+    actions = admin.add_subparsers(dest="admin_command", required=True)
+
+    def kind_option(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--kind", choices=_KINDS, help="token or idempotency (default: either)")
+
+    show_cmd = actions.add_parser("show", help="one record by its ref (a log line's token_ref), or by key")
+    show_cmd.add_argument("ref", nargs="?", help="an access line's token_ref (22 chars; 6+ to search)")
+    kind_option(show_cmd)
+    show_cmd.add_argument("--idempotency-key", help="an Idempotency-Key, with --identity")
+    show_cmd.add_argument("--identity", help="the client identity of the key ('-': read from stdin)")
+    show_cmd.add_argument("--count", type=_count, default=1000, help="SCAN COUNT for a short ref")
+    show_cmd.set_defaults(admin_handler=show)
+
+    find_cmd = actions.add_parser("find", help="token records whose operation carried this request id")
+    find_cmd.add_argument("--request-id", required=True)
+    find_cmd.add_argument("--count", type=_count, default=1000, help="SCAN COUNT per step (default 1000)")
+    find_cmd.set_defaults(admin_handler=find)
+
+    revoke_cmd = actions.add_parser("revoke", help="delete a record whatever its state")
+    revoke_cmd.add_argument("ref")
+    kind_option(revoke_cmd)
+    revoke_cmd.set_defaults(admin_handler=revoke)
+
+    release_cmd = actions.add_parser("release", help="free a record held by an operation in progress")
+    release_cmd.add_argument("ref")
+    kind_option(release_cmd)
+    release_cmd.set_defaults(admin_handler=release)
+
+    list_cmd = actions.add_parser("list", help="records by state and scope (a bounded SCAN walk)")
+    list_cmd.add_argument(
+        "--state", choices=("ISSUED", "PROCESSING", "CONSUMED", "SUCCEEDED", "FAILED", "COMPLETED")
+    )
+    list_cmd.add_argument("--scope")
+    kind_option(list_cmd)
+    list_cmd.add_argument("--limit", type=_count, default=100, help="records to show (default 100)")
+    list_cmd.add_argument("--count", type=_count, default=1000, help="SCAN COUNT per step (default 1000)")
+    list_cmd.add_argument("--cursor", default="0", help="go on from the cursor a previous list printed")
+    list_cmd.set_defaults(admin_handler=list_records)
+
+    reconcile_cmd = actions.add_parser(
+        "reconcile", help="hand PROCESSING records whose lease ran out to a handler (complete/fail/release)"
+    )
+    reconcile_cmd.add_argument("--handler", dest="decide_with", help="module:function that decides")
+    reconcile_cmd.add_argument("--dry-run", action="store_true", help="only list what would be handed over")
+    reconcile_cmd.add_argument("--lease-seconds", type=_count, default=60, help="handler time per record")
+    reconcile_cmd.add_argument("--db-url", help="the SQL backstop instead of Redis: a SQLAlchemy URL")
+    reconcile_cmd.add_argument("--table", default="idempotency_records")
+    reconcile_cmd.add_argument("--schema", default=None)
+    reconcile_cmd.set_defaults(admin_handler=reconcile)
