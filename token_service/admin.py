@@ -36,8 +36,8 @@ import redis.cluster
 from redis import exceptions as redis_errors
 
 from token_service import records
-from token_service.client._idempotency_store import StoredResponse
 from token_service.client._idempotency_store import digest as idempotency_digest
+from token_service.client._response import StoredResponse
 from token_service.errors import InvalidRequest, TokenError
 from token_service.store import lua_source, translate_errors
 from token_service.tokens import new_lease_id
@@ -203,7 +203,7 @@ def _response_view(raw: bytes) -> dict[str, Any]:
         shown_body = {"body_base64": base64.b64encode(body).decode("ascii")}
     return {
         "status": stored.status,
-        "headers": stored.headers,
+        "headers": [list(pair) for pair in stored.headers],
         "body_bytes": len(stored.body),
         "body_truncated": len(stored.body) > BODY_PREVIEW_BYTES,
         **shown_body,

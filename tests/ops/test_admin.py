@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from flask import Flask
 
 from tests.conftest import API_KEY, AUTH
 from tests.ops.conftest import past_clock
+from tests.support.processes import wait_until
 from token_service import create_app
 from token_service.admin import (
     IDEMPOTENCY,
@@ -20,7 +22,6 @@ from token_service.admin import (
     NotInProgress,
     RecordNotFound,
 )
-from token_service.client._idempotency_store import IdempotencyStore, request_fingerprint
 from token_service.client.idempotency import IdempotencyMiddleware
 from token_service.errors import InvalidRequest, LeaseLost, TokenInvalid
 from token_service.store import IssueRequest, TokenStore
@@ -178,9 +179,13 @@ def test_a_cursor_not_handed_out_is_refused(admin: Admin) -> None:
 
 def _orders_app(redis_any: Any, **options: Any) -> Flask:
     app = Flask(__name__)
+    app.config["gate"] = None
 
     @app.post("/orders")
     def order() -> Any:
+        gate = app.config["gate"]
+        if gate is not None:
+            gate.wait(30)  # a request hung on a slow provider
         return {"order": 1}, 201
 
     app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, redis_any, **options)  # type: ignore[method-assign]
@@ -217,10 +222,11 @@ def test_an_idempotency_key_is_found_by_key_and_client_identity(redis_any: Any, 
 def test_a_stuck_idempotency_claim_is_released_for_the_retry(redis_any: Any, admin: Admin) -> None:
     app = _orders_app(redis_any, lock_seconds=3600)
     headers = {"Authorization": "Bearer bob", "Idempotency-Key": "k-77"}
-    # a worker killed mid-request leaves its claim, as this one does, until the lock runs out
-    claims = IdempotencyStore(redis_any)
-    fingerprint = request_fingerprint("POST", "/orders", "", b"{}")
-    claims.begin(claims.key("Bearer bob", "k-77"), fingerprint, "dead-worker", 3600)
+    gate = app.config["gate"] = threading.Event()
+    hung = threading.Thread(target=lambda: app.test_client().post("/orders", json={}, headers=headers))
+    hung.start()
+    wait_until(lambda: admin._find(admin.idempotency_ref("Bearer bob", "k-77"), IDEMPOTENCY) is not None)
+    app.config["gate"] = None
     assert app.test_client().post("/orders", json={}, headers=headers).status_code == 409  # still claimed
 
     record = admin.show_idempotency("Bearer bob", "k-77")
@@ -230,6 +236,9 @@ def test_a_stuck_idempotency_claim_is_released_for_the_retry(redis_any: Any, adm
     assert app.test_client().post("/orders", json={}, headers=headers).status_code == 201
     with pytest.raises(NotInProgress):
         admin.release(record.ref)
+    gate.set()  # the hung request ends: its late response does not replace the retry's
+    hung.join(30)
+    assert admin.show(record.ref).state == "COMPLETED"
 
 
 def test_one_audit_line_per_action_and_no_secrets(store: TokenStore, admin: Admin, audit_lines: Any) -> None:
