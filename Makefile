@@ -1,15 +1,17 @@
 # The two commands of the README:
 #   make run    — the service on http://127.0.0.1:8000 (embedded store unless TOKEN_SERVICE_REDIS_URL is set)
-#   make test   — lint, type-check and the whole test suite (fakeredis and real redis-server)
+#   make test   — lint, type-check, the docs build and the whole test suite (fakeredis and real redis-server)
 # Both create .venv and install the project into it on first use.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# mkdocs-material prints an advert on every build without this.
+export NO_MKDOCS_2_WARNING := 1
 # A development key so the curl walk-through works out of the box; set your own in production.
 export TOKEN_SERVICE_API_KEYS ?= dev-service-key-change-me
 
-.PHONY: run test lint install clean bench
+.PHONY: run test lint docs-build docs install clean bench
 
 $(BIN)/token-service: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,8 +29,15 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-test: lint
+test: lint docs-build
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The documentation site (mkdocs.yml, docs/): built --strict by make test, served by make docs.
+docs-build: install
+	$(BIN)/mkdocs build --strict --quiet --site-dir $(VENV)/site
+
+docs: install
+	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:$${DOCS_PORT:-8001}
 
 # The performance suite (about 5 minutes): writes benchmarks/RESULTS.md and results.png.
 bench: install

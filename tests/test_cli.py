@@ -1,4 +1,4 @@
-"""The token-service command, and the README walk-through run against it."""
+"""The token-service command (the README's walk-through runs in tests/docs/test_code_blocks.py)."""
 
 from __future__ import annotations
 
@@ -98,26 +98,20 @@ def embedded_service() -> Iterator[tuple[str, subprocess.Popen[str]]]:
 
 
 @pytest.mark.slow
-def test_serve_runs_the_embedded_store_in_one_worker_and_the_readme_walkthrough_works(
+def test_serve_runs_the_embedded_store_in_one_worker(
     embedded_service: tuple[str, subprocess.Popen[str]],
 ) -> None:
     url, process = embedded_service
-    readme = (REPO_ROOT / "README.md").read_text()
-    section = readme.split("## Walk-through", 1)[1]
-    script = re.search(r"```sh\n(.*?)```", section, re.S)
-    assert script, "the README walk-through has a sh block"
-    commands = script.group(1).replace("localhost:8000", url.removeprefix("http://"))
-    result = subprocess.run(
-        ["bash", "-c", "set -e\n" + commands.replace("\n# →", "\necho  # →")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    outputs = [line for line in result.stdout.splitlines() if line.strip()]
-    assert outputs[0] == '{"outcome":"consumed","replayed":false}'
-    assert '"code":"token_used"' in outputs[1]
-    assert outputs[2] == '{"outcome":"consumed","replayed":true}'
+    auth = {"Authorization": f"Bearer {DEV_KEY}"}
+    with httpx.Client(base_url=url, timeout=10) as http:  # a new connection each time: any worker
+        for _ in range(20):
+            token = http.post("/token/generate", json={"scope": "s"}, headers={"Connection": "close"})
+            consumed = http.post(
+                "/token/consume",
+                json={"token": token.json()["token"], "scope": "s"},
+                headers={**auth, "Connection": "close"},
+            )
+            assert consumed.json() == {"outcome": "consumed", "replayed": False}  # one store
 
     process.send_signal(signal.SIGTERM)
     log = process.communicate(timeout=20)[0]

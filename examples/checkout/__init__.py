@@ -2,7 +2,7 @@
 
 ``python -m examples.checkout`` starts the token service (embedded store) and
 the shop on two ports, so the page really talks to the token service
-cross-origin (with a CORS preflight). See the README's "Frontend" section.
+cross-origin (with a CORS preflight). See docs/frontend.md.
 """
 
 from examples.checkout.demo import Demo

@@ -1,8 +1,9 @@
-"""The README's payment endpoint (examples/payments.py), run against real Redis and a real database."""
+"""The payment endpoint of docs/durable.md (examples/payments.py), run against real Redis and a real database.
+
+docs/durable.md's SQL blocks are checked by tests/durable/test_schema.py."""
 
 from __future__ import annotations
 
-import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -15,16 +16,19 @@ import sqlalchemy as sa
 
 from examples import payments as example
 from tests.durable.databases import SERVER_URLS, check_reachable, make_engine
+from tests.support.docs import code_blocks
 from token_service.client import TokenClient
 from token_service.tokens import record_key
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_readme_shows_the_example_verbatim() -> None:
-    readme = ROOT.joinpath("README.md").read_text()
-    section = readme.split("## Durable backstop in your database", 1)[1].split("\n## ", 1)[0]
-    [shown] = re.findall(r"```python\n# examples/payments\.py\n(.*?)```", section, re.DOTALL)
+def test_the_docs_show_the_example_verbatim() -> None:
+    [shown] = [
+        block.code.removeprefix("# examples/payments.py\n")
+        for block in code_blocks("docs/durable.md", "python")
+        if block.code.startswith("# examples/payments.py\n")
+    ]
     assert shown == ROOT.joinpath("examples", "payments.py").read_text()
 
 

@@ -3,7 +3,7 @@
 - ``appendfsync always``: a consume answered 200 is on disk; after ``kill -9``
   and a restart on the same directory the token stays used.
 - RDB snapshots only: a consume after the last snapshot is lost by a crash and
-  the token comes back usable — the hazard the README's durability section
+  the token comes back usable — the hazard docs/topologies.md's durability section
   warns about, shown here so the warning stays true.
 - ``maxmemory`` + ``noeviction``: generate answers 503 (never 500), existing
   tokens are not evicted, and once memory is available they are consumed.

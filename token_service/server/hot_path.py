@@ -2,7 +2,7 @@
 
 Flask's request and application contexts, URL routing, before/after hooks
 and Response object cost a request about as much CPU as its own work
-(README, "Performance"). This middleware sits in front of the Flask app and
+(docs/performance.md). This middleware sits in front of the Flask app and
 answers those two routes itself, doing the same work through the same code:
 the body parsed by ``api.parse_json_object``, checked by the same schemas,
 the service key by ``auth.check_service_key``, the store called by
