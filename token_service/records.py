@@ -49,6 +49,13 @@ class Finished:
 
 
 @dataclass(frozen=True, slots=True)
+class Renewed:
+    """renew extended the live lease: it now runs until ``lease_expires_ms`` (Redis clock)."""
+
+    lease_expires_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class Completed:
     replayed: bool
 
@@ -205,6 +212,15 @@ def begin_reply(reply: Reply) -> Started | Finished:
         return Finished(result=_load_json(reply[1]))
     raise_for(reply)
     return Started(lease_id=text(reply[1]), lease_expires_ms=int(reply[2]), replayed=int(reply[3]) == 1)
+
+
+def renew_args(lease_id: str, lease_seconds: int, now_ms: str) -> list[str]:
+    return [lease_id, str(lease_seconds * 1000), now_ms]
+
+
+def renew_reply(reply: Reply) -> Renewed:
+    raise_for(reply)
+    return Renewed(lease_expires_ms=int(reply[1]))
 
 
 def complete_args(lease_id: str, result: Any, result_ttl_seconds: int, now_ms: str) -> list[str]:

@@ -31,7 +31,7 @@ from token_service.errors import ServiceUnavailable
 from token_service.limits import IssuanceLimits, admit_reply
 from token_service.tokens import new_lease_id, new_request_id, new_token, record_key
 
-SCRIPT_NAMES = ("issue", "consume", "begin", "complete", "fail", "inspect", "revoke", "admit")
+SCRIPT_NAMES = ("issue", "consume", "begin", "renew", "complete", "fail", "inspect", "revoke", "admit")
 DEFAULT_RESULT_TTL_SECONDS = 86400
 
 # Errors that mean "Redis cannot answer now", as opposed to a bug in a script.
@@ -486,6 +486,11 @@ class TokenStore(_StoreBase):
         )
         return records.begin_reply(self._run("begin", name, args))
 
+    def renew(self, token: str, lease_id: str, lease_seconds: int = 30) -> records.Renewed:
+        """Extend the live lease to ``lease_seconds`` from now (never shorter); LeaseLost if not live."""
+        args = records.renew_args(lease_id, lease_seconds, self._now())
+        return records.renew_reply(self._run("renew", token, args))
+
     def complete(self, token: str, lease_id: str, result: Any) -> records.Completed:
         args = records.complete_args(lease_id, result, self.result_ttl_seconds, self._now())
         return records.complete_reply(self._run("complete", token, args))
@@ -623,6 +628,10 @@ class AsyncTokenStore(_StoreBase):
             claim_ttl_seconds,
         )
         return records.begin_reply(await self._run("begin", name, args))
+
+    async def renew(self, token: str, lease_id: str, lease_seconds: int = 30) -> records.Renewed:
+        args = records.renew_args(lease_id, lease_seconds, self._now())
+        return records.renew_reply(await self._run("renew", token, args))
 
     async def complete(self, token: str, lease_id: str, result: Any) -> records.Completed:
         args = records.complete_args(lease_id, result, self.result_ttl_seconds, self._now())

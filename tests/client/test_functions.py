@@ -212,6 +212,7 @@ def test_a_live_holder_refuses_or_is_waited_for(client: TokenClient) -> None:
 def test_a_dead_holder_is_taken_over_after_its_lease_and_fenced_out(client: TokenClient) -> None:
     dead = keyed_guard(client, "job.run", 42, lease_seconds=1)
     assert dead.start()  # ... and its process dies: nothing completes or renews the lease
+    dead._stop_renewer()  # what its death does to the background renewal
     calls = Calls()
 
     @idempotent(client, "job.run", key="job_id", wait_seconds=10)

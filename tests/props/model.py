@@ -14,6 +14,9 @@ expect, and says so:
   even past the token's expiry, so the holder can finish.
 - A lease is fenced as soon as it runs out, not only once another begin took
   over: a stale holder finishing after a consume won would be a second winner.
+- A renewal extends only the live lease, to ``now + lease`` or its current
+  expiry, whichever is later (a late retry of an older renewal never shortens
+  it); a lease that ran out stays lost, like one another begin took over.
 - Retries are idempotent: the request id that won a consume (or holds a live
   lease) gets the win again, flagged ``replayed``; a complete/fail retried with
   the lease that finished the token reports the recorded outcome, ``replayed``.
@@ -167,6 +170,16 @@ class TokenModel:
         t = self.tokens[token]
         t.state, t.lease_id, t.lease_expires_ms = PROCESSING, lease_id, self.now_ms + lease_ms
         t.begin_request_id, t.released_by = request_id, None
+
+    def renew(self, token: str, lease_id: str, lease_ms: int) -> Outcome:
+        """``("renewed", lease_expires_ms)``: only the live lease is extended, never shortened."""
+        t = self.live(token)
+        if t is None:
+            return ("token_invalid",)
+        if t.state != PROCESSING or t.lease_id != lease_id:
+            return ("lease_lost",)
+        t.lease_expires_ms = max(t.lease_expires_ms, self.now_ms + lease_ms)
+        return ("renewed", t.lease_expires_ms)
 
     def complete(self, token: str, lease_id: str, result: Any) -> Outcome:
         t = self.live(token)

@@ -3,7 +3,7 @@
 hypothesis drives random sequences of generate (single and pipelined batch),
 consume (with and without request ids, right and wrong scope/subject/
 fingerprint), request-id replays of won consumes, begin, complete, fail
-(retryable and not), revoke, inspect, unknown tokens and time passing. Every
+(retryable and not), renew, revoke, inspect, unknown tokens and time passing. Every
 reply must equal the model's prediction, and some invariants are checked from
 the store's replies alone, independently of the model:
 
@@ -14,7 +14,8 @@ the store's replies alone, independently of the model:
 - a mismatch never uses up the token: the raw Redis record is byte-for-byte the
   same after it;
 - a stale lease (superseded, released, run out, or the token was consumed or
-  revoked) never completes or fails a token;
+  revoked) never completes, fails or renews a token, and a renewal never
+  shortens a lease;
 - stored results and errors come back exactly (begin, consume, inspect);
 - inspect changes nothing (raw record unchanged);
 - every record carries an expiry (no immortal key).
@@ -102,6 +103,7 @@ RARE_ACTIONS = [
     "unknown token: revoke",
     "separator: consume",
     "separator: begin",
+    "separator: renew",
 ]
 
 Binding = tuple[str, str | None, str | None]
@@ -148,6 +150,8 @@ def outcome(call: Callable[[], Any]) -> tuple[Any, ...]:
         return ("started", reply.replayed, reply.lease_id, reply.lease_expires_ms)
     if isinstance(reply, records.Finished):
         return ("succeeded", reply.result)
+    if isinstance(reply, records.Renewed):
+        return ("renewed", reply.lease_expires_ms)
     if isinstance(reply, records.Completed):
         return ("succeeded", reply.replayed)
     if isinstance(reply, records.FailRecorded):
@@ -331,6 +335,22 @@ class TokenStateMachine(RuleBasedStateMachine):
             self._assert_unchanged(token, before)
         return multiple()
 
+    @rule(lease=leases, lease_ticks=st.integers(1, 4))
+    def renew(self, lease: Lease, lease_ticks: int) -> None:
+        token, lease_id, _, _ = lease
+        stale = self._stale(token, lease_id)
+        before = self._raw(token)
+        expected = self.model.renew(token, lease_id, lease_ticks * TICK_MS)
+        actual = outcome(lambda: self.store.renew(token, lease_id, lease_ticks * TICK_MS // 1000))
+        assert actual == expected
+        self._note("renew", actual)
+        if actual[0] == "renewed":
+            assert not stale, "a stale lease was renewed"
+            assert actual[1] >= self.lease_expires[lease_id], "a renewal shortened the lease"
+            self.lease_expires[lease_id] = actual[1]
+        else:
+            self._assert_unchanged(token, before)
+
     @rule(lease=leases, result=JSON_VALUES, lost_reply=st.booleans())
     def complete(self, lease: Lease, result: Any, lost_reply: bool) -> None:
         token, lease_id, _, _ = lease
@@ -411,6 +431,8 @@ class TokenStateMachine(RuleBasedStateMachine):
             before = self._raw(token)
             if action.endswith("consume"):
                 actual = outcome(lambda: self.store.consume(token, scope, subject, fingerprint, request_id))
+            elif action.endswith("renew"):
+                actual = outcome(lambda: self.store.renew(token, request_id, 60))
             else:
                 actual = outcome(lambda: self.store.begin(token, scope, subject, fingerprint, request_id))
             assert actual == ("invalid_request",)
@@ -468,6 +490,8 @@ MUST_SEE = {
     ("begin", "succeeded"),
     ("begin", "token_in_progress"),
     ("begin", "token_mismatch"),
+    ("renew", "renewed"),
+    ("renew", "lease_lost"),
     ("complete", ("succeeded", False)),
     ("complete", ("succeeded", True)),
     ("complete", "lease_lost"),

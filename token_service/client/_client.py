@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack
 
 import redis
 import redis.asyncio
@@ -23,12 +23,22 @@ from token_service.store import DEFAULT_RESULT_TTL_SECONDS, AsyncTokenStore, Tok
 from token_service.tokens import new_request_id
 
 from ._direct import AsyncDirectTransport, DirectLimits, DirectTransport, redis_from_url
-from ._types import Completed, Consumed, FailRecorded, Finished, IssuedToken, RetryPolicy, Started, TokenInfo
+from ._telemetry import DEFAULT_TELEMETRY, Telemetry
+from ._types import (
+    Completed,
+    Consumed,
+    FailRecorded,
+    Finished,
+    IssuedToken,
+    Renewed,
+    RetryPolicy,
+    Started,
+    TokenInfo,
+)
+from .guard import AsyncGuard, Guard, GuardOptions, guarded
 
 if TYPE_CHECKING:
     import httpx
-
-    from .guard import AsyncGuard, Guard, Terminal
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_SECONDS = 5.0
@@ -50,6 +60,7 @@ class _Transport(Protocol):
         request_id: str,
         lease_seconds: int | None,
     ) -> Started | Finished: ...
+    def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed: ...
     def complete(self, token: str, lease_id: str, result: Any) -> Completed: ...
     def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded: ...
     def inspect(self, token: str) -> TokenInfo: ...
@@ -73,6 +84,7 @@ class _AsyncTransport(Protocol):
         request_id: str,
         lease_seconds: int | None,
     ) -> Started | Finished: ...
+    async def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed: ...
     async def complete(self, token: str, lease_id: str, result: Any) -> Completed: ...
     async def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded: ...
     async def inspect(self, token: str) -> TokenInfo: ...
@@ -106,9 +118,11 @@ class TokenClient:
         retry: RetryPolicy | int | None = None,
         max_connections: int = 20,
         transport: httpx.BaseTransport | None = None,
+        telemetry: Telemetry | None = None,
         _backend: _Transport | None = None,
     ) -> None:
         self.retry = _policy(retry)
+        self.telemetry = telemetry or DEFAULT_TELEMETRY
         if _backend is not None:
             self._backend = _backend
             return
@@ -130,6 +144,7 @@ class TokenClient:
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         retry: RetryPolicy | int | None = None,
         limits: DirectLimits | None = None,
+        telemetry: Telemetry | None = None,
     ) -> TokenClient:
         """Run the service's Lua scripts on the shared Redis directly (no HTTP hop).
 
@@ -142,7 +157,7 @@ class TokenClient:
         client = redis_from_url(url_or_client, timeout) if isinstance(url_or_client, str) else url_or_client
         store = TokenStore(client, key_prefix=key_prefix, result_ttl_seconds=result_ttl_seconds)
         backend = DirectTransport(store, limits or DirectLimits(), owns_client=owns)
-        return cls(retry=retry, _backend=backend)
+        return cls(retry=retry, telemetry=telemetry, _backend=backend)
 
     # -- plumbing -----------------------------------------------------------
 
@@ -219,6 +234,10 @@ class TokenClient:
         rid = request_id or new_request_id()
         return self._call(lambda: self._backend.begin(token, scope, subject, fingerprint, rid, lease_seconds))
 
+    def renew(self, token: str, lease_id: str, *, lease_seconds: int | None = None) -> Renewed:
+        """Extend the live lease to ``lease_seconds`` from now; LeaseLost when it is not the live one."""
+        return self._call(lambda: self._backend.renew(token, lease_id, lease_seconds))
+
     def complete(self, token: str, lease_id: str, result: Any = None) -> Completed:
         """Finish a two-phase operation and store its JSON ``result`` for duplicates."""
         return self._call(lambda: self._backend.complete(token, lease_id, result))
@@ -253,37 +272,17 @@ class TokenClient:
 
     # -- the two-phase guard --------------------------------------------------
 
-    def guard(
-        self,
-        token: str,
-        scope: str,
-        *,
-        subject: str | None = None,
-        fingerprint: str | None = None,
-        request_id: str | None = None,
-        lease_seconds: int | None = None,
-        terminal: Terminal = (),
-        wait_seconds: float = 0.0,
-    ) -> Guard:
-        """A :class:`~token_service.client.guard.Guard` for one token (context manager)."""
-        from .guard import Guard
+    def guard(self, token: str, scope: str, **options: Unpack[GuardOptions]) -> Guard:
+        """A :class:`~token_service.client.guard.Guard` for one token (context manager).
 
-        return Guard(
-            self,
-            token,
-            scope,
-            subject=subject,
-            fingerprint=fingerprint,
-            request_id=request_id,
-            lease_seconds=lease_seconds,
-            terminal=terminal,
-            wait_seconds=wait_seconds,
-        )
+        Options: ``subject``, ``fingerprint``, ``request_id``, ``lease_seconds``,
+        ``terminal``, ``wait_seconds``, ``renew``, ``result_type`` and the hooks
+        ``on_replay``, ``on_conflict``, ``on_mismatch``, ``on_lease_lost``.
+        """
+        return Guard(self, token, scope, **options)
 
     def guarded(self, scope: str, **options: Any) -> Callable[[Callable[..., T]], Callable[..., T]]:
         """Decorator form of :meth:`guard`; see :func:`token_service.client.guard.guarded`."""
-        from .guard import guarded
-
         return guarded(self, scope, **options)
 
 
@@ -299,9 +298,11 @@ class AsyncTokenClient:
         retry: RetryPolicy | int | None = None,
         max_connections: int = 20,
         transport: httpx.AsyncBaseTransport | None = None,
+        telemetry: Telemetry | None = None,
         _backend: _AsyncTransport | None = None,
     ) -> None:
         self.retry = _policy(retry)
+        self.telemetry = telemetry or DEFAULT_TELEMETRY
         if _backend is not None:
             self._backend = _backend
             return
@@ -323,6 +324,7 @@ class AsyncTokenClient:
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         retry: RetryPolicy | int | None = None,
         limits: DirectLimits | None = None,
+        telemetry: Telemetry | None = None,
     ) -> AsyncTokenClient:
         owns = isinstance(url_or_client, str)
         client = (
@@ -332,7 +334,7 @@ class AsyncTokenClient:
         )
         store = AsyncTokenStore(client, key_prefix=key_prefix, result_ttl_seconds=result_ttl_seconds)
         backend = AsyncDirectTransport(store, limits or DirectLimits(), owns_client=owns)
-        return cls(retry=retry, _backend=backend)
+        return cls(retry=retry, telemetry=telemetry, _backend=backend)
 
     async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
         failures = 0
@@ -402,6 +404,9 @@ class AsyncTokenClient:
             lambda: self._backend.begin(token, scope, subject, fingerprint, rid, lease_seconds)
         )
 
+    async def renew(self, token: str, lease_id: str, *, lease_seconds: int | None = None) -> Renewed:
+        return await self._call(lambda: self._backend.renew(token, lease_id, lease_seconds))
+
     async def complete(self, token: str, lease_id: str, result: Any = None) -> Completed:
         return await self._call(lambda: self._backend.complete(token, lease_id, result))
 
@@ -431,34 +436,9 @@ class AsyncTokenClient:
 
         await self._call(attempt)
 
-    def guard(
-        self,
-        token: str,
-        scope: str,
-        *,
-        subject: str | None = None,
-        fingerprint: str | None = None,
-        request_id: str | None = None,
-        lease_seconds: int | None = None,
-        terminal: Terminal = (),
-        wait_seconds: float = 0.0,
-    ) -> AsyncGuard:
+    def guard(self, token: str, scope: str, **options: Unpack[GuardOptions]) -> AsyncGuard:
         """An :class:`~token_service.client.guard.AsyncGuard` (``async with``)."""
-        from .guard import AsyncGuard
-
-        return AsyncGuard(
-            self,
-            token,
-            scope,
-            subject=subject,
-            fingerprint=fingerprint,
-            request_id=request_id,
-            lease_seconds=lease_seconds,
-            terminal=terminal,
-            wait_seconds=wait_seconds,
-        )
+        return AsyncGuard(self, token, scope, **options)
 
     def guarded(self, scope: str, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        from .guard import guarded
-
         return guarded(self, scope, **options)

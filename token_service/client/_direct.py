@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from token_service.connection import async_client_for, client_for
-from token_service.records import Completed, Consumed, FailRecorded, Finished, Inspection, Started
+from token_service.records import Completed, Consumed, FailRecorded, Finished, Inspection, Renewed, Started
 from token_service.store import AsyncTokenStore, IssueRequest, TokenStore
 
 from . import _validate as check
@@ -129,6 +129,11 @@ class DirectTransport(_Checks):
         args = self.use(token, scope, subject, fingerprint, request_id)
         return self.store.begin(*args, lease_seconds=self.lease_seconds(lease_seconds))
 
+    def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
+        return self.store.renew(
+            check.token(token), self.lease_id(lease_id), self.lease_seconds(lease_seconds)
+        )
+
     def complete(self, token: str, lease_id: str, result: Any) -> Completed:
         check.payload("result", result, self.limits.max_result_bytes)
         return self.store.complete(check.token(token), self.lease_id(lease_id), result)
@@ -176,6 +181,11 @@ class AsyncDirectTransport(_Checks):
     ) -> Started | Finished:
         args = self.use(token, scope, subject, fingerprint, request_id)
         return await self.store.begin(*args, lease_seconds=self.lease_seconds(lease_seconds))
+
+    async def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
+        return await self.store.renew(
+            check.token(token), self.lease_id(lease_id), self.lease_seconds(lease_seconds)
+        )
 
     async def complete(self, token: str, lease_id: str, result: Any) -> Completed:
         check.payload("result", result, self.limits.max_result_bytes)

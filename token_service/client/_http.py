@@ -26,7 +26,7 @@ from token_service.errors import (
     TokenMismatch,
     Unauthorized,
 )
-from token_service.records import Completed, Consumed, FailRecorded, Finished, Started
+from token_service.records import Completed, Consumed, FailRecorded, Finished, Renewed, Started
 
 from ._types import IssuedToken, TokenInfo
 
@@ -109,6 +109,10 @@ def _begun(body: dict[str, Any]) -> Started | Finished:
         lease_expires_ms=int(lease_expires.timestamp() * 1000),
         replayed=bool(body.get("replayed", False)),
     )
+
+
+def _renewed(body: dict[str, Any]) -> Renewed:
+    return Renewed(lease_expires_ms=int(_datetime(body["lease_expires_at"]).timestamp() * 1000))
 
 
 def _info(body: dict[str, Any]) -> TokenInfo:
@@ -209,6 +213,10 @@ class HttpTransport:
         }
         return _begun(self._post("/token/begin", body))
 
+    def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
+        body = {"token": token, "lease_id": lease_id, "lease_seconds": lease_seconds}
+        return _renewed(self._post("/token/renew", body))
+
     def complete(self, token: str, lease_id: str, result: Any) -> Completed:
         reply = self._post("/token/complete", {"token": token, "lease_id": lease_id, "result": result})
         return Completed(replayed=bool(reply.get("replayed", False)))
@@ -294,6 +302,10 @@ class AsyncHttpTransport:
             "lease_seconds": lease_seconds,
         }
         return _begun(await self._post("/token/begin", body))
+
+    async def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
+        body = {"token": token, "lease_id": lease_id, "lease_seconds": lease_seconds}
+        return _renewed(await self._post("/token/renew", body))
 
     async def complete(self, token: str, lease_id: str, result: Any) -> Completed:
         reply = await self._post("/token/complete", {"token": token, "lease_id": lease_id, "result": result})

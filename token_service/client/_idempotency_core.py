@@ -15,7 +15,9 @@ bytes; what to answer is decided here:
    ``Retry-After`` (still running), 422 (the key was used for another
    request), 503 (the store failed: the request does not run unguarded).
 4. The app runs inside ``with core.hold(store, attempt):`` (``async with
-   core.ahold(...)``): the one place where a request holds the key.
+   core.ahold(...)``): the one place where a request holds the key, its
+   claim renewed in the background meanwhile (a request slower than
+   ``lock_seconds`` keeps its key; a dead process stops renewing).
 5. :meth:`IdempotencyCore.recorder` watches the response go out: it keeps
    the body up to ``max_stored_bytes`` and only counts the rest (a 64 MB
    stream passes through, never buffered whole). :meth:`settle` / :meth:`asettle`
@@ -31,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -46,6 +48,7 @@ from token_service.client._idempotency_store import (
     Mismatch,
     Outcome,
 )
+from token_service.client._renewal import AsyncLeaseRenewer, LeaseRenewer, interval_for
 from token_service.client._response import (
     OMITTED_HEADER,
     REPLAYED_HEADER,
@@ -53,7 +56,7 @@ from token_service.client._response import (
     StorePolicy,
     default_store_status,
 )
-from token_service.errors import InvalidRequest, PayloadTooLarge, ServiceUnavailable, TokenError
+from token_service.errors import InvalidRequest, LeaseLost, PayloadTooLarge, ServiceUnavailable, TokenError
 from token_service.problems import problem, problem_for
 
 log = logging.getLogger("token_service.client.idempotency")
@@ -306,11 +309,25 @@ class IdempotencyCore:
     # -- while the app runs ----------------------------------------------------------------
 
     def hold(self, store: IdempotencyStore, attempt: Attempt) -> AbstractContextManager[Any]:
-        """The app runs (and its body streams) inside this: the one place a request holds the key."""
-        return contextlib.nullcontext()
+        """The app runs (and its body streams) inside this: the one place a request holds the key.
+
+        The claim is renewed every third of ``lock_seconds`` until the block exits
+        (:mod:`token_service.client._renewal`); exit it before :meth:`settle`, so no
+        renewal races the store or release.
+        """
+
+        def renew() -> None:
+            if not store.renew(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds):
+                raise LeaseLost("the Idempotency-Key's claim ran out or was taken over")
+
+        return _renewing(LeaseRenewer(renew, interval_for(self.lock_seconds), on_lost=_claim_lost))
 
     def ahold(self, store: AsyncIdempotencyStore, attempt: Attempt) -> AbstractAsyncContextManager[Any]:
-        return contextlib.nullcontext()
+        async def renew() -> None:
+            if not await store.renew(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds):
+                raise LeaseLost("the Idempotency-Key's claim ran out or was taken over")
+
+        return _arenewing(AsyncLeaseRenewer(renew, interval_for(self.lock_seconds), on_lost=_claim_lost))
 
     def recorder(self, status: int, headers: Iterable[tuple[str, str]]) -> Recorder:
         headers = list(headers)
@@ -360,3 +377,25 @@ class IdempotencyCore:
             log.error("could not free an Idempotency-Key: %s", exc)
         else:
             log.error("could not store an idempotent response: %s", exc)
+
+
+def _claim_lost(exc: TokenError) -> None:
+    log.error("an idempotent request lost its claim on its key while it ran: %s", exc)
+
+
+@contextlib.contextmanager
+def _renewing(renewer: LeaseRenewer) -> Iterator[LeaseRenewer]:
+    renewer.start()
+    try:
+        yield renewer
+    finally:
+        renewer.stop()
+
+
+@contextlib.asynccontextmanager
+async def _arenewing(renewer: AsyncLeaseRenewer) -> AsyncIterator[AsyncLeaseRenewer]:
+    renewer.start()
+    try:
+        yield renewer
+    finally:
+        await renewer.stop()

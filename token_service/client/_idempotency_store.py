@@ -1,8 +1,9 @@
-"""Redis access for the ``Idempotency-Key`` middleware: three Lua scripts, one key per client key.
+"""Redis access for the ``Idempotency-Key`` middlewares: four Lua scripts, one key per client key.
 
 The sibling of :mod:`token_service.store` (same script loading, same error
 translation at the edge). A key's record is claimed by the first request
-(``idempotency_begin``), then either holds that request's response
+(``idempotency_begin``), kept claimed while the request runs
+(``idempotency_renew``), then either holds that request's response
 (``idempotency_store``) or is freed again (``idempotency_release``). Each
 attempt claims with its own random owner id, so an attempt whose claim ran
 out can neither overwrite nor free the key a later attempt holds.
@@ -24,7 +25,7 @@ from token_service.client._response import StoredResponse
 from token_service.errors import InvalidRequest
 from token_service.store import lua_source, translate_errors
 
-SCRIPT_NAMES = ("idempotency_begin", "idempotency_store", "idempotency_release")
+SCRIPT_NAMES = ("idempotency_begin", "idempotency_renew", "idempotency_store", "idempotency_release")
 _SEP = "\x1f"
 
 
@@ -80,7 +81,7 @@ class _Scripts:
 
 
 class IdempotencyStore(_Scripts):
-    """The three idempotency scripts on a (sync) redis-py client."""
+    """The idempotency scripts on a (sync) redis-py client."""
 
     def __init__(self, client: Any, *, key_prefix: str = "ts:") -> None:
         super().__init__(client, key_prefix)
@@ -92,6 +93,11 @@ class IdempotencyStore(_Scripts):
 
     def begin(self, key: str, fingerprint: str, owner: str, lock_seconds: int) -> Outcome:
         return _outcome(self._run("idempotency_begin", key, [fingerprint, owner, str(lock_seconds * 1000)]))
+
+    def renew(self, key: str, fingerprint: str, owner: str, lock_seconds: int) -> bool:
+        """Hold the claim ``lock_seconds`` more from now; False when this attempt no longer held it."""
+        args = [fingerprint, owner, str(lock_seconds * 1000)]
+        return records.text(self._run("idempotency_renew", key, args)[0]) == "renewed"
 
     def store(
         self, key: str, fingerprint: str, owner: str, response: StoredResponse, ttl_seconds: int
@@ -119,6 +125,10 @@ class AsyncIdempotencyStore(_Scripts):
     async def begin(self, key: str, fingerprint: str, owner: str, lock_seconds: int) -> Outcome:
         reply = await self._run("idempotency_begin", key, [fingerprint, owner, str(lock_seconds * 1000)])
         return _outcome(reply)
+
+    async def renew(self, key: str, fingerprint: str, owner: str, lock_seconds: int) -> bool:
+        args = [fingerprint, owner, str(lock_seconds * 1000)]
+        return records.text((await self._run("idempotency_renew", key, args))[0]) == "renewed"
 
     async def store(
         self, key: str, fingerprint: str, owner: str, response: StoredResponse, ttl_seconds: int

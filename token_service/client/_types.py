@@ -1,6 +1,6 @@
 """What the SDK's methods return, and how it retries.
 
-``Consumed``, ``Started``, ``Finished``, ``Completed`` and ``FailRecorded`` are
+``Consumed``, ``Started``, ``Finished``, ``Renewed``, ``Completed`` and ``FailRecorded`` are
 the store's own reply objects (:mod:`token_service.records`), so a reply reads
 the same over HTTP and straight from Redis. Two shapes exist only here: an
 issued token (the store never sees the raw token's metadata as one object)
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from token_service.records import Completed, Consumed, FailRecorded, Finished, Started
+from token_service.records import Completed, Consumed, FailRecorded, Finished, Renewed, Started
 
 __all__ = [
     "Completed",
@@ -23,6 +23,7 @@ __all__ = [
     "FailRecorded",
     "Finished",
     "IssuedToken",
+    "Renewed",
     "RetryPolicy",
     "Started",
     "TokenInfo",

@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from token_service.errors import TokenInvalid
-from token_service.records import Completed, FailRecorded, Finished, Started
+from token_service.records import Completed, FailRecorded, Finished, Renewed, Started
 
 from . import _validate as check
 from ._client import AsyncTokenClient, TokenClient
@@ -155,6 +155,10 @@ class _KeyedTransport(_Keyed):
             **self.begin_args(token, scope, subject, fingerprint, request_id, lease_seconds)
         )
 
+    def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
+        record, lease = _operation(token), self.direct.lease_id(lease_id)
+        return self.store.renew(record, lease, self.direct.lease_seconds(lease_seconds))
+
     def complete(self, token: str, lease_id: str, result: Any) -> Completed:
         return self.store.complete(*self.result_args(token, lease_id, "result", result), result)
 
@@ -195,6 +199,10 @@ class _AsyncKeyedTransport(_Keyed):
         args = self.begin_args(token, scope, subject, fingerprint, request_id, lease_seconds)
         return await self.store.begin_keyed(**args)
 
+    async def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
+        record, lease = _operation(token), self.direct.lease_id(lease_id)
+        return await self.store.renew(record, lease, self.direct.lease_seconds(lease_seconds))
+
     async def complete(self, token: str, lease_id: str, result: Any) -> Completed:
         return await self.store.complete(*self.result_args(token, lease_id, "result", result), result)
 
@@ -222,9 +230,11 @@ def _keyed_client(client: TokenClient | AsyncTokenClient, ttl_seconds: int) -> T
     """A client of the same kind and retry policy whose operations address ``op:`` records."""
     backend = client._backend
     if isinstance(client, AsyncTokenClient) and isinstance(backend, AsyncDirectTransport):
-        return AsyncTokenClient(retry=client.retry, _backend=_AsyncKeyedTransport(backend, ttl_seconds))
+        keyed = _AsyncKeyedTransport(backend, ttl_seconds)
+        return AsyncTokenClient(retry=client.retry, telemetry=client.telemetry, _backend=keyed)
     if isinstance(client, TokenClient) and isinstance(backend, DirectTransport):
-        return TokenClient(retry=client.retry, _backend=_KeyedTransport(backend, ttl_seconds))
+        sync_keyed = _KeyedTransport(backend, ttl_seconds)
+        return TokenClient(retry=client.retry, telemetry=client.telemetry, _backend=sync_keyed)
     raise TypeError(
         "keyed operations run on the direct transport: use TokenClient.from_redis(...) "
         "(or AsyncTokenClient.from_redis) on the service's Redis"

@@ -22,28 +22,52 @@ raises, the token is released for a retry (the default) or, for the
 exceptions declared ``terminal``, a terminal failure is recorded: duplicates
 then get :class:`~token_service.errors.TokenFailed` carrying the stored error.
 
-Results travel as JSON: the guard hands back the JSON form of the body's
-value (tuples become lists), so the first caller and every duplicate see the
-same thing.
+While the body runs, its lease is renewed in the background (every third of
+``lease_seconds``; :mod:`token_service.client._renewal`), so work slower than
+its lease still runs once. A lease lost anyway (the process stalled past it,
+the token was revoked) is reported through ``on_lease_lost``, the log and the
+``lease_losses`` counter, and ``complete`` is refused: the guard raises
+:class:`~token_service.errors.LeaseLost` and the result of whoever took over
+stands.
+
+Results are stored as JSON (:mod:`token_service.client._results`); with a
+``result_type`` (or the return annotation of the function the guard runs)
+they are read back as that type — dataclasses, pydantic models, tuples — so
+the first caller and every duplicate get the same typed value. Hooks
+``on_replay(guard)``, ``on_conflict(guard, error)`` and ``on_mismatch(guard,
+error)`` run when a call is answered without running the body.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import json
 import logging
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+import weakref
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypedDict, TypeVar
 
-from token_service.errors import InvalidRequest, PayloadTooLarge, TokenError, TokenInProgress
-from token_service.records import Finished, Started, dump_json
+from token_service.errors import (
+    InvalidRequest,
+    LeaseLost,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    TokenError,
+    TokenFailed,
+    TokenInProgress,
+    TokenMismatch,
+    TokenUsed,
+)
+from token_service.records import Completed, FailRecorded, Finished, Renewed, Started, dump_json
 from token_service.tokens import new_request_id
 
-if TYPE_CHECKING:
-    from ._client import AsyncTokenClient, TokenClient
+from ._renewal import AsyncLeaseRenewer, LeaseRenewer, interval_for
+from ._results import dump_result, load_result, return_type
+from ._telemetry import DEFAULT_TELEMETRY, GuardSpan, Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +76,72 @@ T = TypeVar("T")
 Terminal = tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 _FIRST_POLL_SECONDS = 0.02
 _MAX_POLL_SECONDS = 0.25
+# What lease a renewer assumes when the guard did not say and the begin reply cannot tell
+_FALLBACK_LEASE_SECONDS = 30.0
+
+
+class GuardClient(Protocol):
+    """What a :class:`Guard` needs of its client (:class:`~token_service.client.TokenClient`)."""
+
+    def begin(
+        self,
+        token: str,
+        scope: str,
+        *,
+        subject: str | None = ...,
+        fingerprint: str | None = ...,
+        request_id: str | None = ...,
+        lease_seconds: int | None = ...,
+    ) -> Started | Finished: ...
+    def renew(self, token: str, lease_id: str, *, lease_seconds: int | None = ...) -> Renewed: ...
+    def complete(self, token: str, lease_id: str, result: Any = ...) -> Completed: ...
+    def fail(self, token: str, lease_id: str, *, retryable: bool = ..., error: Any = ...) -> FailRecorded: ...
+
+
+class AsyncGuardClient(Protocol):
+    """What an :class:`AsyncGuard` needs of its client (:class:`~token_service.client.AsyncTokenClient`)."""
+
+    async def begin(
+        self,
+        token: str,
+        scope: str,
+        *,
+        subject: str | None = ...,
+        fingerprint: str | None = ...,
+        request_id: str | None = ...,
+        lease_seconds: int | None = ...,
+    ) -> Started | Finished: ...
+    async def renew(self, token: str, lease_id: str, *, lease_seconds: int | None = ...) -> Renewed: ...
+    async def complete(self, token: str, lease_id: str, result: Any = ...) -> Completed: ...
+    async def fail(
+        self, token: str, lease_id: str, *, retryable: bool = ..., error: Any = ...
+    ) -> FailRecorded: ...
+
+
+class GuardFactory(Protocol):
+    """A client that makes guards (:class:`TokenClient` or :class:`AsyncTokenClient`)."""
+
+    @property
+    def begin(self) -> Callable[..., Any]: ...
+    @property
+    def guard(self) -> Callable[..., Any]: ...
+
+
+class GuardOptions(TypedDict, total=False):
+    """The options of a guard (``client.guard(token, scope, **options)``), all optional."""
+
+    subject: str | None
+    fingerprint: str | None
+    request_id: str | None
+    lease_seconds: int | None
+    terminal: Terminal
+    wait_seconds: float
+    renew: bool
+    result_type: Any
+    on_replay: Callable[[Any], Any] | None
+    on_conflict: Callable[[Any, TokenError], Any] | None
+    on_mismatch: Callable[[Any, TokenMismatch], Any] | None
+    on_lease_lost: Callable[[Any, TokenError], Any] | None
 
 
 class Replayed(Exception):
@@ -79,18 +169,28 @@ def as_json(value: Any) -> Any:
     return json.loads(dump_json(value))
 
 
+_NO_SPAN = contextlib.nullcontext()
+
+
 class _GuardState:
     def __init__(
         self,
         token: str,
         scope: str,
         *,
-        subject: str | None,
-        fingerprint: str | None,
-        request_id: str | None,
-        lease_seconds: int | None,
-        terminal: Terminal,
-        wait_seconds: float,
+        subject: str | None = None,
+        fingerprint: str | None = None,
+        request_id: str | None = None,
+        lease_seconds: int | None = None,
+        terminal: Terminal = (),
+        wait_seconds: float = 0.0,
+        renew: bool = True,
+        result_type: Any = None,
+        on_replay: Callable[[Any], Any] | None = None,
+        on_conflict: Callable[[Any, TokenError], Any] | None = None,
+        on_mismatch: Callable[[Any, TokenMismatch], Any] | None = None,
+        on_lease_lost: Callable[[Any, TokenError], Any] | None = None,
+        telemetry: Telemetry = DEFAULT_TELEMETRY,
     ) -> None:
         self.token = token
         self.scope = scope
@@ -101,9 +201,23 @@ class _GuardState:
         self.lease_seconds = lease_seconds
         self.terminal = terminal
         self.wait_seconds = wait_seconds
+        self.renew = renew
+        self.result_type = result_type
+        self.on_replay = on_replay
+        self.on_conflict = on_conflict
+        self.on_mismatch = on_mismatch
+        self.on_lease_lost = on_lease_lost
+        self.telemetry = telemetry
         self.lease: Started | None = None
         self.replayed = False
+        self.lease_lost: TokenError | None = None
         self._result: Any = None
+        self._span: GuardSpan | None = None
+        self._current: contextlib.AbstractContextManager[Any] | None = None
+
+    def __repr__(self) -> str:
+        # never the token: it is a secret
+        return f"<{type(self).__name__} scope={self.scope!r} holds_lease={self.lease is not None}>"
 
     @property
     def result(self) -> Any:
@@ -127,10 +241,86 @@ class _GuardState:
     def _took(self, outcome: Started | Finished) -> bool:
         if isinstance(outcome, Finished):
             self.replayed = True
-            self._result = outcome.result
+            self._result = self._typed(outcome.result)
+            self._settled("replayed")
+            self.telemetry.count("replays", self.scope)
+            if self.on_replay is not None:
+                self.on_replay(self)
             return False
         self.lease = outcome
         return True
+
+    def _refused(self, exc: TokenError) -> None:
+        """A begin refused: count it, end the span, run the hook (which may raise its own error)."""
+        if isinstance(exc, TokenMismatch):
+            self._settled("mismatch")
+            self.telemetry.count("mismatches", self.scope, field=exc.field or "")
+            if self.on_mismatch is not None:
+                self.on_mismatch(self, exc)
+        elif isinstance(exc, TokenInProgress | TokenUsed | TokenFailed):
+            self._settled("conflict")
+            self.telemetry.count("conflicts", self.scope, code=exc.code)
+            if self.on_conflict is not None:
+                self.on_conflict(self, exc)
+        else:
+            self._store_error("begin", exc)
+            self._settled("error", exc)
+
+    def _store_error(self, operation: str, exc: BaseException) -> None:
+        if isinstance(exc, ServiceUnavailable):
+            self.telemetry.count("store_errors", self.scope, operation=operation)
+
+    def _open_span(self, *, is_async: bool) -> None:
+        if self._span is None:
+            self._span = self.telemetry.start_span(self.scope, is_async=is_async)
+
+    def _enter_span(self) -> None:
+        """The span current inside ``with guard:`` (the block's own spans nest under it)."""
+        if self._span is not None:
+            self._current = self._span.current()
+            self._current.__enter__()
+
+    def _exit_span(self) -> None:
+        current, self._current = self._current, None
+        if current is not None:
+            current.__exit__(None, None, None)
+
+    def _settled(self, outcome: str, exc: BaseException | None = None) -> None:
+        span, self._span = self._span, None
+        if span is not None:
+            span.set_outcome(outcome)
+            if exc is not None:
+                span.record_error(exc)
+            span.end()
+
+    def _lost(self, exc: TokenError) -> None:
+        """The lease is gone while the work runs (called once, by the renewer or by complete)."""
+        if self.lease_lost is not None:
+            return
+        self.lease_lost = exc
+        log.error("a %s operation lost its lease while it ran: %s", self.scope, exc)
+        self.telemetry.count("lease_losses", self.scope)
+        if self._span is not None:
+            self._span.add_event("lease_lost")
+        if self.on_lease_lost is not None:
+            self.on_lease_lost(self, exc)
+
+    def _renew_every(self) -> float:
+        assert self.lease is not None
+        seconds: float | None = self.lease_seconds
+        if seconds is None:
+            # the service's default lease: estimated from the reply (set lease_seconds to be exact)
+            remaining = self.lease.lease_expires_ms / 1000 - time.time()
+            seconds = remaining if 0 < remaining <= 3600 else _FALLBACK_LEASE_SECONDS
+        return interval_for(seconds)
+
+    def _typed(self, stored: Any) -> Any:
+        """The stored JSON read back as ``result_type`` (the JSON form when it does not read)."""
+        try:
+            return load_result(stored, self.result_type)
+        except (TypeError, ValueError, KeyError) as exc:
+            log.warning("a stored %s result does not read as %r: %s", self.scope, self.result_type, exc)
+            return stored
 
     def is_terminal(self, exc: BaseException) -> bool:
         if isinstance(self.terminal, tuple):
@@ -151,17 +341,23 @@ class _GuardState:
 
     def _serialized(self, result: Any) -> Any:
         try:
-            return as_json(result)
+            return as_json(dump_result(result))
         except (TypeError, ValueError) as exc:
-            raise TypeError(f"a guarded result must be JSON-serializable: {exc}") from exc
+            raise TypeError(f"a guarded result must be storable as JSON: {exc}") from exc
+
+    def _typed_for(self, operation: Callable[..., Any]) -> None:
+        if self.result_type is None:
+            self.result_type = return_type(operation)
 
 
 class Guard(_GuardState):
     """One token's two-phase operation, on a :class:`TokenClient`. Use once."""
 
-    def __init__(self, client: TokenClient, token: str, scope: str, **options: Any) -> None:
+    def __init__(self, client: GuardClient, token: str, scope: str, **options: Any) -> None:
+        options.setdefault("telemetry", getattr(client, "telemetry", DEFAULT_TELEMETRY))
         super().__init__(token, scope, **options)
         self.client = client
+        self._renewer: LeaseRenewer | None = None
 
     def start(self) -> bool:
         """Begin. True: this caller holds the lease and must run the operation.
@@ -169,7 +365,10 @@ class Guard(_GuardState):
 
         Raises TokenInProgress when another holder is live (after waiting up to
         ``wait_seconds`` for it to finish), TokenUsed, TokenFailed, TokenInvalid, ...
+        While the lease is held it is renewed in the background (unless ``renew=False``)
+        until :meth:`succeed` or :meth:`abandon`.
         """
+        self._open_span(is_async=False)
         deadline = time.monotonic() + self.wait_seconds
         delay = _FIRST_POLL_SECONDS
         while True:
@@ -178,14 +377,53 @@ class Guard(_GuardState):
             except TokenInProgress as exc:
                 pause = self._poll_delay(exc, delay, deadline)
                 if pause is None:
+                    self._refused(exc)
                     raise
                 time.sleep(pause)
                 delay = min(delay * 2, _MAX_POLL_SECONDS)
                 continue
-            return self._took(outcome)
+            except TokenError as exc:
+                self._refused(exc)
+                raise
+            if not self._took(outcome):
+                return False
+            if self.renew:
+                self._start_renewer()
+            return True
+
+    def _start_renewer(self) -> None:
+        # the renewer must not hold the guard: a guard dropped unsettled is collected and stops it
+        client, token, lease_id, seconds = self.client, self.token, self.lease_id, self.lease_seconds
+        telemetry, scope = self.telemetry, self.scope
+        this = weakref.ref(self)
+
+        def on_lost(exc: TokenError) -> None:
+            guard = this()
+            if guard is not None:
+                guard._lost(exc)
+
+        renewer = LeaseRenewer(
+            lambda: client.renew(token, lease_id, lease_seconds=seconds),
+            self._renew_every(),
+            on_lost=on_lost,
+            on_error=lambda exc: telemetry.count("store_errors", scope, operation="renew"),
+        )
+        # a guard dropped without being settled stops renewing once it is collected
+        weakref.finalize(self, renewer.stop, 0)
+        self._renewer = renewer.start()
+
+    def _stop_renewer(self) -> None:
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            renewer.stop()
 
     def succeed(self, result: Any) -> Any:
-        """Store ``result`` (JSON) as the operation's outcome; returns its JSON form."""
+        """Store ``result`` as the operation's outcome; returns it as duplicates will get it.
+
+        Raises :class:`~token_service.errors.LeaseLost` when the lease was lost
+        while the operation ran: nothing is stored (whoever took over keeps theirs).
+        """
+        self._stop_renewer()
         try:
             stored = self._serialized(result)
         except TypeError as exc:
@@ -199,21 +437,44 @@ class Guard(_GuardState):
             # record a terminal failure so the token is never reopened and it never runs twice.
             self.abandon_quietly(exc, retryable=False)
             raise
+        except LeaseLost as exc:
+            self.lease = None
+            self._lost(exc)
+            self._executed("lease_lost", exc)
+            raise
+        except TokenError as exc:
+            self._store_error("complete", exc)
+            self._executed("error", exc)
+            raise
         self.lease = None
-        self._result = stored
-        return stored
+        self._result = self._typed(stored)
+        self._executed("succeeded")
+        return self._result
+
+    def _executed(self, outcome: str, exc: BaseException | None = None) -> None:
+        self.telemetry.count("executions", self.scope, outcome=outcome)
+        self._settled("executed" if outcome == "succeeded" else outcome, exc)
 
     def abandon(
         self, exc: BaseException | None = None, *, retryable: bool | None = None, error: Any = None
     ) -> None:
         """End the lease after a failure: release for a retry, or record a terminal failure."""
+        self._stop_renewer()
         if retryable is None:
             retryable = exc is None or not self.is_terminal(exc)
         if error is None and exc is not None and not retryable:
             error = describe_error(exc)
         lease_id = self.lease_id
         self.lease = None
-        self.client.fail(self.token, lease_id, retryable=retryable, error=error)
+        self._executed("released" if retryable else "failed", exc)
+        try:
+            self.client.fail(self.token, lease_id, retryable=retryable, error=error)
+        except LeaseLost as lost:
+            self._lost(lost)
+            raise
+        except TokenError as fail_error:
+            self._store_error("fail", fail_error)
+            raise
 
     def abandon_quietly(self, exc: BaseException | None, *, retryable: bool | None = None) -> None:
         """:meth:`abandon`, logging (not raising) a failure to reach the store."""
@@ -224,11 +485,18 @@ class Guard(_GuardState):
             log.warning("could not end the lease after a failure: %s", fail_error)
 
     def run(self, operation: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        """Run ``operation`` under the guard and return its (JSON) result, or the stored one."""
+        """Run ``operation`` under the guard; return its result, or the stored one.
+
+        Without a ``result_type``, the operation's return annotation says how
+        the stored result is read back.
+        """
+        self._typed_for(operation)
         if not self.start():
             return self.result
+        span = self._span
         try:
-            value = operation(*args, **kwargs)
+            with span.current() if span is not None else _NO_SPAN:
+                value = operation(*args, **kwargs)
         except BaseException as exc:
             self.abandon_quietly(exc)
             raise
@@ -238,9 +506,11 @@ class Guard(_GuardState):
         """Begin; on a replay raise :class:`Replayed` so the block cannot run."""
         if not self.start():
             raise Replayed(self.result)
+        self._enter_span()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        self._exit_span()
         if self.lease is None:
             return  # a replay, or already settled inside the block
         if exc is None:
@@ -252,11 +522,14 @@ class Guard(_GuardState):
 class AsyncGuard(_GuardState):
     """:class:`Guard` for :class:`AsyncTokenClient`; ``async with`` and ``await guard.run(...)``."""
 
-    def __init__(self, client: AsyncTokenClient, token: str, scope: str, **options: Any) -> None:
+    def __init__(self, client: AsyncGuardClient, token: str, scope: str, **options: Any) -> None:
+        options.setdefault("telemetry", getattr(client, "telemetry", DEFAULT_TELEMETRY))
         super().__init__(token, scope, **options)
         self.client = client
+        self._renewer: AsyncLeaseRenewer | None = None
 
     async def start(self) -> bool:
+        self._open_span(is_async=True)
         deadline = time.monotonic() + self.wait_seconds
         delay = _FIRST_POLL_SECONDS
         while True:
@@ -265,13 +538,50 @@ class AsyncGuard(_GuardState):
             except TokenInProgress as exc:
                 pause = self._poll_delay(exc, delay, deadline)
                 if pause is None:
+                    self._refused(exc)
                     raise
                 await asyncio.sleep(pause)
                 delay = min(delay * 2, _MAX_POLL_SECONDS)
                 continue
-            return self._took(outcome)
+            except TokenError as exc:
+                self._refused(exc)
+                raise
+            if not self._took(outcome):
+                return False
+            if self.renew:
+                self._start_renewer()
+            return True
+
+    def _start_renewer(self) -> None:
+        # the renewer must not hold the guard: a guard dropped unsettled is collected and stops it
+        client, token, lease_id, seconds = self.client, self.token, self.lease_id, self.lease_seconds
+        telemetry, scope = self.telemetry, self.scope
+        this = weakref.ref(self)
+
+        def on_lost(exc: TokenError) -> None:
+            guard = this()
+            if guard is not None:
+                guard._lost(exc)
+
+        def renew() -> Awaitable[Renewed]:
+            return client.renew(token, lease_id, lease_seconds=seconds)
+
+        renewer = AsyncLeaseRenewer(
+            renew,
+            self._renew_every(),
+            on_lost=on_lost,
+            on_error=lambda exc: telemetry.count("store_errors", scope, operation="renew"),
+        )
+        weakref.finalize(self, renewer.stop_nowait)
+        self._renewer = renewer.start()
+
+    async def _stop_renewer(self) -> None:
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None:
+            await renewer.stop()
 
     async def succeed(self, result: Any) -> Any:
+        await self._stop_renewer()
         try:
             stored = self._serialized(result)
         except TypeError as exc:
@@ -283,20 +593,43 @@ class AsyncGuard(_GuardState):
             # as in Guard.succeed: the operation ran, so it must never run again
             await self.abandon_quietly(exc, retryable=False)
             raise
+        except LeaseLost as exc:
+            self.lease = None
+            self._lost(exc)
+            self._executed("lease_lost", exc)
+            raise
+        except TokenError as exc:
+            self._store_error("complete", exc)
+            self._executed("error", exc)
+            raise
         self.lease = None
-        self._result = stored
-        return stored
+        self._result = self._typed(stored)
+        self._executed("succeeded")
+        return self._result
+
+    def _executed(self, outcome: str, exc: BaseException | None = None) -> None:
+        self.telemetry.count("executions", self.scope, outcome=outcome)
+        self._settled("executed" if outcome == "succeeded" else outcome, exc)
 
     async def abandon(
         self, exc: BaseException | None = None, *, retryable: bool | None = None, error: Any = None
     ) -> None:
+        await self._stop_renewer()
         if retryable is None:
             retryable = exc is None or not self.is_terminal(exc)
         if error is None and exc is not None and not retryable:
             error = describe_error(exc)
         lease_id = self.lease_id
         self.lease = None
-        await self.client.fail(self.token, lease_id, retryable=retryable, error=error)
+        self._executed("released" if retryable else "failed", exc)
+        try:
+            await self.client.fail(self.token, lease_id, retryable=retryable, error=error)
+        except LeaseLost as lost:
+            self._lost(lost)
+            raise
+        except TokenError as fail_error:
+            self._store_error("fail", fail_error)
+            raise
 
     async def abandon_quietly(self, exc: BaseException | None, *, retryable: bool | None = None) -> None:
         try:
@@ -306,10 +639,13 @@ class AsyncGuard(_GuardState):
 
     async def run(self, operation: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """Await ``operation(*args, **kwargs)`` (a coroutine function) under the guard."""
+        self._typed_for(operation)
         if not await self.start():
             return self.result
+        span = self._span
         try:
-            value = await operation(*args, **kwargs)
+            with span.current() if span is not None else _NO_SPAN:
+                value = await operation(*args, **kwargs)
         except BaseException as exc:
             await self.abandon_quietly(exc)
             raise
@@ -319,11 +655,13 @@ class AsyncGuard(_GuardState):
         """Begin; on a replay raise :class:`Replayed` so the block cannot run."""
         if not await self.start():
             raise Replayed(self.result)
+        self._enter_span()
         return self
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
     ) -> None:
+        self._exit_span()
         if self.lease is None:
             return
         if exc is None:
@@ -333,7 +671,7 @@ class AsyncGuard(_GuardState):
 
 
 def guarded(
-    client: TokenClient | AsyncTokenClient,
+    client: GuardFactory,
     scope: str,
     *,
     token_arg: str = "token",  # noqa: S107 - a parameter name, not a secret
@@ -350,8 +688,6 @@ def guarded(
     ``request_id`` is refused (every call generates its own).
     A coroutine function needs an :class:`AsyncTokenClient`.
     """
-    from ._client import AsyncTokenClient
-
     if "request_id" in guard_options:
         # one id for every call would make different calls "the same request": both would hold the lease
         raise TypeError(
@@ -367,8 +703,9 @@ def guarded(
         if token_arg not in signature.parameters:
             raise TypeError(f"{operation.__qualname__} has no parameter {token_arg!r} to read the token from")
         is_async = inspect.iscoroutinefunction(operation)
-        if is_async != isinstance(client, AsyncTokenClient):
+        if is_async != inspect.iscoroutinefunction(client.begin):
             raise TypeError("coroutine functions need an AsyncTokenClient, plain functions a TokenClient")
+        typed = {"result_type": guard_options.get("result_type") or return_type(operation)}
 
         def options(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
             bound = signature.bind(*args, **kwargs)
@@ -379,21 +716,22 @@ def guarded(
                 "subject": pick(subject, args, kwargs),
                 "fingerprint": pick(fingerprint, args, kwargs),
                 **guard_options,
+                **typed,
             }
 
         if is_async:
 
             @functools.wraps(operation)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
-                assert isinstance(client, AsyncTokenClient)
-                return await client.guard(**options(args, kwargs)).run(operation, *args, **kwargs)
+                guard: AsyncGuard = client.guard(**options(args, kwargs))
+                return await guard.run(operation, *args, **kwargs)
 
             return run_async
 
         @functools.wraps(operation)
         def run(*args: Any, **kwargs: Any) -> Any:
-            assert not isinstance(client, AsyncTokenClient)
-            return client.guard(**options(args, kwargs)).run(operation, *args, **kwargs)
+            guard: Guard = client.guard(**options(args, kwargs))
+            return guard.run(operation, *args, **kwargs)
 
         return run
 

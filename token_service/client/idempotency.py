@@ -35,9 +35,9 @@ purpose to share keys between anonymous clients. Then:
 Redis failures answer 503 (fail closed: the request does not run unguarded),
 and so does a record the store refuses (e.g. the key holds something else).
 
-The lock is not extended while the app runs: a request that takes longer than
-``lock_seconds`` lets a concurrent repeat run too (its own response is then not
-stored). Set ``lock_seconds`` above your slowest request.
+While the app runs, the claim is renewed every third of ``lock_seconds``, so a
+request slower than its lock keeps its key; a process that dies stops
+renewing, and the key is free again ``lock_seconds`` later.
 Everything is one Lua script per step (:mod:`token_service.client._idempotency_store`);
 the decisions are :mod:`token_service.client._idempotency_core`'s, shared with
 the ASGI middleware. No Flask needed.
@@ -260,6 +260,7 @@ class _Relay:
         if recorder is not None and error is not None:
             recorder.failed = True
         try:
-            self.core.settle(self.store, self.attempt, recorder)
-        finally:
+            # renewal stops first: no renewal may race the store or release
             self.hold.__exit__(type(error) if error else None, error, error.__traceback__ if error else None)
+        finally:
+            self.core.settle(self.store, self.attempt, recorder)

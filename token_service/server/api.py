@@ -29,6 +29,7 @@ from token_service.server.schemas import (
     FailSchema,
     GenerateBatchSchema,
     GenerateSchema,
+    RenewSchema,
     TokenOnlySchema,
 )
 from token_service.store import IssueRequest, TokenStore
@@ -179,6 +180,7 @@ def make_blueprint(settings: Settings, store: TokenStore, hot: HotOperations) ->
     bp = Blueprint("tokens", __name__)
     batch_schema = GenerateBatchSchema(limits=hot.ttl_limits)
     begin_schema = BeginSchema(limits={"lease_seconds": (1, settings.max_lease_seconds)})
+    renew_schema = RenewSchema(limits={"lease_seconds": (1, settings.max_lease_seconds)})
     complete_schema = CompleteSchema()
     fail_schema = FailSchema()
     token_schema = TokenOnlySchema()
@@ -231,6 +233,16 @@ def make_blueprint(settings: Settings, store: TokenStore, hot: HotOperations) ->
                 "lease_expires_at": rfc3339(outcome.lease_expires_ms / 1000),
                 "replayed": outcome.replayed,
             }
+        )
+
+    @bp.post("/token/renew")
+    def renew() -> Response:
+        data = _load(renew_schema, _json_body())
+        outcome = store.renew(
+            _token(data), data["lease_id"], data["lease_seconds"] or settings.default_lease_seconds
+        )
+        return json_response(
+            {"outcome": "renewed", "lease_expires_at": rfc3339(outcome.lease_expires_ms / 1000)}
         )
 
     @bp.post("/token/complete")

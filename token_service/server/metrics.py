@@ -187,6 +187,14 @@ class MeteredStore(TokenStore):
                 _replays("begin").inc()
         return outcome
 
+    def renew(self, token: str, lease_id: str, lease_seconds: int = 30) -> records.Renewed:
+        self._note(token)
+        outcome: records.Renewed = self._measured(
+            "renew", None, lambda: super(MeteredStore, self).renew(token, lease_id, lease_seconds)
+        )
+        self._outcome("renew", "renewed", None)
+        return outcome
+
     def complete(self, token: str, lease_id: str, result: Any) -> records.Completed:
         self._note(token)
         outcome: records.Completed = self._measured(

@@ -189,6 +189,11 @@ class CompleteSchema(_TokenBody):
     result = fields.Raw(load_default=None, allow_none=True)
 
 
+class RenewSchema(_TokenBody, _Bounded):
+    lease_id = _text(64, required=True)
+    lease_seconds = JsonInteger(load_default=None, allow_none=True)
+
+
 class FailSchema(_TokenBody):
     lease_id = _text(64, required=True)
     retryable = StrictBoolean(required=True)

@@ -1,0 +1,277 @@
+"""Lease renewal: a guarded call slower than its lease still runs once.
+
+``renew`` on every transport, then the guards against a real redis-server: a
+3 s body under a 1 s lease with duplicates at 1.5 s and 2.5 s runs once (and
+without renewal it runs twice: the control), a lease lost anyway is reported
+and its result never stored over the winner's, and a killed process stops
+renewing so its lease runs out as it always did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+from prometheus_client import CollectorRegistry
+
+from tests.client.conftest import Sdk
+from tests.support.processes import REPO_ROOT, RedisServer, wait_until
+from token_service.client import AsyncTokenClient, LeaseLost, Replayed, TokenClient, TokenInProgress
+from token_service.client._telemetry import Telemetry
+from token_service.store import TokenStore
+
+SCOPE = "report.build"
+BODY_SECONDS = 3.0
+DUPLICATES_AT = (1.5, 2.5)  # seconds after the body started: past the first 1 s lease, and past two
+
+
+def test_renew_on_every_transport(sdk: Sdk) -> None:
+    client: TokenClient = sdk.client
+    token = client.generate(SCOPE).token
+    started = client.begin(token, SCOPE, lease_seconds=5)
+    assert not hasattr(started, "result")
+    lease_id = started.lease_id  # type: ignore[union-attr]
+    renewed = client.renew(token, lease_id, lease_seconds=600)
+    assert 590_000 < renewed.lease_expires_ms - time.time() * 1000 <= 601_000
+    assert client.verify(token).state == "PROCESSING"
+    with pytest.raises(LeaseLost):
+        client.renew(token, "not-the-lease", lease_seconds=5)
+    client.complete(token, lease_id, 1)
+    with pytest.raises(LeaseLost):
+        client.renew(token, lease_id)
+
+
+async def test_async_renew_on_every_transport(async_sdk: Sdk) -> None:
+    client: AsyncTokenClient = async_sdk.client
+    token = (await client.generate(SCOPE)).token
+    started = await client.begin(token, SCOPE, lease_seconds=5)
+    lease_id = started.lease_id  # type: ignore[union-attr]
+    renewed = await client.renew(token, lease_id, lease_seconds=600)
+    assert 590_000 < renewed.lease_expires_ms - time.time() * 1000 <= 601_000
+    with pytest.raises(LeaseLost):
+        await client.renew(token, "not-the-lease")
+
+
+# -- the slow body against a real redis-server ------------------------------------------------
+
+
+class SlowBody:
+    """A body that counts its runs and takes BODY_SECONDS; ``started`` is set when the first run begins."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.started = threading.Event()
+        self.started_at = 0.0
+
+    def __call__(self, label: str) -> dict[str, Any]:
+        self.runs += 1
+        if not self.started.is_set():
+            self.started_at = time.monotonic()
+            self.started.set()
+        time.sleep(BODY_SECONDS)
+        return {"built_by": label}
+
+
+def _duplicates(client: TokenClient, token: str, body: SlowBody, **options: Any) -> list[Any]:
+    """Send the duplicates at DUPLICATES_AT after the first run started; what each got."""
+    assert body.started.wait(30)
+    answers: list[Any] = []
+    for at in DUPLICATES_AT:
+        time.sleep(max(0.0, body.started_at + at - time.monotonic()))
+        try:
+            answers.append(client.guard(token, SCOPE, lease_seconds=1, **options).run(body, f"dup@{at}"))
+        except TokenInProgress as exc:
+            answers.append(exc)
+    return answers
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_a_body_slower_than_its_lease_runs_once(real_redis: redis.Redis) -> None:
+    client = TokenClient.from_redis(real_redis)
+    token = client.generate(SCOPE).token
+    body = SlowBody()
+    first: list[Any] = []
+    holder = threading.Thread(
+        target=lambda: first.append(client.guard(token, SCOPE, lease_seconds=1).run(body, "first"))
+    )
+    holder.start()
+    answers = _duplicates(client, token, body)
+    holder.join(30)
+    assert body.runs == 1
+    assert all(isinstance(answer, TokenInProgress) for answer in answers), answers
+    assert first == [{"built_by": "first"}]
+    # once it finished, a duplicate gets the stored result without running
+    assert client.guard(token, SCOPE, lease_seconds=1).run(body, "late") == {"built_by": "first"}
+    assert body.runs == 1
+    assert not [t for t in threading.enumerate() if t.name == "token-lease-renewer"], (
+        "a renewer outlived its guard"
+    )
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_without_renewal_the_duplicate_runs_and_the_stale_result_is_not_stored(
+    real_redis: redis.Redis,
+) -> None:
+    """The control: renew=False is the old behaviour. The duplicate at 1.5 s takes the expired lease and
+    runs too; the first finishes later and its complete is fenced (LeaseLost): the winner's result stays."""
+    client = TokenClient.from_redis(real_redis)
+    token = client.generate(SCOPE).token
+    body = SlowBody()
+    first: list[Any] = []
+
+    def hold() -> None:
+        try:
+            first.append(client.guard(token, SCOPE, lease_seconds=1, renew=False).run(body, "first"))
+        except LeaseLost as exc:
+            first.append(exc)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert body.started.wait(30)
+    time.sleep(max(0.0, body.started_at + DUPLICATES_AT[0] - time.monotonic()))
+    second = client.guard(token, SCOPE, lease_seconds=10, renew=False).run(body, "second")
+    holder.join(30)
+    assert body.runs == 2
+    assert isinstance(first[0], LeaseLost)
+    assert second == {"built_by": "second"}
+    assert client.verify(token).result == {"built_by": "second"}
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_a_lease_lost_while_running_is_reported_and_never_stored(real_redis: redis.Redis) -> None:
+    registry = CollectorRegistry()
+    client = TokenClient.from_redis(real_redis, telemetry=Telemetry(prometheus_registry=registry))
+    token = client.generate(SCOPE).token
+    reported: list[Exception] = []
+    release = threading.Event()
+    outcome: list[Any] = []
+
+    def work() -> str:
+        release.wait(30)
+        return "stale"
+
+    def hold() -> None:
+        guard = client.guard(token, SCOPE, lease_seconds=1, on_lease_lost=lambda g, exc: reported.append(exc))
+        try:
+            outcome.append(guard.run(work))
+        except LeaseLost as exc:
+            outcome.append(exc)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    wait_until(lambda: client.verify(token).state == "PROCESSING", what="the first lease")
+    # Another instance whose clock is a minute ahead sees the lease as run out and takes over
+    # (what a stalled holder looks like to everyone else). The holder's next renewal is refused.
+    ahead = TokenStore(real_redis, clock_ms=lambda: int(time.time() * 1000) + 60_000)
+    takeover = ahead.begin(token, SCOPE, lease_seconds=30)
+    wait_until(lambda: reported, what="the lease loss to be reported")
+    assert isinstance(reported[0], LeaseLost)
+    ahead.complete(token, takeover.lease_id, "winner")  # type: ignore[union-attr]
+    release.set()
+    holder.join(30)
+    assert isinstance(outcome[0], LeaseLost)  # complete was refused: fenced by the lease id
+    assert client.verify(token).result == "winner"
+    assert registry.get_sample_value("token_service_sdk_lease_losses_total", {"scope": SCOPE}) == 1
+    assert (
+        registry.get_sample_value(
+            "token_service_sdk_executions_total", {"scope": SCOPE, "outcome": "lease_lost"}
+        )
+        == 1
+    )
+
+
+@pytest.mark.real
+@pytest.mark.slow
+async def test_async_body_slower_than_its_lease_runs_once(
+    redis_server: RedisServer, real_redis: redis.Redis
+) -> None:
+    async_redis = redis.asyncio.Redis.from_url(redis_server.url)
+    client = AsyncTokenClient.from_redis(async_redis)
+    token = (await client.generate(SCOPE)).token
+    runs = 0
+    started = asyncio.Event()
+
+    async def build(label: str) -> dict[str, str]:
+        nonlocal runs
+        runs += 1
+        started.set()
+        await asyncio.sleep(BODY_SECONDS)
+        return {"built_by": label}
+
+    first = asyncio.create_task(client.guard(token, SCOPE, lease_seconds=1).run(build, "first"))
+    await asyncio.wait_for(started.wait(), 30)
+    began = time.monotonic()
+    refused = 0
+    for at in DUPLICATES_AT:
+        await asyncio.sleep(max(0.0, began + at - time.monotonic()))
+        with pytest.raises(TokenInProgress):
+            await client.guard(token, SCOPE, lease_seconds=1).run(build, f"dup@{at}")
+        refused += 1
+    assert await asyncio.wait_for(first, 30) == {"built_by": "first"}
+    assert (runs, refused) == (1, 2)
+    with pytest.raises(Replayed):
+        async with client.guard(token, SCOPE):
+            pass
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "token-lease-renewer"]
+    await async_redis.aclose()
+
+
+@pytest.mark.real
+@pytest.mark.slow
+def test_a_killed_holder_stops_renewing_and_its_lease_runs_out(
+    redis_server: RedisServer, real_redis: redis.Redis
+) -> None:
+    client = TokenClient.from_redis(real_redis)
+    token = client.generate(SCOPE).token
+    holder_code = textwrap.dedent(
+        f"""
+        import sys, time
+        from token_service.client import TokenClient
+        client = TokenClient.from_redis({redis_server.url!r})
+        def forever():
+            print("running", flush=True)
+            time.sleep(3600)
+        client.guard(sys.argv[1], {SCOPE!r}, lease_seconds=1).run(forever)
+        """
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", holder_code, token], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "running"
+        time.sleep(2.5)  # well past its 1 s lease: renewed, so still held
+        with pytest.raises(TokenInProgress):
+            client.begin(token, SCOPE)
+        os.kill(process.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        process.wait(10)
+        started = wait_until(lambda: _try_begin(client, token), 10, what="the dead holder's lease to run out")
+        assert time.monotonic() - killed_at < 5  # a 1 s lease, renewed at most ~1 s before the kill
+        client.complete(token, started.lease_id, "done by the second")
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def _try_begin(client: TokenClient, token: str) -> Any:
+    try:
+        return client.begin(token, SCOPE, lease_seconds=5)
+    except TokenInProgress:
+        return None

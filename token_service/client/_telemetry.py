@@ -1,0 +1,136 @@
+"""What the SDK's guards did, for dashboards and traces: both optional.
+
+- **Prometheus counters** (``prometheus_client``), only when a registry is
+  given: ``Telemetry(prometheus_registry=prometheus_client.REGISTRY)``. Each
+  counter is labelled by scope (a name chosen in code, so the set stays small):
+
+  ======================================  ==========================================
+  ``token_service_sdk_executions_total``  the guarded work ran (``outcome``:
+                                          succeeded, failed, released)
+  ``token_service_sdk_replays_total``     a duplicate got the stored result
+  ``token_service_sdk_conflicts_total``   refused: in progress, used, failed (``code``)
+  ``token_service_sdk_mismatches_total``  refused: another binding (``field``)
+  ``token_service_sdk_lease_losses_total`` the lease was lost while the work ran
+  ``token_service_sdk_store_errors_total`` the token service could not answer
+                                          (``operation``)
+  ======================================  ==========================================
+
+- **OpenTelemetry spans**, whenever ``opentelemetry-api`` is installed: one
+  ``token_service.guard`` span per guarded call, current while the work runs
+  (its own spans nest under it), with ``token_service.scope`` and
+  ``token_service.outcome`` (executed, replayed, conflict, mismatch, failed,
+  lease_lost, error). The API alone records nothing; an application that
+  configured an OpenTelemetry SDK gets the spans. Without the package every
+  call here is a no-op.
+
+One :class:`Telemetry` per client (``TokenClient(..., telemetry=...)``); the
+default one traces (when possible) and counts nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+SPAN_NAME = "token_service.guard"
+_NAMESPACE = "token_service_sdk"
+
+
+def _tracing_available() -> bool:
+    return importlib.util.find_spec("opentelemetry") is not None and (
+        importlib.util.find_spec("opentelemetry.trace") is not None
+    )
+
+
+class GuardSpan:
+    """One guarded call's span (or nothing): outcome, current-context scope, end."""
+
+    __slots__ = ("_span", "outcome")
+
+    def __init__(self, span: Any) -> None:
+        self._span = span
+        self.outcome: str | None = None
+
+    def set_outcome(self, outcome: str) -> None:
+        self.outcome = outcome
+        if self._span is not None:
+            self._span.set_attribute("token_service.outcome", outcome)
+
+    def record_error(self, exc: BaseException) -> None:
+        if self._span is not None:
+            from opentelemetry.trace import Status, StatusCode
+
+            self._span.record_exception(exc)
+            self._span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+
+    def add_event(self, name: str, attributes: dict[str, Any] | None = None) -> None:
+        if self._span is not None:
+            self._span.add_event(name, attributes or {})
+
+    def current(self) -> AbstractContextManager[Any]:
+        """The span as the current one (the guarded work's spans nest under it)."""
+        if self._span is None:
+            return nullcontext()
+        from opentelemetry import trace
+
+        return trace.use_span(self._span, end_on_exit=False)
+
+    def end(self) -> None:
+        span, self._span = self._span, None
+        if span is not None:
+            span.end()
+
+
+class Telemetry:
+    """Counters and spans of the SDK's guards (see the module docs)."""
+
+    def __init__(
+        self,
+        *,
+        prometheus_registry: Any = None,
+        tracer_provider: Any = None,
+        tracing: bool = True,
+    ) -> None:
+        self._counters: dict[str, Any] = {}
+        if prometheus_registry is not None:
+            self._counters = _counters(prometheus_registry)
+        self._tracer: Any = None
+        if tracing and _tracing_available():
+            from opentelemetry import trace
+
+            self._tracer = trace.get_tracer("token_service.client", tracer_provider=tracer_provider)
+
+    def count(self, name: str, scope: str, **labels: str) -> None:
+        counter = self._counters.get(name)
+        if counter is not None:
+            counter.labels(scope=scope, **labels).inc()
+
+    def start_span(self, scope: str, *, is_async: bool = False) -> GuardSpan:
+        if self._tracer is None:
+            return GuardSpan(None)
+        span = self._tracer.start_span(
+            SPAN_NAME, attributes={"token_service.scope": scope, "token_service.async": is_async}
+        )
+        return GuardSpan(span)
+
+
+def _counters(registry: Any) -> dict[str, Any]:
+    from prometheus_client import Counter
+
+    def counter(name: str, documentation: str, *labels: str) -> Any:
+        return Counter(f"{_NAMESPACE}_{name}", documentation, ["scope", *labels], registry=registry)
+
+    return {
+        "executions": counter("executions", "Guarded operations that ran.", "outcome"),
+        "replays": counter("replays", "Duplicates answered with the stored result."),
+        "conflicts": counter("conflicts", "Calls refused: in progress, used or failed.", "code"),
+        "mismatches": counter("mismatches", "Calls refused: the token is bound to another request.", "field"),
+        "lease_losses": counter("lease_losses", "Operations whose lease was lost while they ran."),
+        "store_errors": counter(
+            "store_errors", "Token service calls that could not be answered.", "operation"
+        ),
+    }
+
+
+DEFAULT_TELEMETRY = Telemetry()
