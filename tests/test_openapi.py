@@ -54,3 +54,23 @@ def test_served_spec_is_the_file(client: Any) -> None:
     response = client.get("/openapi.yaml")
     assert response.status_code == 200
     assert yaml.safe_load(response.data) == _spec()
+
+
+def test_the_route_table_agrees_with_the_spec() -> None:
+    from token_service.server.routes import ROUTES
+
+    spec = _spec()
+    default_security = spec.get("security", [])
+    for route in ROUTES:
+        operation = spec["paths"][route.path][route.method.lower()]
+        assert operation["operationId"] == route.operation, route
+        assert str(route.status) in operation["responses"], route
+        assert bool(operation.get("security", default_security)) == route.needs_key, route
+
+
+def test_the_route_table_is_what_the_app_serves(app: Any) -> None:
+    from token_service.server.routes import ROUTES
+
+    served = {(rule.rule, rule.endpoint.split(".")[-1]): rule.methods for rule in app.url_map.iter_rules()}
+    for route in ROUTES:
+        assert route.method in served[(route.path, route.endpoint)], route

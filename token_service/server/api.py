@@ -1,4 +1,4 @@
-"""The HTTP API of SPEC.md: one blueprint, one view per route.
+"""The HTTP API (openapi.yaml): one blueprint, one view per route of ``routes.TOKEN_ROUTES``.
 
 Views parse and validate the body, call the store, and shape the reply; they
 hold no token logic of their own (that lives in ``lua/``).
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +22,7 @@ from token_service.errors import InvalidRequest, TokenInvalid
 from token_service.limits import IssuanceLimits, client_key
 from token_service.server.auth import check_service_key
 from token_service.server.responses import json_response, json_text_response
+from token_service.server.routes import TOKEN_ROUTES, Route
 from token_service.server.schemas import (
     BeginSchema,
     BodySchema,
@@ -34,8 +36,6 @@ from token_service.server.schemas import (
 )
 from token_service.store import IssueRequest, TokenStore
 from token_service.tokens import NO_CONTROL_RE, is_well_formed
-
-FRONTEND_ENDPOINTS = ("tokens.generate", "tokens.generate_batch")
 
 
 def rfc3339(epoch_seconds: float) -> str:
@@ -177,6 +177,7 @@ class HotOperations:
 
 
 def make_blueprint(settings: Settings, store: TokenStore, hot: HotOperations) -> Blueprint:
+    """One view per route of ``routes.TOKEN_ROUTES``: its path, method, success status and key check."""
     bp = Blueprint("tokens", __name__)
     batch_schema = GenerateBatchSchema(limits=hot.ttl_limits)
     begin_schema = BeginSchema(limits={"lease_seconds": (1, settings.max_lease_seconds)})
@@ -186,20 +187,13 @@ def make_blueprint(settings: Settings, store: TokenStore, hot: HotOperations) ->
     token_schema = TokenOnlySchema()
     subject_header = settings.subject_header
 
-    @bp.before_request
-    def authenticate() -> None:
-        if request.endpoint not in FRONTEND_ENDPOINTS:
-            check_service_key(settings.api_keys, request.headers.get("Authorization"))
-
     def gateway_subject() -> str | None:
         return request.headers.get(subject_header) if subject_header else None
 
-    @bp.post("/token/generate")
-    def generate() -> Response:
-        return json_response(hot.generate(_json_body(), gateway_subject(), request.remote_addr), 201)
+    def generate() -> Reply:
+        return hot.generate(_json_body(), gateway_subject(), request.remote_addr)
 
-    @bp.post("/token/generate/batch")
-    def generate_batch() -> Response:
+    def generate_batch() -> Reply:
         data = _load(batch_schema, _json_body())
         tokens, shared = hot.issue(data, data["count"], gateway_subject(), request.remote_addr)
         # {"tokens": [{"token": t, **shared}, ...]} as json.dumps writes it, with the shared
@@ -207,14 +201,12 @@ def make_blueprint(settings: Settings, store: TokenStore, hot: HotOperations) ->
         # CPU). Tokens are URL-safe base64: nothing in them needs escaping in JSON.
         tail = json.dumps(shared, separators=(",", ":"))[1:]
         elements = ",".join(f'{{"token":"{token}",{tail}' for token in tokens)
-        return json_text_response(f'{{"tokens":[{elements}]}}', 201)
+        return f'{{"tokens":[{elements}]}}'
 
-    @bp.post("/token/consume")
-    def consume() -> Response:
-        return json_response(hot.consume(_json_body()))
+    def consume() -> Reply:
+        return hot.consume(_json_body())
 
-    @bp.post("/token/begin")
-    def begin() -> Response:
+    def begin() -> Reply:
         data = _load(begin_schema, _json_body())
         outcome = store.begin(
             _token(data),
@@ -225,42 +217,34 @@ def make_blueprint(settings: Settings, store: TokenStore, hot: HotOperations) ->
             data["lease_seconds"] or settings.default_lease_seconds,
         )
         if isinstance(outcome, records.Finished):
-            return json_response({"outcome": "succeeded", "replayed": True, "result": outcome.result})
-        return json_response(
-            {
-                "outcome": "started",
-                "lease_id": outcome.lease_id,
-                "lease_expires_at": rfc3339(outcome.lease_expires_ms / 1000),
-                "replayed": outcome.replayed,
-            }
-        )
+            return {"outcome": "succeeded", "replayed": True, "result": outcome.result}
+        return {
+            "outcome": "started",
+            "lease_id": outcome.lease_id,
+            "lease_expires_at": rfc3339(outcome.lease_expires_ms / 1000),
+            "replayed": outcome.replayed,
+        }
 
-    @bp.post("/token/renew")
-    def renew() -> Response:
+    def renew() -> Reply:
         data = _load(renew_schema, _json_body())
         outcome = store.renew(
             _token(data), data["lease_id"], data["lease_seconds"] or settings.default_lease_seconds
         )
-        return json_response(
-            {"outcome": "renewed", "lease_expires_at": rfc3339(outcome.lease_expires_ms / 1000)}
-        )
+        return {"outcome": "renewed", "lease_expires_at": rfc3339(outcome.lease_expires_ms / 1000)}
 
-    @bp.post("/token/complete")
-    def complete() -> Response:
+    def complete() -> Reply:
         data = _load(complete_schema, _json_body())
         records.check_payload("result", data["result"], settings.max_result_bytes)
         outcome = store.complete(_token(data), data["lease_id"], data["result"])
-        return json_response({"outcome": "succeeded", "replayed": outcome.replayed})
+        return {"outcome": "succeeded", "replayed": outcome.replayed}
 
-    @bp.post("/token/fail")
-    def fail() -> Response:
+    def fail() -> Reply:
         data = _load(fail_schema, _json_body())
         records.check_payload("error", data["error"], settings.max_result_bytes)
         outcome = store.fail(_token(data), data["lease_id"], retryable=data["retryable"], error=data["error"])
-        return json_response({"outcome": outcome.outcome, "replayed": outcome.replayed})
+        return {"outcome": outcome.outcome, "replayed": outcome.replayed}
 
-    @bp.post("/token/inspect")
-    def inspect() -> Response:
+    def inspect() -> Reply:
         data = _load(token_schema, _json_body())
         found = store.inspect(_token(data))
         body: dict[str, Any] = {
@@ -276,12 +260,48 @@ def make_blueprint(settings: Settings, store: TokenStore, hot: HotOperations) ->
             body["result"] = found.result
         elif found.state == "FAILED":
             body["error"] = found.error
-        return json_response(body)
+        return body
 
-    @bp.post("/token/revoke")
-    def revoke() -> Response:
+    def revoke() -> Reply:
         data = _load(token_schema, _json_body())
         store.revoke(_token(data))
-        return json_response({"outcome": "revoked"})
+        return {"outcome": "revoked"}
 
+    views: dict[str, Callable[[], Reply]] = {
+        "generate": generate,
+        "generate_batch": generate_batch,
+        "consume": consume,
+        "begin": begin,
+        "renew": renew,
+        "complete": complete,
+        "fail": fail,
+        "inspect": inspect,
+        "revoke": revoke,
+    }
+    for route in TOKEN_ROUTES:
+        bp.add_url_rule(
+            route.path,
+            route.endpoint,
+            _answer(route, views[route.endpoint], settings),
+            methods=[route.method],
+        )
     return bp
+
+
+# A view's reply: the document, or the document already serialised as JSON text.
+Reply = dict[str, Any] | str
+
+
+def _answer(route: Route, view: Callable[[], Reply], settings: Settings) -> Callable[[], Response]:
+    """The view as Flask calls it: the key checked if the route needs one, the reply with its status."""
+
+    def answer() -> Response:
+        if route.needs_key:
+            check_service_key(settings.api_keys, request.headers.get("Authorization"))
+        reply = view()
+        if isinstance(reply, str):
+            return json_text_response(reply, route.status)
+        return json_response(reply, route.status)
+
+    answer.__name__ = route.endpoint
+    return answer

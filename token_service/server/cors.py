@@ -1,7 +1,8 @@
 """CORS for the frontend-facing routes only, for an explicit list of origins.
 
-Browsers on the configured origins may ask for tokens (``/token/generate``,
-``/token/generate/batch``) and load the frontend helper (``/static/*``).
+Browsers on the configured origins may call the routes the route table marks
+``browser``: ask for tokens (``/token/generate``, ``/token/generate/batch``)
+and load the frontend helper (``/static/token-client.js``).
 Nothing else answers a cross-origin request: the backend routes carry no
 CORS headers at all, so a page can never drive them from a user's browser.
 Origins are compared exactly (compiled, escaped patterns: flask-cors would
@@ -19,12 +20,9 @@ from flask import Flask
 from flask_cors import CORS
 
 from token_service.config import Settings
+from token_service.server.routes import ROUTES
 
-FRONTEND_PATHS = (
-    re.compile(r"/token/generate\Z"),
-    re.compile(r"/token/generate/batch\Z"),
-    re.compile(r"/static/"),
-)
+BROWSER_PATHS = tuple(re.compile(re.escape(route.path) + r"\Z") for route in ROUTES if route.browser)
 # What the frontend helper sends: JSON bodies, its request id, and the token
 # header it attaches to the application's own requests.
 ALLOWED_HEADERS = ["Content-Type", "Idempotency-Token", "X-Request-ID"]
@@ -45,4 +43,4 @@ def install(app: Flask, settings: Settings) -> None:
         "max_age": settings.cors_max_age_seconds,
         "vary_header": True,
     }
-    CORS(app, resources={path: options for path in FRONTEND_PATHS})
+    CORS(app, resources={path: options for path in BROWSER_PATHS})

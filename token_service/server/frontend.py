@@ -19,7 +19,8 @@ from pathlib import Path
 
 from flask import Blueprint, Response, request
 
-ASSET_ENDPOINTS = ("frontend.token_client_js",)
+from token_service.server.routes import TOKEN_CLIENT_JS
+
 CACHE_CONTROL = "public, max-age=300, must-revalidate"
 HELPER = "token-client.js"
 
@@ -53,7 +54,7 @@ def asset_response(name: str = HELPER) -> Response:
 def make_blueprint() -> Blueprint:
     bp = Blueprint("frontend", __name__)
 
-    @bp.get("/static/token-client.js")
+    @bp.get(TOKEN_CLIENT_JS.path)
     def token_client_js() -> Response:
         return asset_response()
 

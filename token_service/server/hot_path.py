@@ -5,10 +5,10 @@ and Response object cost a request about as much CPU as its own work
 (docs/performance.md). This middleware sits in front of the Flask app and
 answers those two routes itself, doing the same work through the same code:
 the body parsed by ``api.parse_json_object``, checked by the same schemas,
-the service key by ``auth.check_service_key``, the store called by
-``api.HotOperations`` (which the Flask views call too), errors rendered by
-``problems.problem_for``, and the request counted and logged by
-``telemetry.record``. tests/test_hot_path.py sends the same requests down
+the service key by ``auth.check_service_key`` where the route table says
+one is needed, the store called by ``api.HotOperations`` (which the Flask
+views call too), errors answered by ``responses.error_reply``, and the
+request counted and logged by ``telemetry.record``. tests/test_hot_path.py sends the same requests down
 both paths and compares status, headers and bodies.
 
 It hands a request to Flask, untouched, whenever it is anything but the
@@ -21,38 +21,32 @@ decides its headers).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from werkzeug.http import HTTP_STATUS_CODES
 
-from token_service import problems
 from token_service.config import Settings
-from token_service.errors import InvalidRequest, ServiceUnavailable, TokenError
+from token_service.errors import InvalidRequest
 from token_service.server import telemetry
 from token_service.server.api import HotOperations, parse_json_object
 from token_service.server.auth import check_service_key
-from token_service.server.metrics import REDIS_ERRORS
-from token_service.server.responses import JSON_ENCODER, NO_STORE
+from token_service.server.responses import JSON_ENCODER, NO_STORE, error_reply
+from token_service.server.routes import TOKEN_ROUTES, Route
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
-log = logging.getLogger(__name__)
-
-GENERATE = "/token/generate"
-CONSUME = "/token/consume"
+# Status lines as Werkzeug writes them ("201 CREATED"), built once.
+_STATUS_LINES = {code: f"{code} {name.upper()}" for code, name in HTTP_STATUS_CODES.items()}
 _JSON_TYPES = frozenset(
     {"application/json", "application/json; charset=utf-8", "application/json;charset=utf-8"}
 )
-# Status lines as Werkzeug writes them ("201 CREATED"), built once.
-_STATUS_LINES = {code: f"{code} {name.upper()}" for code, name in HTTP_STATUS_CODES.items()}
 _JSON_HEADERS = [("Content-Type", "application/json"), *NO_STORE.items()]
 
-# (status, headers, body) of a reply, before the request id is added
-Reply = tuple[int, list[tuple[str, str]], bytes]
+# An operation: the request's environ and its parsed body → the reply document.
+Operation = Callable[["WSGIEnvironment", dict[str, Any]], dict[str, Any]]
 
 
 class HotPath:
@@ -67,46 +61,50 @@ class HotPath:
         self.cors = bool(settings.cors_origins)
         header = settings.subject_header
         self.subject_key = "HTTP_" + header.upper().replace("-", "_") if header else None
-        self.routes: dict[str, Callable[[WSGIEnvironment, int], Reply]] = {
-            GENERATE: self._generate,
-            CONSUME: self._consume,
+        operation_of: dict[str, Operation] = {"generate": self._generate, "consume": self._consume}
+        self.routes: dict[str, tuple[Route, Operation]] = {
+            route.path: (route, operation_of[route.endpoint]) for route in TOKEN_ROUTES if route.hot
         }
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        handler = self.routes.get(environ.get("PATH_INFO", ""))
-        length = self._plain_length(environ) if handler is not None else 0
+        entry = self.routes.get(environ.get("PATH_INFO", ""))
+        length = self._plain_length(environ, entry[0]) if entry is not None else 0
         if not length:
             return self.app(environ, start_response)
-        assert handler is not None
+        assert entry is not None
+        route, operation = entry
         started = time.perf_counter()
         info = telemetry.open_request(environ.get("HTTP_X_REQUEST_ID"))
-        route = environ["PATH_INFO"]
         try:
             try:
-                status, headers, body = handler(environ, length)
-            except ServiceUnavailable as error:
-                REDIS_ERRORS.labels(route).inc()
-                status, headers, body = _problem(error)
-            except TokenError as error:
-                status, headers, body = _problem(error)
-            except Exception:
-                log.exception("unhandled error")
-                status, document_headers, body = problems.internal_error()
+                # the key first, as the Flask path checks it before its view reads the body
+                if route.needs_key:
+                    check_service_key(self.api_keys, environ.get("HTTP_AUTHORIZATION"))
+                reply = operation(environ, parse_json_object(_read_body(environ, length)))
+                status, headers = route.status, _JSON_HEADERS.copy()
+                body = JSON_ENCODER.encode(reply).encode("utf-8")
+            except Exception as error:
+                status, document_headers, body = error_reply(error, route.path)
                 headers = list(document_headers.items())
             headers.append(("Content-Length", str(len(body))))
             headers.append((telemetry.REQUEST_ID_HEADER, info.request_id))
             start_response(_STATUS_LINES[status], headers)
             telemetry.record(
-                info, "POST", route, status, time.perf_counter() - started, environ.get("REMOTE_ADDR")
+                info,
+                route.method,
+                route.path,
+                status,
+                time.perf_counter() - started,
+                environ.get("REMOTE_ADDR"),
             )
         finally:
             telemetry.close_request()
         return [body]
 
-    def _plain_length(self, environ: WSGIEnvironment) -> int:
+    def _plain_length(self, environ: WSGIEnvironment, route: Route) -> int:
         """The body's length if this is the plain request the hot path answers, else 0."""
         if (
-            environ.get("REQUEST_METHOD") != "POST"
+            environ.get("REQUEST_METHOD") != route.method
             or environ.get("CONTENT_TYPE", "").lower() not in _JSON_TYPES
             or "HTTP_TRANSFER_ENCODING" in environ
             or (self.cors and "HTTP_ORIGIN" in environ)
@@ -118,17 +116,12 @@ class HotPath:
         length = int(text)
         return length if length <= self.max_body_bytes else 0
 
-    def _generate(self, environ: WSGIEnvironment, length: int) -> Reply:
-        body = parse_json_object(_read_body(environ, length))
+    def _generate(self, environ: WSGIEnvironment, body: dict[str, Any]) -> dict[str, Any]:
         subject = environ.get(self.subject_key) if self.subject_key else None
-        reply = self.operations.generate(body, subject, environ.get("REMOTE_ADDR"))
-        return 201, _JSON_HEADERS.copy(), JSON_ENCODER.encode(reply).encode("utf-8")
+        return self.operations.generate(body, subject, environ.get("REMOTE_ADDR"))
 
-    def _consume(self, environ: WSGIEnvironment, length: int) -> Reply:
-        # the key first, as the Flask path checks it before its view reads the body
-        check_service_key(self.api_keys, environ.get("HTTP_AUTHORIZATION"))
-        reply = self.operations.consume(parse_json_object(_read_body(environ, length)))
-        return 200, _JSON_HEADERS.copy(), JSON_ENCODER.encode(reply).encode("utf-8")
+    def _consume(self, environ: WSGIEnvironment, body: dict[str, Any]) -> dict[str, Any]:
+        return self.operations.consume(body)
 
 
 def _read_body(environ: WSGIEnvironment, length: int) -> bytes:
@@ -140,11 +133,6 @@ def _read_body(environ: WSGIEnvironment, length: int) -> bytes:
     if len(raw) != length:
         raise InvalidRequest("The request body ended early.", {"body": ["Incomplete body."]})
     return raw
-
-
-def _problem(error: TokenError) -> Reply:
-    status, headers, body = problems.problem_for(error)
-    return status, list(headers.items()), body
 
 
 def install(app: Any, settings: Settings, operations: HotOperations) -> None:

@@ -14,7 +14,9 @@ from flask import Flask, Response
 from werkzeug.exceptions import HTTPException
 
 from token_service import problems
-from token_service.errors import PayloadTooLarge, TokenError
+from token_service.errors import PayloadTooLarge, ServiceUnavailable, TokenError
+from token_service.server.metrics import REDIS_ERRORS
+from token_service.server.telemetry import current_route
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +47,30 @@ def problem(
     return Response(body, status=status, headers={**document_headers, **(headers or {})})
 
 
-def problem_for(error: TokenError) -> Response:
-    status, headers, body = problems.problem_for(error)
+def error_reply(error: BaseException, route: str) -> tuple[int, dict[str, str], bytes]:
+    """The answer to what a request raised, on the Flask path and the hot path alike.
+
+    A ``TokenError`` is its problem document (a 503 also counted against the
+    route in ``token_service_redis_errors_total``); anything else is a bug:
+    logged with its traceback and answered ``500 internal_error``.
+    """
+    if isinstance(error, ServiceUnavailable):
+        REDIS_ERRORS.labels(route).inc()
+    if isinstance(error, TokenError):
+        return problems.problem_for(error)
+    log.error("unhandled error", exc_info=error)
+    return problems.internal_error()
+
+
+def _error(exc: Exception) -> Response:
+    status, headers, body = error_reply(exc, current_route())
     return Response(body, status=status, headers=headers)
 
 
 def _http_problem(exc: HTTPException) -> Response:
     status = exc.code or 500
     if status == 413:
-        return problem_for(PayloadTooLarge("The request body is over the configured limit."))
+        return _error(PayloadTooLarge("The request body is over the configured limit."))
     code = {404: "not_found", 405: "method_not_allowed"}.get(
         status, "invalid_request" if status < 500 else "internal_error"
     )
@@ -62,13 +79,6 @@ def _http_problem(exc: HTTPException) -> Response:
     return problem(status, code, exc.name, exc.description or exc.name, headers)
 
 
-def _unexpected(exc: Exception) -> Response:
-    log.exception("unhandled error")
-    status, headers, body = problems.internal_error()
-    return Response(body, status=status, headers=headers)
-
-
 def register_error_handlers(app: Flask) -> None:
-    app.register_error_handler(TokenError, problem_for)
     app.register_error_handler(HTTPException, _http_problem)
-    app.register_error_handler(Exception, _unexpected)
+    app.register_error_handler(Exception, _error)  # TokenError and bugs alike

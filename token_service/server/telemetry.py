@@ -18,11 +18,9 @@ from typing import Any
 
 from flask import Flask, Response, g, request
 
-from token_service.errors import ServiceUnavailable
 from token_service.server import request_context
-from token_service.server.metrics import LATENCY, REDIS_ERRORS, REQUESTS
+from token_service.server.metrics import LATENCY, REQUESTS
 from token_service.server.request_context import RequestInfo
-from token_service.server.responses import problem_for
 from token_service.tokens import new_request_id
 
 REQUEST_ID_HEADER = "X-Request-ID"
@@ -33,7 +31,8 @@ _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"
 access_log = logging.getLogger("token_service.access")
 
 
-def _route() -> str:
+def current_route() -> str:
+    """The URL rule of the current Flask request (the ``route`` label), else ``unmatched``."""
     rule = request.url_rule
     return rule.rule if rule is not None else UNMATCHED
 
@@ -117,14 +116,7 @@ def _teardown(error: BaseException | None) -> None:
     close_request()
 
 
-def _store_unavailable(error: ServiceUnavailable) -> Response:
-    REDIS_ERRORS.labels(_route()).inc()
-    return problem_for(error)
-
-
 def install(app: Flask) -> None:
     app.before_request(_start)
     app.after_request(_finish)
     app.teardown_request(_teardown)
-    # More specific than the TokenError handler, so Flask picks this one for 503s.
-    app.register_error_handler(ServiceUnavailable, _store_unavailable)
