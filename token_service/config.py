@@ -238,6 +238,8 @@ class Settings:
 
     redis_url: str = field(default="", metadata={"parse": _redis_url})
     api_keys: tuple[str, ...] = field(default=(), metadata={"parse": _api_key_digests, "secret": True})
+    # The admin routes' own keys (/admin/…): never accepted on the backend routes, nor the reverse.
+    admin_keys: tuple[str, ...] = field(default=(), metadata={"parse": _api_key_digests, "secret": True})
     # Upper bounds keep every expiry a date Python can print and an exact integer in Lua.
     default_ttl_seconds: int = field(default=300, metadata={"parse": _int(1, _YEAR_SECONDS)})
     max_ttl_seconds: int = field(default=86400, metadata={"parse": _int(1, _YEAR_SECONDS)})
@@ -296,6 +298,8 @@ class Settings:
     @classmethod
     def _checked(cls, values: dict[str, Any]) -> Settings:
         settings = cls(**values)
+        if set(settings.admin_keys) & set(settings.api_keys):
+            raise ConfigError(f"{PREFIX}ADMIN_KEYS: a key must not also be in {PREFIX}API_KEYS")
         if settings.default_ttl_seconds > settings.max_ttl_seconds:
             raise ConfigError(
                 f"{PREFIX}DEFAULT_TTL_SECONDS: must not exceed MAX_TTL_SECONDS ({settings.max_ttl_seconds})"

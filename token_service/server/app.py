@@ -11,7 +11,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 
 from token_service.config import Settings
 from token_service.connection import redis_client
-from token_service.server import api, cors, frontend, health, hot_path, metrics, telemetry
+from token_service.server import admin_api, api, cors, frontend, health, hot_path, metrics, telemetry
 from token_service.server.responses import register_error_handlers
 
 
@@ -40,6 +40,7 @@ def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
     app.register_blueprint(api.make_blueprint(settings, store, hot))
     app.register_blueprint(health.make_blueprint(store, settings.drain_file))
     app.register_blueprint(metrics.make_blueprint())
+    app.register_blueprint(admin_api.make_blueprint(settings, store.client))
     app.register_blueprint(frontend.make_blueprint())
     cors.install(app, settings)
     # generate and consume answered without Flask's per-request machinery (same work, same replies)

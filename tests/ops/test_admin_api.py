@@ -1,0 +1,168 @@
+"""The admin HTTP routes: their own key, the same tools as the CLI, problem+json for everything else."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+import redis
+
+from tests.conftest import API_KEY, AUTH
+from tests.support.processes import free_port
+from token_service import create_app
+from token_service.config import ConfigError, Settings
+from token_service.store import IssueRequest, TokenStore
+from token_service.tokens import token_digest
+
+ADMIN_KEY = "admin-key-for-the-ops-tests-0001"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+PAY = IssueRequest("pay", "user-7", None, 600)
+
+
+@pytest.fixture
+def http(redis_any: Any) -> Any:
+    app = create_app(
+        {"api_keys": API_KEY, "admin_keys": ADMIN_KEY, "redis_client": redis_any, "rate_limit": "off"}
+    )
+    return app.test_client()
+
+
+def test_the_admin_key_and_the_service_key_open_only_their_own_routes(http: Any, store: TokenStore) -> None:
+    [token] = store.issue(PAY)
+    ref = token_digest(token)
+    assert http.get(f"/admin/records/{ref}", headers=ADMIN).status_code == 200
+    for headers in (
+        AUTH,
+        {},
+        {"Authorization": "Bearer " + ADMIN_KEY[:-1] + "2"},
+        {"Authorization": ADMIN_KEY},
+    ):
+        refused = http.get(f"/admin/records/{ref}", headers=headers)
+        assert refused.status_code == 401
+        assert refused.json["code"] == "unauthorized"
+        assert refused.headers["Content-Type"] == "application/problem+json"
+        assert refused.headers["WWW-Authenticate"].startswith("Bearer")
+    for path in ("/token/inspect", "/token/revoke", "/token/consume"):
+        refused = http.post(path, json={"token": token, "scope": "pay", "subject": "user-7"}, headers=ADMIN)
+        assert refused.status_code == 401, path
+    assert http.post("/token/inspect", json={"token": token}, headers=AUTH).json["state"] == "ISSUED"
+
+
+def test_no_admin_key_configured_means_no_admin_api(redis_any: Any) -> None:
+    http = create_app({"api_keys": API_KEY, "redis_client": redis_any}).test_client()
+    for headers in (AUTH, ADMIN, {}):
+        refused = http.get("/admin/records", headers=headers)
+        assert refused.status_code == 401
+    assert "ADMIN_KEYS" in refused.json["detail"]
+
+
+def test_a_key_in_both_lists_is_refused_at_start() -> None:
+    with pytest.raises(ConfigError, match="ADMIN_KEYS"):
+        Settings.from_mapping({"api_keys": API_KEY, "admin_keys": f"{ADMIN_KEY},{API_KEY}"})
+    digest = hashlib.sha256(API_KEY.encode()).hexdigest()
+    with pytest.raises(ConfigError, match="ADMIN_KEYS"):
+        Settings.from_mapping({"api_keys": API_KEY, "admin_keys": f"sha256:{digest}"})
+
+
+def test_show_list_release_and_revoke_over_http(http: Any, store: TokenStore, audit_lines: Any) -> None:
+    held, issued = store.issue(PAY, 2)
+    store.begin(held, "pay", "user-7", request_id="order-9", lease_seconds=300)
+    ref = token_digest(held)
+
+    shown = http.get(f"/admin/records/{ref}", headers=ADMIN)
+    assert shown.headers["Cache-Control"] == "no-store"
+    assert shown.json["state"] == "PROCESSING"
+    assert shown.json["request_id"] == "order-9"
+    assert 0 < shown.json["lease_expires_in_seconds"] <= 300
+
+    listed, cursor = [], "0"
+    while True:
+        page = http.get(f"/admin/records?state=PROCESSING&scope=pay&count=1&cursor={cursor}", headers=ADMIN)
+        assert page.status_code == 200
+        listed += [record["ref"] for record in page.json["records"]]
+        cursor = page.json["cursor"]
+        if page.json["done"]:
+            break
+    assert listed == [ref]
+    stuck = http.get("/admin/records?state=PROCESSING&lease_expired=true", headers=ADMIN)
+    assert stuck.json["records"] == []
+    found = http.get("/admin/records?request_id=order-9", headers=ADMIN)
+    assert [record["ref"] for record in found.json["records"]] == [ref]
+    by_prefix = http.get(f"/admin/records?ref_prefix={ref[:10]}", headers=ADMIN)
+    assert [record["ref"] for record in by_prefix.json["records"]] == [ref]
+
+    released = http.post(f"/admin/records/{ref}/release", headers=ADMIN)
+    assert released.json == {"outcome": "released", "ref": ref}
+    again = http.post(f"/admin/records/{ref}/release", headers=ADMIN)
+    assert again.status_code == 409
+    assert again.json["code"] == "not_in_progress"
+    revoked = http.post(f"/admin/records/{token_digest(issued)}/revoke", headers=ADMIN)
+    assert revoked.json["was"] == "ISSUED"
+    gone = http.get(f"/admin/records/{token_digest(issued)}", headers=ADMIN)
+    assert gone.status_code == 404
+    assert gone.json["code"] == "not_found"
+
+    actors = {record.actor for record in audit_lines()}
+    assert actors == {"admin-key:" + hashlib.sha256(ADMIN_KEY.encode()).hexdigest()[:12]}
+    assert ADMIN_KEY not in repr([record.__dict__ for record in audit_lines()])
+
+
+def test_an_idempotency_key_is_looked_up_with_a_post(http: Any, redis_any: Any) -> None:
+    from token_service.client._idempotency_store import IdempotencyStore
+
+    claims = IdempotencyStore(redis_any)
+    claims.begin(claims.key("Bearer dave", "order-1"), "fp", "owner", 600)
+    found = http.post(
+        "/admin/idempotency/lookup",
+        json={"identity": "Bearer dave", "idempotency_key": "order-1"},
+        headers=ADMIN,
+    )
+    assert found.status_code == 200
+    assert found.json["state"] == "PROCESSING"
+    released = http.post(f"/admin/records/{found.json['ref']}/release?kind=idempotency", headers=ADMIN)
+    assert released.json["outcome"] == "released"
+    missing = http.post(
+        "/admin/idempotency/lookup",
+        json={"identity": "Bearer dave", "idempotency_key": "order-1"},
+        headers=ADMIN,
+    )
+    assert missing.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("get", "/admin/records/*", None),
+        ("get", "/admin/records/aaaa[b]cc", None),
+        ("get", "/admin/records/" + "a" * 23, None),
+        ("get", "/admin/records?state=LOST", None),
+        ("get", "/admin/records?cursor=7.12", None),
+        ("get", "/admin/records?count=0", None),
+        ("get", "/admin/records?count=99999", None),
+        ("get", "/admin/records?lease_expired=maybe", None),
+        ("get", "/admin/records?ref_prefix=a*", None),
+        ("get", "/admin/records?scope=%00", None),
+        ("get", "/admin/records/" + "a" * 22 + "?kind=other", None),
+        ("post", "/admin/idempotency/lookup", {"identity": "", "idempotency_key": "k"}),
+        ("post", "/admin/idempotency/lookup", {"identity": "x", "idempotency_key": 5}),
+        ("post", "/admin/idempotency/lookup", {"identity": "x", "idempotency_key": "k", "more": 1}),
+        ("post", "/admin/idempotency/lookup", [1]),
+    ],
+)
+def test_bad_input_is_a_400_problem(http: Any, method: str, path: str, body: Any) -> None:
+    answer = getattr(http, method)(path, json=body, headers=ADMIN)
+    assert answer.status_code == 400, answer.json
+    assert answer.json["code"] == "invalid_request"
+
+
+def test_redis_down_is_a_503(redis_any: Any) -> None:
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5)
+    http = create_app({"api_keys": API_KEY, "admin_keys": ADMIN_KEY, "redis_client": dead}).test_client()
+    for answer in (
+        http.get("/admin/records", headers=ADMIN),
+        http.get("/admin/records/" + "a" * 22, headers=ADMIN),
+    ):
+        assert answer.status_code == 503
+        assert answer.json["code"] == "store_unavailable"
+    dead.close()

@@ -1,0 +1,146 @@
+"""The admin HTTP routes (``/admin/…``): the operators' tools of :mod:`token_service.admin`.
+
+They answer only to a key of ``TOKEN_SERVICE_ADMIN_KEYS`` (``Authorization:
+Bearer <admin key>``), a list of its own: a service key opens none of them,
+and an admin key opens none of the backend routes (the configuration refuses
+a key in both lists). With no admin key configured every admin route answers
+401. The audit line of each action names the key by the first 12 hex digits
+of its SHA-256, never the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from flask import Blueprint, Response, request
+
+from token_service.admin import KINDS, STATES, Admin, Filter
+from token_service.config import Settings
+from token_service.errors import InvalidRequest, Unauthorized
+from token_service.server.api import parse_json_object
+from token_service.server.auth import check_service_key
+from token_service.server.responses import json_response
+
+MAX_IDENTITY_CHARS = 4096
+
+
+def _admin_actor(settings: Settings) -> str:
+    header = request.headers.get("Authorization")
+    if not settings.admin_keys:
+        raise Unauthorized("The admin API is off: no TOKEN_SERVICE_ADMIN_KEYS are configured.")
+    try:
+        check_service_key(settings.admin_keys, header)
+    except Unauthorized:
+        raise Unauthorized("An admin key is required: Authorization: Bearer <admin key>.") from None
+    presented = (header or "").partition(" ")[2].strip()
+    return "admin-key:" + hashlib.sha256(presented.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+
+
+def _choice(name: str, allowed: Any) -> str | None:
+    value = request.args.get(name)
+    if value is not None and value not in allowed:
+        raise InvalidRequest(f"Unknown {name}.", {name: [f"One of {', '.join(sorted(allowed))}."]})
+    return value
+
+
+def _number(name: str, default: int, high: int) -> int:
+    raw = request.args.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or not 1 <= int(raw) <= high:
+        raise InvalidRequest(f"Bad {name}.", {name: [f"A whole number from 1 to {high}."]})
+    return int(raw)
+
+
+def _text(name: str, limit: int = 128) -> str | None:
+    value = request.args.get(name)
+    if value is not None and (not value or len(value) > limit or not value.isprintable()):
+        raise InvalidRequest(f"Bad {name}.", {name: [f"1-{limit} printable characters."]})
+    return value
+
+
+def _flag(name: str) -> bool | None:
+    value = _choice(name, {"true", "false"})
+    return None if value is None else value == "true"
+
+
+def make_blueprint(settings: Settings, client: Any) -> Blueprint:
+    bp = Blueprint("admin", __name__)
+
+    def admin() -> Admin:
+        return Admin(
+            client,
+            key_prefix=settings.key_prefix,
+            result_ttl_seconds=settings.result_ttl_seconds,
+            actor=_admin_actor(settings),
+        )
+
+    @bp.get("/admin/records")
+    def list_records() -> Response:
+        acting = admin()
+        prefix = _text("ref_prefix", 22)
+        wanted = Filter(
+            kind=_choice("kind", KINDS),
+            state=_choice("state", STATES),
+            scope=_text("scope", 64),
+            request_id=_text("request_id"),
+            ref_prefix=prefix,
+            lease_expired=_flag("lease_expired"),
+        )
+        if prefix is not None:
+            page = acting.find_by_ref_prefix(
+                prefix, request.args.get("cursor", "0"), _number("count", 1000, 10000)
+            )
+        else:
+            page = acting.list(
+                wanted,
+                request.args.get("cursor", "0"),
+                _number("count", 1000, 10000),
+                _number("limit", 100, 1000),
+            )
+        return json_response(
+            {
+                "records": [record.to_dict() for record in page.records],
+                "cursor": page.cursor,
+                "done": page.done,
+                "scanned": page.scanned,
+            }
+        )
+
+    @bp.get("/admin/records/<ref>")
+    def show(ref: str) -> Response:
+        return json_response(admin().show(ref, _choice("kind", KINDS)).to_dict())
+
+    @bp.post("/admin/records/<ref>/revoke")
+    def revoke(ref: str) -> Response:
+        record = admin().revoke(ref, _choice("kind", KINDS))
+        return json_response(
+            {"outcome": "revoked", "kind": record.kind, "ref": record.ref, "was": record.state}
+        )
+
+    @bp.post("/admin/records/<ref>/release")
+    def release(ref: str) -> Response:
+        outcome = admin().release(ref, _choice("kind", KINDS))
+        return json_response({"outcome": outcome, "ref": ref})
+
+    @bp.post("/admin/idempotency/lookup")
+    def idempotency_lookup() -> Response:
+        # a POST: the client identity (often its credentials) never goes into a URL or a log
+        acting = admin()
+        body = parse_json_object(request.get_data(cache=False))
+        identity, key = body.get("identity"), body.get("idempotency_key")
+        errors = {}
+        if not isinstance(identity, str) or not 1 <= len(identity) <= MAX_IDENTITY_CHARS:
+            errors["identity"] = [
+                f"1-{MAX_IDENTITY_CHARS} characters: what the middleware's identity() returned."
+            ]
+        if not isinstance(key, str) or not 1 <= len(key) <= 255:
+            errors["idempotency_key"] = ["1-255 characters: the Idempotency-Key without its quotes."]
+        if set(body) - {"identity", "idempotency_key"}:
+            errors["body"] = ["Only identity and idempotency_key."]
+        if errors:
+            raise InvalidRequest("The request does not match the schema.", errors)
+        return json_response(acting.show_idempotency(identity, key).to_dict())  # type: ignore[arg-type]
+
+    return bp
