@@ -389,3 +389,37 @@ def test_a_stream_that_breaks_frees_the_key(redis_client: Any) -> None:
     assert redis_client.keys("ts:ik:*") == []
     assert post(app, {"stream": 5}).status_code == 200
     assert len(app.config["runs"]) == 2
+
+
+def test_duplicates_that_wait_all_get_the_first_response(redis_client: Any) -> None:
+    app = orders_app(redis_client, lock_seconds=30, wait_seconds=20)
+    assert app.test_client().get("/orders").status_code == 200  # routing compiled before the threads
+    gate = threading.Event()
+    app.config["gate"] = gate
+    answers: list[Any] = []
+
+    def send() -> None:
+        response = post(app, {"item": "book"})
+        response.get_data()
+        answers.append(response)
+
+    threads = [threading.Thread(target=send) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while not app.config["runs"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # the others are polling by now (or arrive later: the same answer either way)
+    gate.set()
+    for thread in threads:
+        thread.join()
+    assert len(app.config["runs"]) == 1
+    assert [a.status_code for a in answers] == [201] * 6
+    assert len({a.get_data() for a in answers}) == 1
+    assert sum("Idempotent-Replayed" not in a.headers for a in answers) == 1
+
+
+@pytest.mark.parametrize("value", [-1, "1", True, float("nan")])
+def test_wait_seconds_must_be_a_number_of_seconds(redis_client: Any, value: Any) -> None:
+    with pytest.raises(ValueError, match="wait_seconds"):
+        orders_app(redis_client, wait_seconds=value)

@@ -30,9 +30,11 @@ bytes; what to answer is decided here:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, field
@@ -62,6 +64,9 @@ from token_service.problems import problem, problem_for
 log = logging.getLogger("token_service.client.idempotency")
 
 MAX_KEY_CHARS = 255
+# how often a waiting duplicate looks at the record again (doubling from the first)
+_FIRST_PAUSE_SECONDS = 0.025
+_MAX_PAUSE_SECONDS = 0.25
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_MAX_STORED_BYTES = 256 * 1024
 # Never replayed: they describe one connection or one moment, or belong to one session.
@@ -195,7 +200,15 @@ class IdempotencyCore:
         max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES,
         store_status: StorePolicy = default_store_status,
         fingerprint: FingerprintSpec = None,
+        wait_seconds: float = 0.0,
     ) -> None:
+        if (
+            isinstance(wait_seconds, bool)
+            or not isinstance(wait_seconds, int | float)
+            or not wait_seconds >= 0
+        ):
+            raise ValueError(f"wait_seconds must be a number of seconds >= 0, not {wait_seconds!r}")
+        self.wait_seconds = float(wait_seconds)
         self.header = header
         self.methods = frozenset(method.upper() for method in methods)
         self.required = required
@@ -253,19 +266,39 @@ class IdempotencyCore:
         )
 
     def claim(self, store: IdempotencyStore, attempt: Attempt) -> Answer | None:
-        """None: this request holds the key and runs. Else what to answer instead."""
-        try:
-            outcome = store.begin(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds)
-        except (TokenError, ValueError, KeyError, TypeError) as exc:
-            return self.store_failed(exc)
-        return self.decide(outcome)
+        """None: this request holds the key and runs. Else what to answer instead.
+
+        A duplicate of a request still running waits up to ``wait_seconds`` for its
+        response (polling the record), then gets 409.
+        """
+        deadline = time.monotonic() + self.wait_seconds
+        pause = _FIRST_PAUSE_SECONDS
+        while True:
+            try:
+                outcome = store.begin(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds)
+            except (TokenError, ValueError, KeyError, TypeError) as exc:
+                return self.store_failed(exc)
+            left = deadline - time.monotonic()
+            if not isinstance(outcome, InProgress) or left <= 0:
+                return self.decide(outcome)
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, _MAX_PAUSE_SECONDS)
 
     async def aclaim(self, store: AsyncIdempotencyStore, attempt: Attempt) -> Answer | None:
-        try:
-            outcome = await store.begin(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds)
-        except (TokenError, ValueError, KeyError, TypeError) as exc:
-            return self.store_failed(exc)
-        return self.decide(outcome)
+        deadline = time.monotonic() + self.wait_seconds
+        pause = _FIRST_PAUSE_SECONDS
+        while True:
+            try:
+                outcome = await store.begin(
+                    attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds
+                )
+            except (TokenError, ValueError, KeyError, TypeError) as exc:
+                return self.store_failed(exc)
+            left = deadline - time.monotonic()
+            if not isinstance(outcome, InProgress) or left <= 0:
+                return self.decide(outcome)
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, _MAX_PAUSE_SECONDS)
 
     def decide(self, outcome: Outcome) -> Answer | None:
         if isinstance(outcome, Claimed):

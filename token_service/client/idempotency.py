@@ -26,7 +26,8 @@ purpose to share keys between anonymous clients. Then:
   status and headers with ``Idempotent-Body-Omitted: <length>``);
 - a repeat gets the stored response, with ``Idempotent-Replayed: true``,
   without the app running;
-- a repeat while the first is still running gets 409 (``Retry-After`` set);
+- a repeat while the first is still running gets 409 (``Retry-After`` set),
+  or with ``wait_seconds`` waits that long for the first one's response;
 - the same key with a different request gets 422;
 - no key gets 400 when ``required`` (else the request just runs);
 - a response that is not stored (a 5xx, a 429, ...) or an exception frees
@@ -123,6 +124,7 @@ class IdempotencyMiddleware:
         max_stored_bytes: int = 256 * 1024,
         store_status: StorePolicy = default_store_status,
         fingerprint: FingerprintSpec = None,
+        wait_seconds: float = 0.0,
         key_prefix: str = "ts:",
     ) -> None:
         self.core = IdempotencyCore(
@@ -135,6 +137,7 @@ class IdempotencyMiddleware:
             max_stored_bytes=max_stored_bytes,
             store_status=store_status,
             fingerprint=fingerprint,
+            wait_seconds=wait_seconds,
         )
         self.app = app
         self.store = (

@@ -1,0 +1,245 @@
+"""The ASGI Idempotency-Key middleware on a real uvicorn, with a Starlette app and a FastAPI app."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+KEY = '"8e03978e-40d5-43e8-bc93-6894a57f9324"'
+ALICE = "Bearer alice"
+
+
+@dataclass
+class Server:
+    url: str
+    redis: redis.Redis
+
+    def post(
+        self, body: Any, key: str | None = KEY, user: str | None = ALICE, **kwargs: Any
+    ) -> httpx.Response:
+        headers = {k: v for k, v in (("Idempotency-Key", key), ("Authorization", user)) if v is not None}
+        content = body if isinstance(body, bytes) else json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+        return httpx.post(self.url + "/orders", content=content, headers=headers, timeout=30, **kwargs)
+
+    @property
+    def runs(self) -> int:
+        return int(self.redis.get("orders:runs") or 0)
+
+
+def start_uvicorn(app: str, redis_url: str, **env: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            f"tests.client.asgi_apps:{app}",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "TEST_REDIS_URL": redis_url, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(url + "/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(up, 30, what="uvicorn")
+    except BaseException:
+        process.kill()
+        raise
+    return process, url
+
+
+@pytest.fixture(scope="module", params=["starlette_app", "fastapi_app"])
+def uvicorn_url(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator[str]:
+    process, url = start_uvicorn(request.param, redis_server.url)
+    try:
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+@pytest.fixture
+def server(uvicorn_url: str, real_redis: redis.Redis) -> Server:
+    return Server(uvicorn_url, real_redis)
+
+
+def test_first_request_runs_and_a_repeat_is_replayed(server: Server) -> None:
+    first = server.post({"item": "book"})
+    assert first.status_code == 201
+    assert "idempotent-replayed" not in first.headers
+    for _ in range(2):
+        again = server.post({"item": "book"})
+        assert again.status_code == 201
+        assert again.content == first.content
+        assert again.headers["Idempotent-Replayed"] == "true"
+        assert again.headers["Location"] == first.headers["Location"]
+        assert "set-cookie" not in again.headers
+    # reordered keys and other whitespace are the same request
+    assert server.post(b'{ "item" : "book" }').headers["Idempotent-Replayed"] == "true"
+    assert server.runs == 1
+
+
+def test_the_error_table(server: Server) -> None:
+    def problem(response: httpx.Response) -> tuple[int, str]:
+        assert response.headers["Content-Type"] == "application/problem+json"
+        return response.status_code, response.json()["code"]
+
+    assert problem(server.post({"item": "a"}, key=None)) == (400, "invalid_request")
+    assert problem(server.post({"item": "a"}, key='"é"'.encode())) == (
+        400,
+        "invalid_request",
+    )
+    assert problem(server.post({"item": "a"}, key="x" * 300)) == (400, "invalid_request")
+    assert problem(server.post({"item": "a"}, user=None)) == (400, "idempotency_identity_required")
+    assert problem(server.post({"blob": "x" * 2_000_000}, key='"big"')) == (413, "payload_too_large")
+    assert server.runs == 0
+    assert server.post({"item": "a"}).status_code == 201
+    assert problem(server.post({"item": "b"})) == (422, "idempotency_key_mismatch")
+    # another client's same key is its own
+    assert server.post({"item": "b"}, user="Bearer bob").status_code == 201
+    assert server.runs == 2
+
+
+def test_a_repeat_while_the_first_runs_is_409_with_retry_after(server: Server) -> None:
+    results: list[httpx.Response] = []
+    slow = threading.Thread(target=lambda: results.append(server.post({"sleep": 2}, key='"slow"')))
+    slow.start()
+    wait_until(lambda: server.runs == 1, 10, what="the first request to start")
+    busy = server.post({"sleep": 2}, key='"slow"')
+    slow.join()
+    assert busy.status_code == 409
+    assert busy.json()["code"] == "idempotency_key_in_use"
+    assert 1 <= int(busy.headers["Retry-After"]) <= 30
+    assert results[0].status_code == 201
+    assert server.post({"sleep": 2}, key='"slow"').headers["Idempotent-Replayed"] == "true"
+    assert server.runs == 1
+
+
+@pytest.mark.parametrize("status", [408, 409, 425, 429, 500, 503])
+def test_transient_answers_and_exceptions_are_not_replayed(server: Server, status: int) -> None:
+    for _ in range(2):
+        response = server.post({"status": status})
+        assert response.status_code == status
+        assert "idempotent-replayed" not in response.headers
+    assert server.post({"crash": True}, key='"k2"').status_code == 500
+    assert server.post({"crash": True}, key='"k2"').status_code == 500
+    assert server.redis.keys("ts:ik:*") == []
+    assert server.runs == 4
+
+
+def test_a_large_stream_passes_through_and_is_stored_omitted(server: Server) -> None:
+    # 4 MB in 64 KB chunks, over the 256 KB storage cap
+    with httpx.Client(timeout=60) as client:
+        headers = {"Idempotency-Key": '"stream"', "Authorization": ALICE, "Content-Type": "application/json"}
+        received = 0
+        with client.stream(
+            "POST", server.url + "/orders", json={"stream": 64, "chunk": 65536}, headers=headers
+        ) as r:
+            assert r.status_code == 200
+            for chunk in r.iter_bytes():
+                received += len(chunk)
+        assert received == 64 * 65536
+        again = client.post(server.url + "/orders", json={"stream": 64, "chunk": 65536}, headers=headers)
+    assert again.status_code == 200
+    assert again.headers["Idempotent-Body-Omitted"] == str(64 * 65536)
+    assert again.content == b""
+    assert server.runs == 1
+
+
+def test_a_file_response_is_replayed(server: Server) -> None:
+    first = server.post({"file": True})
+    assert first.status_code == 200
+    assert first.content == b"receipt " * 512
+    again = server.post({"file": True})
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    assert server.runs == 1
+
+
+def test_concurrent_duplicates_run_once_and_get_409_or_the_response(server: Server) -> None:
+    barrier = threading.Barrier(8)
+    answers: list[httpx.Response] = []
+
+    def send() -> None:
+        barrier.wait()
+        answers.append(server.post({"sleep": 0.5, "sku": "A"}, key='"race"'))
+
+    threads = [threading.Thread(target=send) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert server.runs == 1
+    statuses = sorted(answer.status_code for answer in answers)
+    assert statuses.count(201) >= 1
+    assert set(statuses) <= {201, 409}
+    originals = [a for a in answers if a.status_code == 201 and "idempotent-replayed" not in a.headers]
+    assert len(originals) == 1
+
+
+@pytest.mark.parametrize("app", ["starlette_app", "fastapi_app"])
+def test_concurrent_duplicates_that_wait_all_get_the_same_result(
+    app: str, redis_server: RedisServer, real_redis: redis.Redis
+) -> None:
+    process, url = start_uvicorn(app, redis_server.url, TEST_WAIT_SECONDS="20")
+    try:
+        server = Server(url, real_redis)
+        barrier = threading.Barrier(10)
+        answers: list[httpx.Response] = []
+
+        def send() -> None:
+            barrier.wait()
+            answers.append(server.post({"sleep": 1, "sku": "A"}, key='"wait"'))
+
+        threads = [threading.Thread(target=send) for _ in range(10)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert server.runs == 1
+        assert [a.status_code for a in answers] == [201] * 10
+        assert len({a.content for a in answers}) == 1
+        assert sum("idempotent-replayed" not in a.headers for a in answers) == 1
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+def test_redis_down_fails_closed_with_503(redis_server: RedisServer, real_redis: redis.Redis) -> None:
+    # the counter lives on the real server; the middleware's store is a port nothing listens on
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    process, url = start_uvicorn("fastapi_app", redis_server.url, TEST_STORE_URL=dead)
+    try:
+        response = Server(url, real_redis).post({"item": "a"})
+        assert response.status_code == 503
+        assert response.json()["code"] == "store_unavailable"
+        assert int(real_redis.get("orders:runs") or 0) == 0
+    finally:
+        process.terminate()
+        process.wait(timeout=20)

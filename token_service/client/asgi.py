@@ -1,0 +1,257 @@
+"""``Idempotency-Key`` middleware for any ASGI app: Starlette, FastAPI, Django's ASGI handler.
+
+::
+
+    import redis.asyncio
+    from token_service.client.asgi import IdempotencyMiddleware
+
+    app = IdempotencyMiddleware(app, redis.asyncio.Redis.from_url(url))
+    # Starlette / FastAPI: app.add_middleware(IdempotencyMiddleware, store=redis.asyncio.Redis...)
+
+Exactly the semantics of the WSGI middleware (:mod:`token_service.client.idempotency`),
+from the same decisions (:mod:`token_service.client._idempotency_core`) and
+the same Lua scripts, on ``redis.asyncio``: per-client keys, the request's
+fingerprint (a JSON body by its meaning), 400 / 409 / 422, the stored
+response replayed with ``Idempotent-Replayed: true``, answers that are not
+stored (5xx, 408, 409, 425, 429, exceptions) freeing the key, store errors
+503, claims fenced by owner so an expired one never overwrites a later one.
+The response body streams through to the client and is kept up to
+``max_stored_bytes`` (a larger one is stored as omitted).
+
+Pure ASGI: importing this module needs neither Starlette nor FastAPI nor Django.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from token_service.client._fingerprint import FingerprintSpec, RequestFacts
+from token_service.client._idempotency_core import (
+    REPLAYED_HEADER,
+    Answer,
+    Attempt,
+    IdempotencyCore,
+    Recorder,
+)
+from token_service.client._idempotency_store import AsyncIdempotencyStore
+from token_service.client._response import StorePolicy, default_store_status
+
+__all__ = ["REPLAYED_HEADER", "IdempotencyMiddleware", "default_identity", "default_store_status"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    """Lower-case names; a repeated header's values joined with ", " (as HTTP allows)."""
+    headers: dict[str, str] = {}
+    for raw_name, raw_value in scope.get("headers", ()):
+        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return headers
+
+
+def default_identity(scope: Scope) -> str:
+    """Who the client is: its ``Authorization`` header (hashed into the record key, never stored)."""
+    return _headers(scope).get("authorization", "")
+
+
+async def send_answer(send: Send, answer: Answer) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": answer.status,
+            "headers": [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in answer.headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": answer.body, "more_body": False})
+
+
+class IdempotencyMiddleware:
+    """Wrap an ASGI app so that each ``Idempotency-Key`` runs at most one request (see module docs).
+
+    ``store`` is a ``redis.asyncio`` client (or cluster client) or an
+    :class:`AsyncIdempotencyStore`. ``identity`` and ``applies`` get the ASGI scope.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        store: AsyncIdempotencyStore | Any,
+        *,
+        header: str = "Idempotency-Key",
+        methods: Iterable[str] = ("POST", "PATCH"),
+        required: bool = True,
+        applies: Callable[[Scope], bool] | None = None,
+        identity: Callable[[Scope], str | None] = default_identity,
+        ttl_seconds: int = 86400,
+        lock_seconds: int = 60,
+        max_body_bytes: int = 1024 * 1024,
+        max_stored_bytes: int = 256 * 1024,
+        store_status: StorePolicy = default_store_status,
+        fingerprint: FingerprintSpec = None,
+        wait_seconds: float = 0.0,
+        key_prefix: str = "ts:",
+    ) -> None:
+        self.core = IdempotencyCore(
+            header=header,
+            methods=methods,
+            required=required,
+            ttl_seconds=ttl_seconds,
+            lock_seconds=lock_seconds,
+            max_body_bytes=max_body_bytes,
+            max_stored_bytes=max_stored_bytes,
+            store_status=store_status,
+            fingerprint=fingerprint,
+            wait_seconds=wait_seconds,
+        )
+        self.app = app
+        self.store = (
+            store
+            if isinstance(store, AsyncIdempotencyStore)
+            else AsyncIdempotencyStore(store, key_prefix=key_prefix)
+        )
+        self.header_name = header.lower()
+        self.applies = applies
+        self.identity = identity
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or (self.applies is not None and not self.applies(scope)):
+            await self.app(scope, receive, send)
+            return
+        core = self.core
+        headers = _headers(scope)
+        screened = core.screen(scope["method"], headers.get(self.header_name))
+        if screened is None:
+            await self.app(scope, receive, send)
+            return
+        if isinstance(screened, Answer):
+            await send_answer(send, screened)
+            return
+        body = await self._read_body(receive, headers)
+        if body is None:
+            await send_answer(send, core.too_large())
+            return
+        facts = RequestFacts(
+            method=scope["method"].upper(),
+            path=scope.get("path", ""),
+            query=scope.get("query_string", b"").decode("latin-1"),
+            body=body,
+            content_type=headers.get("content-type"),
+            headers=headers,
+        )
+        attempt = core.attempt(self.store, self.identity(scope), screened, facts)
+        if isinstance(attempt, Answer):
+            await send_answer(send, attempt)
+            return
+        answer = await core.aclaim(self.store, attempt)
+        if answer is not None:
+            await send_answer(send, answer)
+            return
+        await _Relay(self, attempt).run(scope, _replay_body(body, receive), send)
+
+    async def _read_body(self, receive: Receive, headers: dict[str, str]) -> bytes | None:
+        """The whole body, or None when over ``max_body_bytes`` (nothing more is read then)."""
+        limit = self.core.max_body_bytes
+        declared = headers.get("content-length", "").strip()
+        if declared.isdigit() and int(declared) > limit:
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return b"".join(chunks)
+
+
+def _replay_body(body: bytes, receive: Receive) -> Receive:
+    """The app's ``receive``: the body read already, then the client's own messages (disconnect)."""
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+class _Relay:
+    """The app's response on its way out: passed through message by message, recorded, settled.
+
+    The key is held (``core.ahold``: its claim renewed) while the app runs; the
+    outcome is settled just before the last body message goes out (a client
+    holding the whole response may send its duplicate at once), or when the
+    app ends without finishing its response, or fails.
+    """
+
+    def __init__(self, middleware: IdempotencyMiddleware, attempt: Attempt) -> None:
+        self.core = middleware.core
+        self.store = middleware.store
+        self.app = middleware.app
+        self.attempt = attempt
+        self.recorder: Recorder | None = None
+        self.hold: AbstractAsyncContextManager[Any] | None = None
+        self.settled = False
+
+    async def run(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def relay(message: Message) -> None:
+            kind = message["type"]
+            recorder = self.recorder
+            if kind == "http.response.start":
+                headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in message.get("headers", ())]
+                self.recorder = self.core.recorder(int(message["status"]), headers)
+            elif kind == "http.response.body" and recorder is not None:
+                done = recorder.feed(message.get("body", b""))
+                if not message.get("more_body", False):
+                    recorder.complete = True
+                    done = True
+                if done:
+                    await self._settle(failed=False)
+            elif kind == "http.response.pathsend" and recorder is not None:
+                # a file sent by the server itself: its status and headers are what can be kept
+                recorder.size = recorder.length or 0
+                await self._settle(failed=False)
+            try:
+                await send(message)
+            except BaseException:
+                # the client is gone: the app did its work, record what went out
+                await self._settle(failed=False)
+                raise
+
+        self.hold = self.core.ahold(self.store, self.attempt)
+        await self.hold.__aenter__()
+        try:
+            await self.app(scope, receive, relay)
+        except BaseException:
+            await self._settle(failed=True)
+            raise
+        await self._settle(failed=False)
+
+    async def _settle(self, *, failed: bool) -> None:
+        if self.settled:
+            return
+        self.settled = True
+        if failed and self.recorder is not None:
+            self.recorder.failed = True
+        try:
+            # renewal stops first: no renewal may race the store or release
+            if self.hold is not None:
+                await self.hold.__aexit__(None, None, None)
+        finally:
+            await self.core.asettle(self.store, self.attempt, self.recorder)
