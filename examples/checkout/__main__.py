@@ -1,4 +1,4 @@
-"""``python -m examples.checkout``: the token service and the shop, ready for a browser."""
+"""``python -m examples.checkout``: the shop, and a token service unless --token-service names one."""
 
 from __future__ import annotations
 
@@ -7,14 +7,52 @@ import logging
 import signal
 import threading
 
+import httpx
+
 from examples.checkout.demo import Demo
+
+
+def check_token_service(token_url: str, shop_url: str) -> str | None:
+    """Why the page would get no tokens from ``token_url``, or None when it would (a CORS preflight)."""
+    try:
+        answer = httpx.options(
+            token_url + "/token/generate",
+            headers={
+                "Origin": shop_url,
+                "Access-Control-Request-Method": "POST",
+                "Access-Control-Request-Headers": "content-type",
+            },
+            timeout=5,
+        )
+    except httpx.HTTPError as exc:
+        return f"no answer from {token_url} ({type(exc).__name__}): is it running?"
+    if answer.headers.get("Access-Control-Allow-Origin") != shop_url:
+        return (
+            f"{token_url} does not allow the origin {shop_url}: add it to its TOKEN_SERVICE_CORS_ORIGINS "
+            "(and start the shop with that --shop-port)"
+        )
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m examples.checkout", description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1", help="address for both servers (default: 127.0.0.1)")
-    parser.add_argument("--token-port", type=int, default=8000, help="token service port (default: 8000)")
-    parser.add_argument("--shop-port", type=int, default=8001, help="shop port (default: 8001)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--shop-port", type=int, default=0, help="shop port (default: a free port)")
+    parser.add_argument(
+        "--token-service",
+        metavar="URL",
+        help="an already-running token service; the shop's key for it comes from CHECKOUT_API_KEY "
+        "(default: start one here, embedded store)",
+    )
+    parser.add_argument(
+        "--token-port",
+        type=int,
+        default=0,
+        help="port of the token service started here (default: a free port)",
+    )
+    parser.add_argument(
+        "--database", metavar="URL", help="the shop's SQLAlchemy database URL (default: SQLite in a temp dir)"
+    )
     parser.add_argument(
         "--charge-delay",
         type=float,
@@ -23,10 +61,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    demo = Demo(args.host, args.token_port, args.shop_port, charge_delay_seconds=args.charge_delay).start()
-    print(f"token service: {demo.token_url}  (the JS helper: {demo.token_url}/static/token-client.js)")
-    print(f"shop:          {demo.shop_url}  ← open this; charges at {demo.shop_url}/api/charges")
-    print("Ctrl-C stops both.")
+    demo = Demo(
+        args.host,
+        args.shop_port,
+        token_service_url=args.token_service,
+        token_port=args.token_port,
+        database_url=args.database,
+        charge_delay_seconds=args.charge_delay,
+    ).start()
+    where = "started here" if args.token_service is None else "yours"
+    print(f"token service: {demo.token_url}  ({where})", flush=True)
+    print(f"shop:          {demo.shop_url}  ← open this", flush=True)
+    print(f"database:      {demo.database_url}", flush=True)
+    if args.token_service is not None:
+        problem = check_token_service(demo.token_url, demo.shop_url)
+        if problem:
+            print(f"warning: {problem}", flush=True)
+    print("Ctrl-C stops it.", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

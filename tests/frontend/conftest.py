@@ -16,8 +16,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+import sqlalchemy as sa
 
-from examples.checkout.demo import Demo
+from examples.checkout.demo import DEMO_API_KEY, Demo, Server, token_service_settings
+from examples.checkout.shop import charges
+from tests.support.processes import wait_until
+from tests.support.tcp_proxy import FaultProxy, Mode
+from token_service import create_app
 
 CHROMIUM = Path(os.environ.get("TOKEN_SERVICE_CHROMIUM", "/usr/bin/chromium"))
 # What works for headless Chromium on these machines (as root, no network but loopback).
@@ -93,7 +98,11 @@ class Recorder:
 
 @dataclass
 class RunningDemo:
+    """The shop, and the token service behind a fault proxy (page and shop both go through it)."""
+
     demo: Demo
+    token_service: Server
+    proxy: FaultProxy
     token_requests: Recorder
     shop_requests: Recorder
 
@@ -105,23 +114,65 @@ class RunningDemo:
     def token_url(self) -> str:
         return self.demo.token_url
 
-    def charges(self) -> list[dict[str, Any]]:
-        return self.demo.ledger.all()
+    def charges(self, order_id: str | None = None) -> list[dict[str, Any]]:
+        """The charges in the shop's database (of one order, or all)."""
+        query = sa.select(charges)
+        if order_id is not None:
+            query = query.where(charges.c.order_id == order_id)
+        assert self.demo.engine is not None
+        with self.demo.engine.connect() as conn:
+            return [dict(row._mapping) for row in conn.execute(query.order_by(charges.c.id))]
+
+    def token_service_down(self) -> None:
+        """Connections refused, open ones reset: the token service is gone for page and shop alike."""
+        self.proxy.set_mode(Mode.REFUSE)
+        self.proxy.reset_all()
+        wait_until(lambda: self.proxy.open_connections == 0, what="the proxy to drop its connections")
+
+    def token_service_up(self) -> None:
+        self.proxy.set_mode(Mode.PASS)
+
+
+def start_demo(**options: Any) -> RunningDemo:
+    """A token service on a free port, a fault proxy in front of it, and the shop pointed at the proxy."""
+    token_settings = {"rate_limit": "off", **options.pop("token_settings", {})}
+    token_service = Server("127.0.0.1", 0)
+    proxy = FaultProxy(("127.0.0.1", token_service.wsgi.server_port)).start()
+    demo = Demo(
+        shop_port=0,
+        token_service_url=f"http://127.0.0.1:{proxy.port}",
+        charge_delay_seconds=options.pop("charge_delay_seconds", 0.3),
+        environ={"CHECKOUT_API_KEY": DEMO_API_KEY},
+        **options,
+    )
+    token_requests = Recorder(create_app(token_service_settings({}, demo.shop_url, token_settings)))
+    token_service.app = token_requests
+    token_service.start()
+    demo.start()
+    shop_requests = Recorder(demo.shop.app)
+    demo.shop.app = shop_requests
+    return RunningDemo(demo, token_service, proxy, token_requests, shop_requests)
+
+
+def stop_demo(running: RunningDemo) -> None:
+    running.demo.stop()
+    running.proxy.stop()
+    running.token_service.stop()
 
 
 @pytest.fixture
-def demo() -> Iterator[RunningDemo]:
-    # Ports 0: free ports. The charge takes a little while, so double clicks overlap it.
-    running = Demo(
-        token_port=0,
-        shop_port=0,
-        charge_delay_seconds=0.3,
-        token_settings={"rate_limit": "off"},
-        environ={},
-    ).start()
-    token_requests = Recorder(running.token_server.app)
-    shop_requests = Recorder(running.shop_server.app)
-    running.token_server.app = token_requests
-    running.shop_server.app = shop_requests
-    yield RunningDemo(running, token_requests, shop_requests)
-    running.stop()
+def demo_factory() -> Iterator[Callable[..., RunningDemo]]:
+    started: list[RunningDemo] = []
+
+    def start(**options: Any) -> RunningDemo:
+        started.append(start_demo(**options))
+        return started[-1]
+
+    yield start
+    for running in started:
+        stop_demo(running)
+
+
+@pytest.fixture
+def demo(demo_factory: Callable[..., RunningDemo]) -> RunningDemo:
+    return demo_factory()

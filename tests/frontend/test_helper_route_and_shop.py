@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.frontend.conftest import RunningDemo
-from tests.support.processes import REPO_ROOT
+from tests.support.processes import REPO_ROOT, free_port, wait_until
 
 HELPER = "/static/token-client.js"
 
@@ -60,108 +65,198 @@ def test_the_helper_may_be_loaded_only_by_allowed_origins(redis_client: Any) -> 
     assert "Access-Control-Allow-Origin" not in other.headers
 
 
-def _token(demo: RunningDemo) -> str:
-    response = httpx.post(demo.token_url + "/token/generate", json={"scope": "payment.create"})
+def _shopper(demo: RunningDemo) -> tuple[httpx.Client, str, str]:
+    """A shopper's session on the shop: (client with its cookie, order id, shopper id)."""
+    shop = httpx.Client(base_url=demo.shop_url, follow_redirects=True, timeout=30)
+    order_id = shop.get("/").url.path.rsplit("/", 1)[1]
+    order = shop.get(f"/api/orders/{order_id}").json()
+    return shop, order_id, order["shopper"]
+
+
+def _token(demo: RunningDemo, subject: str | None, fingerprint: str | None) -> str:
+    response = httpx.post(
+        demo.token_url + "/token/generate",
+        json={"scope": "payment.create", "subject": subject, "fingerprint": fingerprint},
+    )
     assert response.status_code == 201
     return str(response.json()["token"])
 
 
-CHARGE = {"amount_cents": 1250, "currency": "EUR", "item": "coffee"}
+def _charge(shop: httpx.Client, order_id: str, token: str | None) -> httpx.Response:
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Idempotency-Token"] = token
+    return shop.post(f"/api/orders/{order_id}/charge", content="{}", headers=headers)
 
 
-def test_the_shop_charges_once_per_token_and_replays_the_rest(demo: RunningDemo) -> None:
-    token = _token(demo)
-    charges = demo.shop_url + "/api/charges"
-    first = httpx.post(charges, json=CHARGE, headers={"Idempotency-Token": token})
+def test_any_number_of_tokens_for_one_order_charge_it_once(demo: RunningDemo) -> None:
+    shop, order_id, shopper = _shopper(demo)
+    first = _charge(shop, order_id, _token(demo, shopper, order_id))
     assert first.status_code == 201
     assert "Idempotent-Replayed" not in first.headers
-    again = httpx.post(charges, json=CHARGE, headers={"Idempotency-Token": token})
-    assert again.status_code == 201
-    assert again.headers["Idempotent-Replayed"] == "true"
-    assert again.json() == first.json()
-    other = httpx.post(charges, json=CHARGE, headers={"Idempotency-Token": _token(demo)})
-    assert other.status_code == 201
-    assert "Idempotent-Replayed" not in other.headers
-    listed = httpx.get(charges).json()["charges"]
-    assert [charge["id"] for charge in listed] == [first.json()["charge"]["id"], other.json()["charge"]["id"]]
+    for _ in range(3):  # a reload, a second tab, a new token: each its own token, the same order
+        again = _charge(shop, order_id, _token(demo, shopper, order_id))
+        assert again.status_code == 201
+        assert again.headers["Idempotent-Replayed"] == "true"
+        assert again.json() == first.json()
+    assert len(demo.charges(order_id)) == 1
+    assert shop.get(f"/api/orders/{order_id}").json()["status"] == "paid"
+    # A new order is an explicit POST; it is charged on its own.
+    created = shop.post("/api/orders")
+    assert created.status_code == 201
+    other = created.json()["id"]
+    assert _charge(shop, other, _token(demo, shopper, other)).status_code == 201
+    assert len(demo.charges()) == 2
+
+
+def test_the_token_is_bound_to_the_order_and_the_shopper(demo: RunningDemo) -> None:
+    shop, order_id, shopper = _shopper(demo)
+    other_order = shop.post("/api/orders").json()["id"]
+    wrong_order = _charge(shop, order_id, _token(demo, shopper, other_order))
+    assert wrong_order.status_code == 403
+    assert wrong_order.json()["code"] == "token_mismatch"
+    intruder, _, _ = _shopper(demo)  # another session, with a token minted for the shopper's order
+    stolen = _charge(intruder, order_id, _token(demo, shopper, order_id))
+    assert stolen.status_code == 403
+    assert stolen.json()["code"] == "token_mismatch"
+    assert intruder.get(f"/api/orders/{order_id}").status_code == 404
+    assert demo.charges() == []
 
 
 @pytest.mark.parametrize(
-    ("headers", "status", "code"),
-    [
-        ({}, 400, "invalid_request"),
-        ({"Idempotency-Token": "not-a-token-we-issued-0123456789"}, 404, "token_invalid"),
-    ],
+    ("token", "status", "code"),
+    [(None, 400, "invalid_request"), ("not-a-token-we-issued-0123456789", 404, "token_invalid")],
 )
 def test_the_shop_refuses_a_charge_without_a_valid_token(
-    demo: RunningDemo, headers: dict[str, str], status: int, code: str
+    demo: RunningDemo, token: str | None, status: int, code: str
 ) -> None:
-    response = httpx.post(demo.shop_url + "/api/charges", json=CHARGE, headers=headers)
+    shop, order_id, _ = _shopper(demo)
+    response = _charge(shop, order_id, token)
     assert response.status_code == status
     assert response.json()["code"] == code
     assert demo.charges() == []
 
 
-def test_a_rejected_charge_request_does_not_burn_the_token(demo: RunningDemo) -> None:
-    token = _token(demo)
-    charges = demo.shop_url + "/api/charges"
-    bad = httpx.post(charges, json={**CHARGE, "currency": "XXX"}, headers={"Idempotency-Token": token})
-    assert bad.status_code == 400
-    assert bad.json()["errors"] == {"currency": ["One of EUR, USD, GBP."]}
-    good = httpx.post(charges, json=CHARGE, headers={"Idempotency-Token": token})
-    assert good.status_code == 201
-    assert len(demo.charges()) == 1
+def test_the_page_bundles_the_helper_and_knows_the_token_service(demo: RunningDemo) -> None:
+    shop, order_id, shopper = _shopper(demo)
+    page = shop.get(f"/orders/{order_id}")
+    assert page.headers["Cache-Control"] == "no-store"
+    assert 'from "/static/vendor/token-client.js"' in page.text
+    assert f'"tokenService": "{demo.token_url}"' in page.text
+    assert shopper in page.text
+    bundled = shop.get("/static/vendor/token-client.js")
+    assert bundled.headers["Content-Type"].startswith("text/javascript")
+    assert bundled.content == (REPO_ROOT / "frontend" / "token-client.js").read_bytes()
 
 
-def test_the_page_imports_the_helper_from_the_token_service(demo: RunningDemo) -> None:
-    page = httpx.get(demo.shop_url + "/").text
-    assert f'from "{demo.token_url}/static/token-client.js"' in page
-    assert 'id="pay"' in page
-
-
-def test_one_command_starts_the_whole_demo(tmp_path: Any) -> None:
-    import signal
-    import subprocess
-    import sys
-
-    from tests.support.processes import REPO_ROOT, free_port, wait_until
-
-    token_port, shop_port = free_port(), free_port()
-    log = tmp_path / "demo.log"
-    env = {key: value for key, value in os.environ.items() if not key.startswith("TOKEN_SERVICE_")}
+def _run_demo(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "examples.checkout",
-                "--token-port",
-                str(token_port),
-                "--shop-port",
-                str(shop_port),
-            ],
+        return subprocess.Popen(
+            [sys.executable, "-m", "examples.checkout", *args],
             cwd=REPO_ROOT,
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+
+
+def _stop(process: subprocess.Popen[bytes], log: Path) -> str:
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0, log.read_text()
+    return log.read_text()
+
+
+def _url_in(log: Path, name: str) -> str:
+    wait_until(lambda: f"{name}:" in log.read_text() and "Ctrl-C" in log.read_text(), what=f"the {name} line")
+    match = re.search(rf"^{name}:\s+(http://\S+)", log.read_text(), re.MULTILINE)
+    assert match, log.read_text()
+    return match.group(1)
+
+
+def _clean_env() -> dict[str, str]:
+    return {
+        key: value for key, value in os.environ.items() if not key.startswith(("TOKEN_SERVICE_", "CHECKOUT_"))
+    }
+
+
+def test_one_command_starts_the_whole_demo_on_free_ports(tmp_path: Path) -> None:
+    log = tmp_path / "demo.log"
+    process = _run_demo([], log, _clean_env())
     try:
-        shop = f"http://127.0.0.1:{shop_port}"
-        wait_until(lambda: httpx.get(shop + "/healthz").status_code == 200, what="the demo shop")
+        shop_url, token_url = _url_in(log, "shop"), _url_in(log, "token service")
+        assert not shop_url.endswith(":8000")
+        assert not token_url.endswith(":8000")
+        shop = httpx.Client(base_url=shop_url, follow_redirects=True)
+        order_id = shop.get("/").url.path.rsplit("/", 1)[1]
+        shopper = shop.get(f"/api/orders/{order_id}").json()["shopper"]
         token = httpx.post(
-            f"http://127.0.0.1:{token_port}/token/generate",
-            json={"scope": "payment.create"},
-            headers={"Origin": shop},
+            token_url + "/token/generate",
+            json={"scope": "payment.create", "subject": shopper, "fingerprint": order_id},
+            headers={"Origin": shop_url},
         )
-        assert token.status_code == 201
-        charged = httpx.post(
-            shop + "/api/charges", json=CHARGE, headers={"Idempotency-Token": token.json()["token"]}
-        )
-        assert charged.status_code == 201
-        assert f"http://127.0.0.1:{token_port}/static/token-client.js" in httpx.get(shop + "/").text
+        assert token.headers["Access-Control-Allow-Origin"] == shop_url
+        assert _charge(shop, order_id, token.json()["token"]).status_code == 201
     finally:
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=10) == 0, log.read_text()
-    output = log.read_text()
-    assert f"shop:          {shop}" in output
+        output = _stop(process, log)
     assert "EMBEDDED IN-MEMORY STORE" in output
+    assert "database:      sqlite:///" in output
+
+
+def test_the_demo_uses_an_already_running_token_service(tmp_path: Path) -> None:
+    shop_port = free_port()
+    shop_origin = f"http://127.0.0.1:{shop_port}"
+    service_log = tmp_path / "service.log"
+    env = {
+        **_clean_env(),
+        "TOKEN_SERVICE_API_KEYS": "running-service-key-0123456789",
+        "TOKEN_SERVICE_CORS_ORIGINS": shop_origin,
+    }
+    token_port = free_port()
+    with service_log.open("wb") as out:
+        service = subprocess.Popen(
+            [str(Path(sys.executable).with_name("token-service")), "serve", "--port", str(token_port)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    token_url = f"http://127.0.0.1:{token_port}"
+    try:
+        wait_until(lambda: _up(token_url + "/healthz"), what="the token service")
+        log = tmp_path / "demo.log"
+        shop_env = {**_clean_env(), "CHECKOUT_API_KEY": "running-service-key-0123456789"}
+        process = _run_demo(["--token-service", token_url, "--shop-port", str(shop_port)], log, shop_env)
+        try:
+            assert _url_in(log, "shop") == shop_origin
+            shop = httpx.Client(base_url=shop_origin, follow_redirects=True)
+            order_id = shop.get("/").url.path.rsplit("/", 1)[1]
+            shopper = shop.get(f"/api/orders/{order_id}").json()["shopper"]
+            token = httpx.post(
+                token_url + "/token/generate",
+                json={"scope": "payment.create", "subject": shopper, "fingerprint": order_id},
+            )
+            assert _charge(shop, order_id, token.json()["token"]).status_code == 201
+        finally:
+            output = _stop(process, log)
+        assert f"token service: {token_url}  (yours)" in output
+        assert "warning" not in output
+        assert "EMBEDDED" not in output  # no token service of its own
+
+        # A shop whose origin the service does not list is told so at start.
+        other_log = tmp_path / "other.log"
+        other = _run_demo(["--token-service", token_url], other_log, shop_env)
+        try:
+            wait_until(lambda: "warning:" in other_log.read_text(), what="the CORS warning")
+        finally:
+            output = _stop(other, other_log)
+        assert "does not allow the origin" in output
+        assert "TOKEN_SERVICE_CORS_ORIGINS" in output
+    finally:
+        service.send_signal(signal.SIGTERM)
+        service.wait(timeout=20)
+
+
+def _up(url: str) -> bool:
+    try:
+        return httpx.get(url).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -1,122 +1,238 @@
-// The checkout page: one order = one action = one token. Every click on "Pay"
-// of that order sends the same token, so the shop charges once.
+// The checkout page. One order = one action = one token, bound to the order
+// (fingerprint) and the shopper (subject); the shop charges an order at most
+// once whatever the page does (reload, Back, a second tab, a new token).
+// Everything the shopper reads is in #status and #results; #log is for the curious.
 
-const ITEM = { amount_cents: 1250, currency: "EUR", item: "coffee-beans-250g" };
-
-export function startCheckout(TokenClient, { scope }) {
-  const { isReplayed, DuplicateRequestError, RateLimitedError } = TokenClient;
+export function startCheckout(TokenClient, config) {
+  const { isReplayed, RateLimitedError, DuplicateRequestError } = TokenClient;
+  const order = config.order;
   const $ = (id) => document.getElementById(id);
   const pay = $("pay");
+  const retry = $("retry");
   const newOrder = $("new-order");
   const status = $("status");
   const results = $("results");
   const log = $("log");
+  const price = `€${(order.amount_cents / 100).toFixed(2)}`;
+  const chargeUrl = `/api/orders/${encodeURIComponent(order.id)}/charge`;
+  const orderUrl = `/api/orders/${encodeURIComponent(order.id)}`;
 
   const note = (text) => {
     const li = document.createElement("li");
     li.textContent = `${new Date().toISOString().slice(11, 23)} ${text}`;
     log.append(li);
   };
-  const setStatus = (state, text) => {
-    status.dataset.state = state;
-    status.textContent = text;
-  };
 
   // Every request the helper makes shows up in the network log (never the token itself).
   const loggedFetch = async (input, init) => {
     const request = new Request(input, init);
-    const path = new URL(request.url).pathname;
+    const url = new URL(request.url);
+    const where = url.origin === location.origin ? "shop" : "token service";
     try {
       const response = await fetch(request);
-      note(`${request.method} ${path} → ${response.status}${isReplayed(response) ? " (replayed)" : ""}`);
+      note(`${where}: ${request.method} ${url.pathname} → ${response.status}${isReplayed(response) ? " (replayed)" : ""}`);
       return response;
     } catch (error) {
-      note(`${request.method} ${path} → network error`);
+      note(`${where}: ${request.method} ${url.pathname} → no answer`);
       throw error;
     }
   };
-  const client = new TokenClient({
-    fetch: loggedFetch,
-    onRetry: ({ attempt, reason, delayMs }) =>
-      note(`retry ${attempt} after ${reason} in ${Math.round(delayMs)} ms, with the same token`),
+  const retryNote = ({ reason, delayMs, stage }) => {
+    const ms = `${Math.round(delayMs)} ms`;
+    if (stage === "token") {
+      const why = reason === "network" ? "no answer" : "unavailable";
+      note(`token service: ${why}; asking for a payment token again in ${ms}`);
+    } else if (reason === "in_progress") {
+      note(`shop: this payment is still being processed; asking for its result in ${ms}`);
+    } else {
+      const why = reason === "network" ? "no answer" : "unavailable";
+      note(`shop: ${why}; sending the payment again with the same token in ${ms}`);
+    }
+  };
+  const client = new TokenClient({ baseUrl: config.tokenService, fetch: loggedFetch, onRetry: retryNote });
+  const action = client.action(config.scope, {
+    subject: order.shopper,
+    fingerprint: order.id,
+    ttlSeconds: config.tokenTtlSeconds ?? undefined,
   });
 
-  let orderNumber = 1;
-  let action = client.action(scope);
-  let clicks = 0;
-  let paidCharge = null;
+  let paid = order.status === "paid";
+  let busy = false;
+  let waitTimer = null;
 
-  const show = (outcome, text) => {
+  const setStatus = (state, text, { canPay = false, retryLabel = null } = {}) => {
+    status.dataset.state = state;
+    status.textContent = text;
+    pay.disabled = !canPay;
+    retry.hidden = retryLabel === null;
+    if (retryLabel !== null) retry.textContent = retryLabel;
+  };
+  // A line per payment attempt, added when the attempt starts, so lines stay in order.
+  const addLine = () => {
     const li = document.createElement("li");
-    li.dataset.outcome = outcome;
-    li.textContent = text;
+    li.dataset.outcome = "pending";
+    li.textContent = "Paying…";
     results.append(li);
+    return (outcome, text) => {
+      li.dataset.outcome = outcome;
+      li.textContent = text;
+    };
   };
 
+  const showPaid = (charge) => {
+    paid = true;
+    clearInterval(waitTimer);
+    setStatus("paid", `Paid — thank you! Charge ${charge.id}, ${price}. This order cannot be charged again.`);
+    pay.textContent = "Paid";
+  };
+  const showUnavailable = () =>
+    setStatus(
+      "unavailable",
+      "We can't reach the payment service right now. Your order is saved and you have not been charged. " +
+        "Please try again in a moment.",
+      { canPay: true, retryLabel: "Try again" },
+    );
+  const showRateLimited = (seconds) => {
+    let left = Math.max(1, Math.ceil(seconds ?? 30));
+    const show = () =>
+      setStatus(
+        "rate-limited",
+        `Too many payment attempts from your connection. You have not been charged. ` +
+          `Please wait ${left} s, then try again.`,
+      );
+    clearInterval(waitTimer);
+    show();
+    waitTimer = setInterval(() => {
+      left -= 1;
+      if (left > 0) return show();
+      clearInterval(waitTimer);
+      prepare();
+    }, 1000);
+  };
+
+  // The shop's word on the order: after an answer that did not say, ask it.
+  const orderStatus = async () => {
+    try {
+      const response = await loggedFetch(orderUrl, { cache: "no-store" });
+      return response.ok ? await response.json() : null;
+    } catch {
+      return null;
+    }
+  };
+
+  // Get the order's token ahead of the click: the click is quicker, and a token
+  // service that is down is said now, not after the shopper pressed Pay.
+  async function prepare() {
+    if (paid) return;
+    setStatus("preparing", "Getting ready to take your payment…");
+    try {
+      await action.token();
+      if (!paid && !busy) setStatus("ready", "Ready to pay.", { canPay: true });
+    } catch (error) {
+      if (paid || busy) return;
+      if (error instanceof RateLimitedError) showRateLimited(error.retryAfterSeconds);
+      else showUnavailable();
+    }
+  }
+
+  async function settle(finish, unclear) {
+    // No clear answer (no reply, or the shop failed): the order in the shop's database decides.
+    const current = await orderStatus();
+    if (current?.status === "paid") {
+      finish("charged", `Paid — charge ${current.charge.id}.`);
+      showPaid(current.charge);
+    } else if (current?.status === "unpaid" && !unclear) {
+      finish("not-charged", "The payment didn't go through. You were not charged.");
+      setStatus("not-charged", "The payment didn't go through and you were not charged. Please try again.", {
+        canPay: true,
+      });
+    } else {
+      finish("unconfirmed", "We couldn't confirm this payment.");
+      setStatus(
+        "unconfirmed",
+        "We couldn't confirm your payment yet. Paying again is safe: this order can only be charged once.",
+        { canPay: true, retryLabel: "Check again" },
+      );
+    }
+  }
+
   pay.addEventListener("click", async () => {
-    const click = ++clicks;
-    const thisAction = action;
-    const thisOrder = orderNumber;
-    note(`click ${click} on Pay (order #${thisOrder})`);
-    if (!paidCharge) setStatus("paying", "Paying…");
+    if (busy || paid) return;
+    busy = true;
+    const finish = addLine();
+    setStatus("paying", "Paying… please keep this page open.");
+    const renewals = action.renewals;
     let lostReply = false;
     try {
-      const response = await thisAction.fetch(
-        "/api/charges",
-        { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(ITEM) },
-        { onRetry: ({ reason }) => (lostReply ||= reason === "network") },
+      const response = await action.fetch(
+        chargeUrl,
+        { method: "POST", headers: { "Content-Type": "application/json" }, body: "{}" },
+        { onRetry: ({ stage, reason }) => (lostReply ||= stage === "request" && reason === "network") },
       );
-      if (thisAction !== action) return; // the user moved on to a new order
-      const body = await response.json();
-      if (!response.ok) {
-        show("error", `Click ${click}: the shop refused: ${body.detail ?? response.status}`);
-        setStatus("error", "Payment failed.");
-        return;
-      }
-      const charge = body.charge;
-      paidCharge = charge;
-      if (!isReplayed(response)) {
-        show("charged", `Click ${click}: paid — charge ${charge.id}.`);
-      } else if (lostReply) {
-        show(
-          "recovered",
-          `Click ${click}: paid — charge ${charge.id}. The reply was lost on the way; ` +
-            "the retry carried the same token and got the stored result.",
-        );
+      if (action.renewals > renewals) note("page: the payment token had expired unused; got a fresh one");
+      if (response.ok) {
+        const { charge } = await response.json();
+        if (!isReplayed(response)) {
+          finish("charged", `Paid — charge ${charge.id}.`);
+        } else if (lostReply) {
+          finish("recovered", `Paid — charge ${charge.id}. The first answer got lost on the way; asking again was safe.`);
+        } else {
+          finish("already-paid", `This order was already paid (charge ${charge.id}). You were not charged again.`);
+        }
+        showPaid(charge);
       } else {
-        show(
-          "duplicate",
-          `Click ${click}: duplicate — charge ${charge.id} was already paid; ` +
-            "the stored result was replayed, nothing was charged again.",
-        );
+        // 5xx: the shop failed closed (its guard, or a charge rolled back); 4xx: refused.
+        note(`page: the shop answered ${response.status}`);
+        await settle(finish, false);
       }
-      setStatus("paid", `Paid: charge ${charge.id}, €${(charge.amount_cents / 100).toFixed(2)}.`);
     } catch (error) {
-      if (thisAction !== action) return;
-      if (error instanceof DuplicateRequestError) {
-        show("refused", `Click ${click}: refused as a duplicate (${error.code}).`);
-      } else if (error instanceof RateLimitedError) {
-        const wait = error.retryAfterSeconds ?? "a few";
-        show("rate-limited", `Click ${click}: too many requests; try again in ${wait} s.`);
+      if (error instanceof RateLimitedError) {
+        finish("rate-limited", "Too many payment attempts. You were not charged.");
+        showRateLimited(error.retryAfterSeconds);
+      } else if (error.stage === "token") {
+        // No token, so the payment was never sent.
+        finish("unavailable", "We couldn't reach the payment service. You were not charged.");
+        showUnavailable();
       } else {
-        show("error", `Click ${click}: ${error.message}`);
+        // No reply from the shop, or a duplicate still running: it may have been charged.
+        await settle(finish, !(error instanceof DuplicateRequestError && error.code === "token_failed"));
       }
-      if (!paidCharge) setStatus("error", "Payment not confirmed.");
+    } finally {
+      busy = false;
     }
   });
 
-  newOrder.addEventListener("click", () => {
-    orderNumber += 1;
-    action = client.action(scope); // a new action gets a fresh token
-    clicks = 0;
-    paidCharge = null;
-    results.replaceChildren();
-    $("order").textContent = `#${orderNumber}`;
-    note(`new order #${orderNumber}`);
-    setStatus("ready", "Ready to pay.");
+  retry.addEventListener("click", async () => {
+    if (status.dataset.state === "unconfirmed") {
+      const current = await orderStatus();
+      if (current?.status === "paid") return showPaid(current.charge);
+      if (current) return setStatus("ready", "Not paid yet. Ready to pay.", { canPay: true });
+      return;
+    }
+    prepare();
   });
 
-  pay.disabled = false;
+  newOrder.addEventListener("click", async () => {
+    // A new order is the only way to pay again: the shop opens one, the page moves to it.
+    newOrder.disabled = true;
+    try {
+      const response = await loggedFetch("/api/orders", { method: "POST" });
+      if (response.ok) return location.assign((await response.json()).url);
+    } catch {
+      // the shop is unreachable: stay here
+    }
+    newOrder.disabled = false;
+    note("page: could not open a new order");
+  });
+
+  // Back/Forward may restore this page from memory: ask the shop what became of the order.
+  window.addEventListener("pageshow", async (event) => {
+    if (!event.persisted || paid) return;
+    const current = await orderStatus();
+    if (current?.status === "paid") showPaid(current.charge);
+  });
+
   newOrder.disabled = false;
-  setStatus("ready", "Ready to pay.");
+  if (paid) showPaid(order.charge);
+  else prepare();
 }
