@@ -8,18 +8,25 @@ provides what the snippet leaves to its reader: the two buttons and ``show``.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from flask import Flask, Response, jsonify, request
 
 from tests.frontend.conftest import RunningDemo
 from tests.support.docs import code_blocks
-from tests.support.processes import REPO_ROOT, free_port, wait_until
+from tests.support.processes import REPO_ROOT, wait_until
+from token_service.client.flask import require_token
 
 pytestmark = pytest.mark.slow
 
@@ -38,14 +45,31 @@ PAGE = """<!doctype html>
 """
 
 
-def with_page(app: Any, path: str, html: str) -> Any:
-    """The WSGI app, answering ``path`` with ``html`` itself."""
+def snippet_backend(demo: RunningDemo, html: str, charges: list[dict[str, Any]]) -> Flask:
+    """What the snippet expects of its page's origin: the page, and ``POST /api/charges`` behind the guard.
 
+    (The demo shop charges orders, not requests; the snippet is the smallest use of the helper.)
+    """
+    assert demo.demo.client is not None
+    app = Flask(__name__)
+
+    @app.get("/readme")
+    def page() -> str:
+        return html
+
+    @app.post("/api/charges")
+    @require_token(demo.demo.client, scope="payment.create")
+    def charge() -> tuple[Response, int]:
+        time.sleep(0.3)  # a slow payment provider: the double click overlaps it
+        charges.append({"id": f"ch_{len(charges) + 1:04d}", **(request.get_json() or {})})
+        return jsonify(charge=charges[-1]), 201
+
+    return app
+
+
+def on_paths(app: Any, paths: set[str], other: Any) -> Any:
     def serve(environ: dict[str, Any], start_response: Any) -> Any:
-        if environ["PATH_INFO"] != path:
-            return app(environ, start_response)
-        start_response("200 OK", [("Content-Type", "text/html; charset=utf-8")])
-        return [html.encode()]
+        return (app if environ["PATH_INFO"] in paths else other)(environ, start_response)
 
     return serve
 
@@ -70,48 +94,82 @@ def test_the_readme_browser_snippet_charges_once_per_order(context: Any, demo: R
     ] = []  # the browser's own lines (a 409 while the first charge runs is one), for failures
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.on("console", lambda message: console.append(message.text))
-    # a page of the shop's origin, so /api/charges is the shop's and tokens come cross-origin
-    server = demo.demo.shop_server
-    server.app = with_page(server.app, "/readme", PAGE.format(snippet=snippet))
+    # a page of the shop's origin (the one the token service allows), tokens come cross-origin
+    charges: list[dict[str, Any]] = []
+    backend = snippet_backend(demo, PAGE.format(snippet=snippet), charges)
+    demo.demo.shop.app = on_paths(backend, {"/readme", "/api/charges"}, demo.demo.shop.app)
     page.goto(demo.shop_url + "/readme")
 
     page.dblclick("#payButton")
     first, second = shown(page, 2, errors + console)
     assert sorted([first.split(":")[0], second.split(":")[0]]) == ["Already paid", "Paid"], (first, second)
     assert first.split(": ")[1] == second.split(": ")[1]  # the same charge, shown twice
-    assert len(demo.charges()) == 1
+    assert len(charges) == 1
 
     page.click("#newOrderButton")
     page.click("#payButton")
     third = shown(page, 3, errors + console)[2]
     assert third.startswith("Paid: ")
     assert third != first
-    assert len(demo.charges()) == 2
+    assert len(charges) == 2
     assert errors == []
 
 
-def test_the_demo_checkout_command_starts_both_servers() -> None:
-    [block] = code_blocks("docs/frontend.md", "sh")
+def test_the_bundling_snippets_install_and_get_a_token(tmp_path: Path, demo: RunningDemo) -> None:
+    install, _ = code_blocks("docs/frontend.md", "sh")
+    command = install.code.split("#", 1)[0].strip()
+    assert command == "npm install /path/to/token-service/frontend"
+    shop = tmp_path / "shop"
+    shop.mkdir()
+    (shop / "package.json").write_text('{"name": "shop", "private": true, "type": "module"}')
+    npm = shutil.which("npm")
+    node = shutil.which("node")
+    if npm is None or node is None:
+        if os.environ.get("CI"):
+            pytest.fail("node and npm are missing — CI must run this", pytrace=False)
+        pytest.skip("node and npm are missing")
+    command = command.replace("/path/to/token-service", str(REPO_ROOT)).replace(
+        "npm install", "npm install --offline"
+    )
+    done = subprocess.run(["bash", "-c", command], cwd=shop, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    [block] = code_blocks("docs/frontend.md", "js")
+    script = (
+        'const shopperId = "shopper-1", orderId = "ord_1";\n'
+        + block.code.replace("https://tokens.example.com", demo.token_url)
+        + "\nconsole.log(JSON.stringify({ token: await order.token(), renewals: order.renewals }));\n"
+    )
+    (shop / "checkout.mjs").write_text(script)
+    run = subprocess.run([node, "checkout.mjs"], cwd=shop, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert len(json.loads(run.stdout)["token"]) >= 22
+    assert len(demo.token_requests.where("POST", "/token/generate")) == 1  # one token, fetched once
+
+
+def test_the_demo_checkout_command_starts_the_shop_and_a_token_service(tmp_path: Path) -> None:
+    _, block = code_blocks("docs/frontend.md", "sh")
     command = block.code.split("#", 1)[0].strip()
     assert command == "make install && .venv/bin/python -m examples.checkout"
-    token_port, shop_port = free_port(), free_port()
-    command = (
-        command.replace(".venv/", f"{sys.prefix}/") + f" --token-port {token_port} --shop-port {shop_port}"
-    )
-    process = subprocess.Popen(
-        ["bash", "-c", command],
-        cwd=REPO_ROOT,
-        env={**os.environ, "MAKEFLAGS": f"VENV={sys.prefix}"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    command = command.replace(".venv/", f"{sys.prefix}/")
+    log = tmp_path / "demo.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=REPO_ROOT,
+            env={**os.environ, "MAKEFLAGS": f"VENV={sys.prefix}"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
-        for port in (token_port, shop_port):
-            url = f"http://127.0.0.1:{port}/healthz"
-            wait_until(lambda url=url: httpx.get(url, timeout=1).status_code == 200, 120, 0.2, what=url)
-        page = httpx.get(f"http://127.0.0.1:{shop_port}/")
-        assert f"http://127.0.0.1:{token_port}/static/token-client.js" in page.text
+        wait_until(lambda: "Ctrl-C" in log.read_text(), 120, 0.2, what="the demo")
+        shop = re.search(r"^shop:\s+(\S+)", log.read_text(), re.MULTILINE)
+        token_service = re.search(r"^token service:\s+(\S+)", log.read_text(), re.MULTILINE)
+        assert shop, log.read_text()
+        assert token_service, log.read_text()
+        page = httpx.get(shop.group(1) + "/", follow_redirects=True)
+        assert f'"tokenService": "{token_service.group(1)}"' in page.text
+        assert httpx.get(token_service.group(1) + "/healthz").status_code == 200
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
