@@ -35,7 +35,7 @@ import redis
 import redis.cluster
 from redis import exceptions as redis_errors
 
-from token_service import records
+from token_service import defaults, records
 from token_service.client._idempotency_store import digest as idempotency_digest
 from token_service.client._response import StoredResponse
 from token_service.errors import InvalidRequest, TokenError
@@ -279,7 +279,12 @@ class Admin:
     MAX_SCAN_STEPS_PER_PAGE: ClassVar[int] = 50
 
     def __init__(
-        self, client: Any, *, key_prefix: str = "ts:", result_ttl_seconds: int = 86400, actor: str = "admin"
+        self,
+        client: Any,
+        *,
+        key_prefix: str = defaults.KEY_PREFIX,
+        result_ttl_seconds: int = defaults.RESULT_TTL_SECONDS,
+        actor: str = "admin",
     ) -> None:
         self.client = client
         self.key_prefix = key_prefix

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from token_service import defaults
+
 PREFIX = "TOKEN_SERVICE_"
 _DAY_SECONDS = 86400
 _YEAR_SECONDS = 365 * _DAY_SECONDS
@@ -241,19 +243,27 @@ class Settings:
     # The admin routes' own keys (/admin/…): never accepted on the backend routes, nor the reverse.
     admin_keys: tuple[str, ...] = field(default=(), metadata={"parse": _api_key_digests, "secret": True})
     # Upper bounds keep every expiry a date Python can print and an exact integer in Lua.
-    default_ttl_seconds: int = field(default=300, metadata={"parse": _int(1, _YEAR_SECONDS)})
-    max_ttl_seconds: int = field(default=86400, metadata={"parse": _int(1, _YEAR_SECONDS)})
-    result_ttl_seconds: int = field(default=86400, metadata={"parse": _int(1, _YEAR_SECONDS)})
-    default_lease_seconds: int = field(default=30, metadata={"parse": _int(1, _DAY_SECONDS)})
-    max_lease_seconds: int = field(default=3600, metadata={"parse": _int(1, _DAY_SECONDS)})
-    key_prefix: str = field(default="ts:", metadata={"parse": _key_prefix})
+    default_ttl_seconds: int = field(
+        default=defaults.DEFAULT_TTL_SECONDS, metadata={"parse": _int(1, _YEAR_SECONDS)}
+    )
+    max_ttl_seconds: int = field(default=defaults.MAX_TTL_SECONDS, metadata={"parse": _int(1, _YEAR_SECONDS)})
+    result_ttl_seconds: int = field(
+        default=defaults.RESULT_TTL_SECONDS, metadata={"parse": _int(1, _YEAR_SECONDS)}
+    )
+    default_lease_seconds: int = field(
+        default=defaults.DEFAULT_LEASE_SECONDS, metadata={"parse": _int(1, _DAY_SECONDS)}
+    )
+    max_lease_seconds: int = field(
+        default=defaults.MAX_LEASE_SECONDS, metadata={"parse": _int(1, _DAY_SECONDS)}
+    )
+    key_prefix: str = field(default=defaults.KEY_PREFIX, metadata={"parse": _key_prefix})
     cors_origins: tuple[str, ...] = field(default=(), metadata={"parse": _origins})
     subject_header: str | None = field(default=None, metadata={"parse": _header_name})
     rate_limit: RateLimit | None = field(default=RateLimit(60, 60), metadata={"parse": _rate_limit})
     max_outstanding_per_subject: int = field(default=100, metadata={"parse": _int(0)})
     trusted_proxy_hops: int = field(default=0, metadata={"parse": _int(0, 10)})
     max_body_bytes: int = field(default=65536, metadata={"parse": _int(256, 16 * 1024 * 1024)})
-    max_result_bytes: int = field(default=16384, metadata={"parse": _int(2)})
+    max_result_bytes: int = field(default=defaults.MAX_RESULT_BYTES, metadata={"parse": _int(2)})
     redis_timeout_seconds: float = field(default=2.0, metadata={"parse": _float(0.01)})
     cors_max_age_seconds: int = field(default=600, metadata={"parse": _int(0, 86400)})
     log_level: str = field(default="INFO", metadata={"parse": _log_level})

@@ -26,13 +26,12 @@ import redis.asyncio.cluster
 import redis.cluster
 from redis import exceptions as redis_errors
 
-from token_service import records
+from token_service import defaults, records
 from token_service.errors import ServiceUnavailable
 from token_service.limits import IssuanceLimits, admit_reply
 from token_service.tokens import new_lease_id, new_request_id, new_token, record_key
 
 SCRIPT_NAMES = ("issue", "consume", "begin", "renew", "complete", "fail", "inspect", "revoke", "admit")
-DEFAULT_RESULT_TTL_SECONDS = 86400
 
 # Errors that mean "Redis cannot answer now", as opposed to a bug in a script.
 _UNAVAILABLE: tuple[type[Exception], ...] = (
@@ -193,8 +192,8 @@ class _StoreBase:
     def __init__(
         self,
         *,
-        key_prefix: str = "ts:",
-        result_ttl_seconds: int = DEFAULT_RESULT_TTL_SECONDS,
+        key_prefix: str = defaults.KEY_PREFIX,
+        result_ttl_seconds: int = defaults.RESULT_TTL_SECONDS,
         clock_ms: Callable[[], int] | None = None,
     ) -> None:
         self.key_prefix = key_prefix
@@ -447,7 +446,7 @@ class TokenStore(_StoreBase):
         subject: str | None = None,
         fingerprint: str | None = None,
         request_id: str | None = None,
-        lease_seconds: int = 30,
+        lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS,
     ) -> records.Started | records.Finished:
         args = records.begin_args(
             scope,
@@ -486,7 +485,9 @@ class TokenStore(_StoreBase):
         )
         return records.begin_reply(self._run("begin", name, args))
 
-    def renew(self, token: str, lease_id: str, lease_seconds: int = 30) -> records.Renewed:
+    def renew(
+        self, token: str, lease_id: str, lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS
+    ) -> records.Renewed:
         """Extend the live lease to ``lease_seconds`` from now (never shorter); LeaseLost if not live."""
         args = records.renew_args(lease_id, lease_seconds, self._now())
         return records.renew_reply(self._run("renew", token, args))
@@ -595,7 +596,7 @@ class AsyncTokenStore(_StoreBase):
         subject: str | None = None,
         fingerprint: str | None = None,
         request_id: str | None = None,
-        lease_seconds: int = 30,
+        lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS,
     ) -> records.Started | records.Finished:
         args = records.begin_args(
             scope,
@@ -629,7 +630,9 @@ class AsyncTokenStore(_StoreBase):
         )
         return records.begin_reply(await self._run("begin", name, args))
 
-    async def renew(self, token: str, lease_id: str, lease_seconds: int = 30) -> records.Renewed:
+    async def renew(
+        self, token: str, lease_id: str, lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS
+    ) -> records.Renewed:
         args = records.renew_args(lease_id, lease_seconds, self._now())
         return records.renew_reply(await self._run("renew", token, args))
 

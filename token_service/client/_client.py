@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack
 import redis
 import redis.asyncio
 
+from token_service import defaults
 from token_service.errors import ServiceUnavailable, TokenInvalid
-from token_service.store import DEFAULT_RESULT_TTL_SECONDS, AsyncTokenStore, TokenStore
+from token_service.store import AsyncTokenStore, TokenStore
 from token_service.tokens import new_request_id
 
 from ._direct import AsyncDirectTransport, DirectLimits, DirectTransport, redis_from_url
@@ -139,8 +140,8 @@ class TokenClient:
         cls,
         url_or_client: str | redis.Redis,
         *,
-        key_prefix: str = "ts:",
-        result_ttl_seconds: int = DEFAULT_RESULT_TTL_SECONDS,
+        key_prefix: str = defaults.KEY_PREFIX,
+        result_ttl_seconds: int = defaults.RESULT_TTL_SECONDS,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         retry: RetryPolicy | int | None = None,
         limits: DirectLimits | None = None,
@@ -319,8 +320,8 @@ class AsyncTokenClient:
         cls,
         url_or_client: str | redis.asyncio.Redis,
         *,
-        key_prefix: str = "ts:",
-        result_ttl_seconds: int = DEFAULT_RESULT_TTL_SECONDS,
+        key_prefix: str = defaults.KEY_PREFIX,
+        result_ttl_seconds: int = defaults.RESULT_TTL_SECONDS,
         timeout: float = DEFAULT_TIMEOUT_SECONDS,
         retry: RetryPolicy | int | None = None,
         limits: DirectLimits | None = None,

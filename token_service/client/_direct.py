@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from token_service import defaults
 from token_service.connection import async_client_for, client_for
 from token_service.records import Completed, Consumed, FailRecorded, Finished, Inspection, Renewed, Started
 from token_service.store import AsyncTokenStore, IssueRequest, TokenStore
@@ -24,12 +25,12 @@ from ._types import IssuedToken, TokenInfo
 class DirectLimits:
     """The limits the service would apply (its defaults), enforced client-side."""
 
-    default_ttl_seconds: int = 300
-    max_ttl_seconds: int = 86400
-    default_lease_seconds: int = 30
-    max_lease_seconds: int = 3600
-    max_result_bytes: int = 16384
-    max_batch: int = 1000
+    default_ttl_seconds: int = defaults.DEFAULT_TTL_SECONDS
+    max_ttl_seconds: int = defaults.MAX_TTL_SECONDS
+    default_lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS
+    max_lease_seconds: int = defaults.MAX_LEASE_SECONDS
+    max_result_bytes: int = defaults.MAX_RESULT_BYTES
+    max_batch: int = defaults.MAX_BATCH
 
 
 def redis_from_url(url: str, timeout: float, *, asyncio: bool = False) -> Any:

@@ -20,7 +20,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from token_service import records
+from token_service import defaults, records
 from token_service.client._response import StoredResponse
 from token_service.errors import InvalidRequest
 from token_service.store import lua_source, translate_errors
@@ -83,7 +83,7 @@ class _Scripts:
 class IdempotencyStore(_Scripts):
     """The idempotency scripts on a (sync) redis-py client."""
 
-    def __init__(self, client: Any, *, key_prefix: str = "ts:") -> None:
+    def __init__(self, client: Any, *, key_prefix: str = defaults.KEY_PREFIX) -> None:
         super().__init__(client, key_prefix)
 
     def _run(self, name: str, key: str, args: list[Any]) -> list[Any]:
@@ -114,7 +114,7 @@ class IdempotencyStore(_Scripts):
 class AsyncIdempotencyStore(_Scripts):
     """The same scripts on a ``redis.asyncio`` client (the ASGI middleware's)."""
 
-    def __init__(self, client: Any, *, key_prefix: str = "ts:") -> None:
+    def __init__(self, client: Any, *, key_prefix: str = defaults.KEY_PREFIX) -> None:
         super().__init__(client, key_prefix)
 
     async def _run(self, name: str, key: str, args: list[Any]) -> list[Any]:

@@ -38,6 +38,7 @@ from typing import Any
 
 from flask import Request, Response, g, make_response, request
 
+from token_service import defaults
 from token_service.errors import InvalidRequest, ServiceUnavailable, TokenError, Unauthorized
 from token_service.problems import problem_for
 from token_service.records import dump_json
@@ -65,7 +66,7 @@ __all__ = [
 ]
 
 # The service's default max_result_bytes (TOKEN_SERVICE_MAX_RESULT_BYTES): what a stored response may take.
-DEFAULT_MAX_RESULT_BYTES = 16384
+DEFAULT_MAX_RESULT_BYTES = defaults.MAX_RESULT_BYTES
 DEFAULT_REPLAY_HEADERS = ("Content-Type", "Location")
 
 

@@ -51,6 +51,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypedDict, TypeVar
 
+from token_service import defaults
 from token_service.errors import (
     InvalidRequest,
     LeaseLost,
@@ -77,7 +78,7 @@ Terminal = tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 _FIRST_POLL_SECONDS = 0.02
 _MAX_POLL_SECONDS = 0.25
 # What lease a renewer assumes when the guard did not say and the begin reply cannot tell
-_FALLBACK_LEASE_SECONDS = 30.0
+_FALLBACK_LEASE_SECONDS = float(defaults.DEFAULT_LEASE_SECONDS)
 
 
 class GuardClient(Protocol):

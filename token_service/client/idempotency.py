@@ -50,6 +50,7 @@ import io
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from token_service import defaults
 from token_service.client._fingerprint import FingerprintSpec, RequestFacts
 from token_service.client._idempotency_core import (
     MAX_KEY_CHARS,
@@ -125,7 +126,7 @@ class IdempotencyMiddleware:
         store_status: StorePolicy = default_store_status,
         fingerprint: FingerprintSpec = None,
         wait_seconds: float = 0.0,
-        key_prefix: str = "ts:",
+        key_prefix: str = defaults.KEY_PREFIX,
     ) -> None:
         self.core = IdempotencyCore(
             header=header,

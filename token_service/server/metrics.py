@@ -30,7 +30,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from token_service import records
+from token_service import defaults, records
 from token_service.errors import RateLimited, TokenError
 from token_service.limits import IssuanceLimits, OutstandingCapReached
 from token_service.server import request_context
@@ -168,7 +168,7 @@ class MeteredStore(TokenStore):
         subject: str | None = None,
         fingerprint: str | None = None,
         request_id: str | None = None,
-        lease_seconds: int = 30,
+        lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS,
     ) -> records.Started | records.Finished:
         self._note(token)
         outcome: records.Started | records.Finished = self._measured(
@@ -187,7 +187,9 @@ class MeteredStore(TokenStore):
                 _replays("begin").inc()
         return outcome
 
-    def renew(self, token: str, lease_id: str, lease_seconds: int = 30) -> records.Renewed:
+    def renew(
+        self, token: str, lease_id: str, lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS
+    ) -> records.Renewed:
         self._note(token)
         outcome: records.Renewed = self._measured(
             "renew", None, lambda: super(MeteredStore, self).renew(token, lease_id, lease_seconds)

@@ -12,6 +12,8 @@ from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
+from token_service import defaults
+
 # the field rules are shared with the SDK's direct transport, which has no marshmallow
 from token_service.tokens import NO_CONTROL_RE, SCOPE_RE, SCOPE_RULE
 
@@ -125,13 +127,13 @@ class GenerateSchema(_Bounded):
 
 
 class GenerateBatchSchema(GenerateSchema):
-    count = JsonInteger(required=True, validate=validate.Range(1, 1000))
+    count = JsonInteger(required=True, validate=validate.Range(1, defaults.MAX_BATCH))
 
     _FIELDS = GenerateSchema._FIELDS | {"count"}
 
     def fast_load(self, body: dict[str, Any]) -> dict[str, Any] | None:
         count = body.get("count")
-        if type(count) is not int or not 1 <= count <= 1000:
+        if type(count) is not int or not 1 <= count <= defaults.MAX_BATCH:
             return None
         data = super().fast_load(body)
         if data is not None:

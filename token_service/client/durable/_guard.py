@@ -42,6 +42,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 
+from token_service import defaults
 from token_service.client._response import StoredResponse
 from token_service.client.durable._schema import (
     FAILED,
@@ -64,7 +65,7 @@ from token_service.tokens import is_well_formed, token_digest
 # Longer than the longest token TTL (MAX_TTL_SECONDS, 86400 by default) on
 # purpose: the record must outlive every token that could still be presented.
 DEFAULT_RECORD_TTL_SECONDS = 7 * 86400
-DEFAULT_LEASE_SECONDS = 30
+DEFAULT_LEASE_SECONDS = defaults.DEFAULT_LEASE_SECONDS
 _CLAIM_ATTEMPTS = 3
 
 Clock = Callable[[], datetime]

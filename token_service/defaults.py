@@ -1,0 +1,17 @@
+"""The defaults the service, the store and the SDK share: one home for each number.
+
+``config.Settings`` defaults to these (``TOKEN_SERVICE_*`` override them for
+the service); the store, the SDK's direct transport and its integrations use
+them where no setting reaches, so both sides of a deployment agree.
+"""
+
+from __future__ import annotations
+
+KEY_PREFIX = "ts:"  # of every Redis key (TOKEN_SERVICE_KEY_PREFIX)
+DEFAULT_TTL_SECONDS = 300  # a token's life when the request gives none
+MAX_TTL_SECONDS = 86400
+RESULT_TTL_SECONDS = 86400  # SUCCEEDED/FAILED outcomes are kept at least this long
+DEFAULT_LEASE_SECONDS = 30  # a begin's lease when the request gives none
+MAX_LEASE_SECONDS = 3600
+MAX_RESULT_BYTES = 16384  # a stored result or error, as JSON
+MAX_BATCH = 1000  # tokens in one /token/generate/batch
