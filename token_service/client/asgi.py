@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from token_service import defaults
 from token_service.client._fingerprint import FingerprintSpec, RequestFacts
 from token_service.client._idempotency_core import (
     REPLAYED_HEADER,
@@ -96,7 +97,7 @@ class IdempotencyMiddleware:
         store_status: StorePolicy = default_store_status,
         fingerprint: FingerprintSpec = None,
         wait_seconds: float = 0.0,
-        key_prefix: str = "ts:",
+        key_prefix: str = defaults.KEY_PREFIX,
     ) -> None:
         self.core = IdempotencyCore(
             header=header,
