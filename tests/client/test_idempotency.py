@@ -423,3 +423,25 @@ def test_duplicates_that_wait_all_get_the_first_response(redis_client: Any) -> N
 def test_wait_seconds_must_be_a_number_of_seconds(redis_client: Any, value: Any) -> None:
     with pytest.raises(ValueError, match="wait_seconds"):
         orders_app(redis_client, wait_seconds=value)
+
+
+def test_a_record_written_by_the_earlier_fingerprint_is_still_replayed(redis_client: Any) -> None:
+    import base64
+    import hashlib
+
+    app = orders_app(redis_client)
+    raw = b'{"item": "book"}'
+    # what versions before the shared fingerprint wrote: method, path, query and raw body, base64url
+    digest = hashlib.sha256(b"POST\n/orders\n\n" + raw).digest()
+    legacy = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    store = IdempotencyStore(redis_client)
+    record = store.key("Bearer alice", KEY.strip('"'))
+    assert isinstance(store.begin(record, legacy, "old-owner", 30), Claimed)
+    assert store.store(record, legacy, "old-owner", StoredResponse(201, b'{"order":7}'), 60)
+    replay = post_raw(app, raw)
+    assert replay.status_code == 201
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert replay.get_data() == b'{"order":7}'
+    # another request under that key is still a mismatch, and nothing ran
+    assert post_raw(app, b'{"item": "lamp"}').status_code == 422
+    assert app.config["runs"] == []

@@ -76,3 +76,34 @@ def test_simultaneous_repeats_across_workers_run_once(orders_url: str, real_redi
     assert int(real_redis.get("orders:runs") or 0) == 1
     other = httpx.post(orders_url + "/orders", json={"sku": "B"}, headers=headers, timeout=10)
     assert other.status_code == 422
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_429_or_503_from_the_app_is_not_replayed(
+    orders_url: str, real_redis: redis.Redis, status: int
+) -> None:
+    headers = {"Idempotency-Key": f'"retry-{status}"', "Authorization": "Bearer client-a"}
+    for attempt in range(1, 4):
+        response = httpx.post(f"{orders_url}/answers/{status}", json={}, headers=headers, timeout=10)
+        assert response.status_code == status
+        assert "idempotent-replayed" not in response.headers
+        assert int(real_redis.get("answers:runs") or 0) == attempt
+    assert real_redis.keys("ts:ik:*") == []
+
+
+def test_a_send_file_view_runs_once_and_never_answers_500(orders_url: str, real_redis: redis.Redis) -> None:
+    from token_service.client import TokenClient
+
+    report = b"%PDF-1.4 receipt " * 4096  # what middleware_app's view sends
+    with TokenClient.from_redis(real_redis) as tokens:
+        token = tokens.generate("report.create").token
+        headers = {"Idempotency-Token": token}
+        answers = [httpx.post(orders_url + "/reports", headers=headers, timeout=10) for _ in range(3)]
+        assert [answer.status_code for answer in answers] == [200, 200, 200]
+        assert answers[0].content == report
+        assert tokens.verify(token).state == "SUCCEEDED"
+    for replay in answers[1:]:
+        assert replay.headers["Idempotent-Replayed"] == "true"
+        assert replay.headers["Idempotent-Body-Omitted"] == str(len(report))
+        assert replay.headers["Content-Type"] == "application/pdf"
+    assert int(real_redis.get("reports:runs") or 0) == 1

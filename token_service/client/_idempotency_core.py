@@ -31,7 +31,9 @@ bytes; what to answer is decided here:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
 import logging
 import secrets
 import time
@@ -116,6 +118,8 @@ class Attempt:
     record: str
     fingerprint: str
     owner: str
+    # the fingerprint earlier versions computed (raw body bytes), for their records still live
+    legacy: str | None = None
 
 
 @dataclass(slots=True)
@@ -155,6 +159,27 @@ class Recorder:
             kept = [(n, v) for n, v in kept if n.lower() not in ("content-length", OMITTED_HEADER.lower())]
             return StoredResponse(self.status, b"", kept, omitted=self.size)
         return StoredResponse(self.status, b"".join(self._chunks), kept)
+
+
+def _legacy_fingerprint(facts: RequestFacts) -> str | None:
+    """The fingerprint versions before the shared one used (method, path, query, raw body; base64url).
+
+    Only read when a key's record does not match the current fingerprint, so a
+    retry across an upgrade is replayed, not refused with 422, for one
+    ``ttl_seconds`` after it; no record is left under it.
+    """
+    hasher = hashlib.sha256()
+    try:
+        for part in (
+            facts.method.upper().encode(),
+            facts.path.encode("latin-1"),
+            facts.query.encode("latin-1"),
+        ):
+            hasher.update(part + b"\n")
+    except UnicodeEncodeError:
+        return None  # no earlier version could have written it
+    hasher.update(facts.body)
+    return base64.urlsafe_b64encode(hasher.digest()).rstrip(b"=").decode("ascii")
 
 
 def parse_key(raw: str, max_chars: int = MAX_KEY_CHARS) -> str | None:
@@ -262,7 +287,10 @@ class IdempotencyCore:
                 )
             )
         return Attempt(
-            store.key(identity, key), fingerprint_request(facts, self.fingerprint), secrets.token_urlsafe(12)
+            store.key(identity, key),
+            fingerprint_request(facts, self.fingerprint),
+            secrets.token_urlsafe(12),
+            _legacy_fingerprint(facts) if self.fingerprint is None else None,
         )
 
     def claim(self, store: IdempotencyStore, attempt: Attempt) -> Answer | None:
@@ -275,7 +303,7 @@ class IdempotencyCore:
         pause = _FIRST_PAUSE_SECONDS
         while True:
             try:
-                outcome = store.begin(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds)
+                outcome = self._begin(store, attempt)
             except (TokenError, ValueError, KeyError, TypeError) as exc:
                 return self.store_failed(exc)
             left = deadline - time.monotonic()
@@ -289,9 +317,7 @@ class IdempotencyCore:
         pause = _FIRST_PAUSE_SECONDS
         while True:
             try:
-                outcome = await store.begin(
-                    attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds
-                )
+                outcome = await self._abegin(store, attempt)
             except (TokenError, ValueError, KeyError, TypeError) as exc:
                 return self.store_failed(exc)
             left = deadline - time.monotonic()
@@ -299,6 +325,28 @@ class IdempotencyCore:
                 return self.decide(outcome)
             await asyncio.sleep(min(pause, left))
             pause = min(pause * 2, _MAX_PAUSE_SECONDS)
+
+    def _begin(self, store: IdempotencyStore, attempt: Attempt) -> Outcome:
+        outcome = store.begin(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds)
+        if isinstance(outcome, Mismatch) and attempt.legacy is not None:
+            # maybe a record an earlier version wrote (fingerprinted by raw bytes), live until its TTL ends
+            earlier = store.begin(attempt.record, attempt.legacy, attempt.owner, self.lock_seconds)
+            if not isinstance(earlier, Claimed):
+                return earlier
+            # the record ran out in between and we just claimed it under the old fingerprint: undo
+            store.release(attempt.record, attempt.legacy, attempt.owner)
+            outcome = store.begin(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds)
+        return outcome
+
+    async def _abegin(self, store: AsyncIdempotencyStore, attempt: Attempt) -> Outcome:
+        outcome = await store.begin(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds)
+        if isinstance(outcome, Mismatch) and attempt.legacy is not None:
+            earlier = await store.begin(attempt.record, attempt.legacy, attempt.owner, self.lock_seconds)
+            if not isinstance(earlier, Claimed):
+                return earlier
+            await store.release(attempt.record, attempt.legacy, attempt.owner)
+            outcome = await store.begin(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds)
+        return outcome
 
     def decide(self, outcome: Outcome) -> Answer | None:
         if isinstance(outcome, Claimed):
