@@ -260,9 +260,13 @@ def create_shop(
         return response
 
     @app.get("/api/charges")
-    def all_charges() -> Response:
+    def my_charges() -> Response:
+        """The shopper's own charges (one per paid order, whatever happened on the page)."""
+        mine = sa.select(orders.c.id).where(orders.c.shopper == session.get("shopper"))
         with engine.connect() as conn:
-            rows = conn.execute(sa.select(charges).order_by(charges.c.id)).all()
+            rows = conn.execute(
+                sa.select(charges).where(charges.c.order_id.in_(mine)).order_by(charges.c.id)
+            ).all()
         response = jsonify(charges=[_charge_json(row) for row in rows])
         response.headers["Cache-Control"] = "no-store"
         return response

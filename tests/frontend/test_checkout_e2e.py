@@ -97,9 +97,12 @@ def test_pay_charges_once_and_the_button_stays_off(context: Any, demo: RunningDe
     assert page.url == f"{demo.shop_url}/orders/{order_id}"
     snap(page, "ready")
     # Five clicks at once: the first disables Pay, the others hit a disabled button.
-    page.evaluate("() => { for (let i = 0; i < 5; i++) document.getElementById('pay').click(); }")
-    assert status(page)[0] == "paying"
-    assert page.locator("#pay").is_disabled()
+    right_after = page.evaluate(
+        "() => { const pay = document.getElementById('pay');"
+        " for (let i = 0; i < 5; i++) pay.click();"
+        " return [document.getElementById('status').dataset.state, pay.disabled]; }"
+    )
+    assert right_after == ["paying", True]
     snap(page, "paying")
     lines = results(page, 1)
     assert [outcome for outcome, _ in lines] == ["charged"], lines
@@ -121,7 +124,16 @@ def test_the_token_is_bound_to_the_order_and_the_shopper(context: Any, demo: Run
     page.click("#pay")
     results(page, 1)
     [sent] = charge_posts(demo, order_of(page))
-    assert sent.headers["idempotency-token"]
+    token = sent.headers["idempotency-token"]
+    assert token
+    # The token lives in the page's memory only: not in its URL, history, storage or cookies.
+    assert token not in page.url
+    kept = page.evaluate(
+        "() => JSON.stringify([document.cookie, history.length, history.state, location.href,"
+        " Object.entries(localStorage), Object.entries(sessionStorage)])"
+    )
+    assert token not in kept
+    assert all(token not in cookie["value"] for cookie in context.cookies())
     preflights = demo.token_requests.where("OPTIONS", "/token/generate")
     assert preflights, "the browser asked for a token without a preflight"
     assert preflights[0].headers["origin"] == demo.shop_url

@@ -107,6 +107,10 @@ def test_any_number_of_tokens_for_one_order_charge_it_once(demo: RunningDemo) ->
     other = created.json()["id"]
     assert _charge(shop, other, _token(demo, shopper, other)).status_code == 201
     assert len(demo.charges()) == 2
+    listed = shop.get("/api/charges").json()["charges"]
+    assert [charge["order_id"] for charge in listed] == [order_id, other]
+    stranger, _, _ = _shopper(demo)
+    assert stranger.get("/api/charges").json()["charges"] == []  # each shopper sees their own
 
 
 def test_the_token_is_bound_to_the_order_and_the_shopper(demo: RunningDemo) -> None:
