@@ -1,0 +1,111 @@
+"""Under real gunicorn: views three times slower than their lease run once.
+
+``@require_token(..., lease_seconds=1)`` and the Idempotency-Key middleware
+(``lock_seconds=1``) around 3 s views (tests/client/slow_views_app.py), with
+duplicates at 1.5 s and 2.5 s on other worker processes: the lease (lock) is
+renewed while the view runs, so each duplicate is refused with 409 instead of
+running the view again, and once it finished a duplicate gets the stored
+response.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
+from token_service.client import TokenClient
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
+DUPLICATES_AT = (1.5, 2.5)
+
+
+@pytest.fixture
+def slow_app_url(redis_server: RedisServer, real_redis: redis.Redis) -> Iterator[str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "3",
+            "--timeout",
+            "60",
+            "tests.client.slow_views_app:app",
+        ],
+        cwd=REPO_ROOT,
+        env={**os.environ, "TEST_REDIS_URL": redis_server.url},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 30, what="gunicorn")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+def _first_and_duplicates(
+    url: str, headers: dict[str, str], counter: str, store: redis.Redis
+) -> tuple[Any, list[Any]]:
+    """The first request, then the duplicates at DUPLICATES_AT after its view started (it counts itself)."""
+    first: list[httpx.Response] = []
+
+    def send_first() -> None:
+        first.append(httpx.post(url, json={"n": 1}, headers=headers, timeout=30))
+
+    thread = threading.Thread(target=send_first)
+    thread.start()
+    wait_until(lambda: store.get(counter), 30, interval_seconds=0.005, what="the view to start")
+    started = time.monotonic()
+    duplicates = []
+    for at in DUPLICATES_AT:
+        time.sleep(max(0.0, started + at - time.monotonic()))
+        duplicates.append(httpx.post(url, json={"n": 1}, headers=headers, timeout=30))
+    thread.join(30)
+    return first[0], duplicates
+
+
+def test_require_token_view_slower_than_its_lease_runs_once(
+    slow_app_url: str, real_redis: redis.Redis
+) -> None:
+    token = TokenClient.from_redis(real_redis).generate("report.build").token
+    headers = {"Idempotency-Token": token}
+    first, duplicates = _first_and_duplicates(slow_app_url + "/reports", headers, "reports:runs", real_redis)
+    assert first.status_code == 201, first.text
+    for duplicate in duplicates:
+        assert duplicate.status_code == 409, duplicate.text
+        assert duplicate.json()["code"] == "token_in_progress"
+    replay = httpx.post(slow_app_url + "/reports", json={"n": 1}, headers=headers, timeout=30)
+    assert (replay.status_code, replay.headers["Idempotent-Replayed"]) == (201, "true")
+    assert replay.json() == first.json() == {"run": 1}
+    assert int(real_redis.get("reports:runs") or 0) == 1
+
+
+def test_idempotency_key_request_slower_than_its_lock_runs_once(
+    slow_app_url: str, real_redis: redis.Redis
+) -> None:
+    headers = {"Idempotency-Key": '"export-1"', "Authorization": "Bearer client-a"}
+    first, duplicates = _first_and_duplicates(slow_app_url + "/exports", headers, "exports:runs", real_redis)
+    assert first.status_code == 201, first.text
+    for duplicate in duplicates:
+        assert duplicate.status_code == 409, duplicate.text
+    replay = httpx.post(slow_app_url + "/exports", json={"n": 1}, headers=headers, timeout=30)
+    assert (replay.status_code, replay.headers["Idempotent-Replayed"]) == (201, "true")
+    assert replay.json() == first.json() == {"run": 1}
+    assert int(real_redis.get("exports:runs") or 0) == 1
