@@ -35,6 +35,8 @@ from token_service.tokens import new_request_id
 
 from ._client import AsyncTokenClient, TokenClient
 from ._direct import DirectLimits
+from ._results import dump_result, load_result
+from ._telemetry import Telemetry
 from ._types import (
     Completed,
     Consumed,
@@ -69,6 +71,7 @@ __all__ = [
     "RetryPolicy",
     "ServiceUnavailable",
     "Started",
+    "Telemetry",
     "TokenClient",
     "TokenError",
     "TokenFailed",
@@ -79,9 +82,11 @@ __all__ = [
     "TokenUsed",
     "Unauthorized",
     "describe_error",
+    "dump_result",
     "guarded",
     "idempotent",
     "keyed_guard",
+    "load_result",
     "new_request_id",
     "operation_token",
     "require_token",

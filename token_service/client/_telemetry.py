@@ -38,9 +38,10 @@ _NAMESPACE = "token_service_sdk"
 
 
 def _tracing_available() -> bool:
-    return importlib.util.find_spec("opentelemetry") is not None and (
-        importlib.util.find_spec("opentelemetry.trace") is not None
-    )
+    try:
+        return importlib.util.find_spec("opentelemetry.trace") is not None
+    except (ImportError, ValueError):  # not installed, or blocked (sys.modules entry None)
+        return False
 
 
 class GuardSpan:
