@@ -13,13 +13,13 @@ from typing import Any
 import yaml
 from mkdocs.structure.files import File, Files
 
-SPEC = Path(__file__).resolve().parents[1] / "openapi.yaml"
+OPENAPI = Path(__file__).resolve().parents[1] / "openapi.yaml"
 MARKER = "<!-- openapi-operations -->"
 METHODS = ("get", "post", "put", "patch", "delete")
 
 
 def on_files(files: Files, config: Any) -> Files:
-    files.append(File.generated(config, "openapi.yaml", abs_src_path=str(SPEC)))
+    files.append(File.generated(config, "openapi.yaml", abs_src_path=str(OPENAPI)))
     return files
 
 
@@ -41,5 +41,5 @@ def operations_table(spec: dict[str, Any]) -> str:
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
     if MARKER not in markdown:
         return markdown
-    spec = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+    spec = yaml.safe_load(OPENAPI.read_text(encoding="utf-8"))
     return markdown.replace(MARKER, operations_table(spec))

@@ -1,4 +1,5 @@
-"""The HTTP contract of SPEC.md, route by route and row by row of the error table."""
+"""The HTTP contract (openapi.yaml), route by route and row by row of the error table
+(docs/http-api.md)."""
 
 from __future__ import annotations
 

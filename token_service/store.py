@@ -268,16 +268,17 @@ class TokenStore(_StoreBase):
         connection is dropped after a failure, so a late reply is never read as
         the next command's), health checks and reply parsing as
         ``execute_command``, minus its per-command wrapping (observability
-        hooks, closures, event dispatch): ~13% of the client CPU of a token
-        operation. And on a plain ``ConnectionPool``, the connection of the last
-        call that succeeded is parked here for the next one instead of going
-        back to the pool: checking a connection out of redis-py's pool (locks,
-        a poll of the socket, bookkeeping) costs ~7 us, another ~15%. The store
-        holds at most that one connection; one that failed goes back to the
-        pool (dropped first unless the failure was an error reply), a parked
-        one is never used in a forked child, and none is parked when the
-        connection's Retry allows no retry (the pool's checkout check is then
-        what replaces a connection the server closed). Clients of other kinds (Cluster,
+        hooks, closures, event dispatch): a measurable share of the client CPU
+        of a token operation (docs/performance.md has the current figures).
+        And on a plain ``ConnectionPool``, the connection of the last call that
+        succeeded is parked here for the next one instead of going back to the
+        pool: checking a connection out of redis-py's pool (locks, a poll of
+        the socket, bookkeeping) costs about as much again. The store holds at
+        most that one connection; one that failed goes back to the pool
+        (dropped first unless the failure was an error reply), a parked one is
+        never used in a forked child, and none is parked when the connection's
+        Retry allows no retry (the pool's checkout check is then what replaces
+        a connection the server closed). Clients of other kinds (Cluster,
         Sentinel, a blocking pool, a single-connection client, fakeredis) take
         ``execute_command``, or at least the pool's checkout every call.
         """
@@ -323,7 +324,7 @@ class TokenStore(_StoreBase):
 
     def _call(self, name: str, keys: Sequence[str], args: Sequence[str]) -> Any:
         # EVALSHA straight from the client: what redis-py's Script.__call__ does, without
-        # its per-call import, Pipeline check and argument tuples (~6% of a direct consume).
+        # its per-call import, Pipeline check and argument tuples.
         script = self._scripts[name]
         try:
             return self._evalsha(script.sha, keys, args)

@@ -1,9 +1,9 @@
-"""A reference model of SPEC.md's token state table, in plain Python.
+"""A reference model of the token state table (docs/http-api.md), in plain Python.
 
-Written from SPEC.md ("Token model", the HTTP operations and the error
-table), not from ``lua/``: the state machine test compares the store against
-it. Where SPEC.md is silent the model makes the choice a careful user would
-expect, and says so:
+Written from the contract (the token states, the HTTP operations and the
+error table of docs/http-api.md and openapi.yaml), not from ``lua/``: the
+state machine test compares the store against it. Where the contract is
+silent the model makes the choice a careful user would expect, and says so:
 
 - A binding mismatch is reported before the state (a caller with the wrong
   scope learns nothing about the token), checking scope, then subject, then
@@ -20,7 +20,7 @@ expect, and says so:
 - Retries are idempotent: the request id that won a consume (or holds a live
   lease) gets the win again, flagged ``replayed``; a complete/fail retried with
   the lease that finished the token reports the recorded outcome, ``replayed``.
-- Records live exactly as long as SPEC.md's minimum: ISSUED and CONSUMED until
+- Records live exactly as long as the contract's minimum: ISSUED and CONSUMED until
   the token's expiry, SUCCEEDED and FAILED until the later of the token's
   expiry and ``result_ttl`` after they finished.
 

@@ -1,4 +1,4 @@
-"""The store against the reference model of SPEC.md's state table (tests/props/model.py).
+"""The store against the reference model of the token state table (tests/props/model.py).
 
 hypothesis drives random sequences of generate (single and pipelined batch),
 consume (with and without request ids, right and wrong scope/subject/

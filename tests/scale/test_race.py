@@ -1,4 +1,4 @@
-"""The race SPEC.md is about: 200 tokens, 50 contenders each, released together,
+"""The race the service exists for: 200 tokens, 50 contenders each, released together,
 through gunicorn, on standalone, Sentinel and Cluster. Exactly one winner per
 token; every other contender gets 409 token_used; nothing else.
 

@@ -1,4 +1,4 @@
-"""The HTTP contract of SPEC.md on every topology: standalone, Sentinel and Cluster.
+"""The HTTP contract (openapi.yaml) on every topology: standalone, Sentinel and Cluster.
 
 The app is built from a ``TOKEN_SERVICE_REDIS_URL`` of each kind
 (``redis://``, ``redis+sentinel://``, ``redis+cluster://``), as an operator

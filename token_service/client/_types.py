@@ -66,9 +66,11 @@ class TokenInfo:
 class RetryPolicy:
     """Retries of transport failures (connection errors, timeouts, 503).
 
-    ``attempts`` counts the first try. Waits grow from ``backoff_seconds`` by
-    ``multiplier`` up to ``max_backoff_seconds``, with full jitter so many
-    clients that lost the same Redis do not come back in step.
+    ``attempts`` counts the first try. The ceiling of the n-th wait grows from
+    ``backoff_seconds`` by ``multiplier`` up to ``max_backoff_seconds``; the wait
+    itself is drawn between half the ceiling and the ceiling ("equal jitter"):
+    many clients that lost the same Redis do not come back in step, and none
+    comes back at once.
     """
 
     attempts: int = 4

@@ -14,7 +14,7 @@ class GunicornLogger(Logger):  # type: ignore[misc]
     gunicorn computes the Apache-style fields of every request whenever a
     logging configuration is given, then hands them to ``gunicorn.access``,
     which :func:`token_service.server.logs.logging_config` keeps at WARNING with no
-    handler: the fields were built for nothing (~3% of a request's CPU).
+    handler: the fields were built for nothing.
     Should that logger be enabled for INFO (another logging config), gunicorn
     logs exactly as before.
     """

@@ -36,7 +36,7 @@ class JsonFormatter(_LibraryJsonFormatter):
 
     Every request writes an access line, and the library's general path (a
     fresh encoder per line, renames looked up field by field, the time
-    formatted anew) cost about 23 us of the ~45 us a line took. Records with
+    formatted anew) cost about half of what a line took. Records with
     an exception, a stack, a dict message, or a value plain ``json.dumps``
     cannot write take the library's path unchanged, as does any configuration
     of the formatter this path does not reproduce (a test compares the two).
