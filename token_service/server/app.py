@@ -43,6 +43,7 @@ def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
     app.register_blueprint(admin_api.make_blueprint(settings, store.client))
     app.register_blueprint(frontend.make_blueprint())
     cors.install(app, settings)
+    metrics.zero_series(app)
     # generate and consume answered without Flask's per-request machinery (same work, same replies)
     hot_path.install(app, settings, hot)
     if settings.trusted_proxy_hops:

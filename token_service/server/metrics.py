@@ -20,7 +20,7 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from flask import Blueprint, Response
+from flask import Blueprint, Flask, Response
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -34,7 +34,7 @@ from token_service import defaults, records
 from token_service.errors import RateLimited, TokenError
 from token_service.limits import IssuanceLimits, OutstandingCapReached
 from token_service.server import request_context
-from token_service.server.metric_files import multiprocess_dir, reading, scope_labels
+from token_service.server.metric_files import OTHER_SCOPE, multiprocess_dir, reading, scope_labels
 from token_service.store import IssueRequest, TokenStore
 from token_service.tokens import digest_key, token_digest
 
@@ -250,3 +250,45 @@ def make_blueprint() -> Blueprint:
         return Response(body, headers={"Content-Type": CONTENT_TYPE_LATEST, "Cache-Control": "no-store"})
 
     return bp
+
+
+# What each operation can end in: its success outcomes, then the error codes its store call raises.
+_ERRORS = ("invalid_request", "token_invalid", "lease_lost", "store_unavailable")
+_USE_ERRORS = ("invalid_request", "token_invalid", "token_mismatch", "token_used", "token_in_progress")
+OUTCOME_CODES: dict[str, tuple[str, ...]] = {
+    "consume": ("consumed", *_USE_ERRORS, "token_failed", "store_unavailable"),
+    "begin": ("started", "succeeded", *_USE_ERRORS, "token_failed", "store_unavailable"),
+    "renew": ("renewed", *_ERRORS),
+    "complete": ("succeeded", *_ERRORS),
+    "fail": ("released", "failed", *_ERRORS),
+    "inspect": ("token_invalid", "store_unavailable"),
+    "revoke": ("revoked", "token_invalid", "store_unavailable"),
+}
+REPLAYED_OPERATIONS = ("consume", "begin", "complete", "fail")
+LIMITS = ("rate", "outstanding")
+NO_SCOPE = ""
+
+
+def zero_series(app: Flask) -> None:
+    """Create every bounded series at 0, so /metrics shows them all from the first scrape.
+
+    Alerts and dashboards then read a 0 (not "no data") before the first event,
+    and ``rate``/``increase`` count that first event. Client-chosen labels (scopes)
+    cannot be listed ahead: the outcomes' scope-less series (scope ``""``, as the
+    operations that carry no scope have) and the issued counter's ``_other`` stand in.
+    """
+    for operation, codes in OUTCOME_CODES.items():
+        for code in codes:
+            _outcomes(operation, code, NO_SCOPE)
+    for operation in REPLAYED_OPERATIONS:
+        _replays(operation)
+    for limit in LIMITS:
+        RATE_LIMITED.labels(limit)
+    _issued(OTHER_SCOPE)  # scopes are the clients' own: the overflow series stands for them
+    for rule in app.url_map.iter_rules():
+        REDIS_ERRORS.labels(rule.rule)
+        for method in sorted((rule.methods or set()) - {"HEAD", "OPTIONS"}):
+            LATENCY.labels(method, rule.rule)
+            statuses = ("200", "503") if rule.rule == "/readyz" else ("200",)
+            for status in statuses:
+                REQUESTS.labels(method, rule.rule, status)
