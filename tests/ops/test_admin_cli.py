@@ -31,6 +31,10 @@ def admin_cli(
     done = subprocess.run(
         [*CLI, *args], env=env, input=stdin, capture_output=True, text=True, timeout=120, cwd=cwd
     )
+    if done.returncode not in (0, 1, 2) or "Traceback" in done.stderr:
+        raise AssertionError(done.stderr)
+    if done.returncode == 2:
+        print(done.stderr)  # shown when the test fails
     out = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
     err = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
     return done.returncode, out, err
