@@ -263,6 +263,8 @@ class Settings:
     max_outstanding_per_subject: int = field(default=100, metadata={"parse": _int(0)})
     trusted_proxy_hops: int = field(default=0, metadata={"parse": _int(0, 10)})
     max_body_bytes: int = field(default=65536, metadata={"parse": _int(256, 16 * 1024 * 1024)})
+    # A request body not in within this many seconds is answered 408 (token_service/server/body.py).
+    body_timeout_seconds: float = field(default=10.0, metadata={"parse": _float(0.1)})
     max_result_bytes: int = field(default=defaults.MAX_RESULT_BYTES, metadata={"parse": _int(2)})
     redis_timeout_seconds: float = field(default=2.0, metadata={"parse": _float(0.01)})
     cors_max_age_seconds: int = field(default=600, metadata={"parse": _int(0, 86400)})

@@ -46,6 +46,10 @@ EMBEDDED_WARNING = (
 _RETRIES = 1
 # A cluster also retries after refreshing its slot map (a failed-over primary).
 _CLUSTER_RETRIES = 2
+# Connections one client may open (per node). Under gevent workers every request is a
+# greenlet and up to worker_connections (1000) of them may wait on Redis at once; redis-py's
+# own default (100 in current releases) would refuse the 101st with MaxConnectionsError, a 503.
+MAX_CONNECTIONS = 2048
 
 
 def redis_client(settings: Settings) -> Any:
@@ -64,6 +68,7 @@ def _node_options(target: RedisTarget, timeout_seconds: float) -> dict[str, Any]
     options: dict[str, Any] = {
         "socket_timeout": timeout_seconds,
         "socket_connect_timeout": timeout_seconds,
+        "max_connections": MAX_CONNECTIONS,
         "username": target.username,
         "password": target.password,
     }
@@ -100,6 +105,7 @@ def client_for(target: RedisTarget | str, timeout_seconds: float = 2.0) -> Any:
         target.url,
         socket_timeout=timeout_seconds,
         socket_connect_timeout=timeout_seconds,
+        max_connections=MAX_CONNECTIONS,
         retry=Retry(_backoff(), retries=_RETRIES),
         health_check_interval=30,
     )

@@ -41,7 +41,16 @@ def serve(args: argparse.Namespace) -> int:
     if workers is not None:
         argv += ["--workers", str(workers)]
     argv.append("token_service:create_app()")
-    from gunicorn.app.wsgiapp import run
+    try:
+        import flask  # noqa: F401 — what the workers import, checked before gunicorn forks them
+        import gevent  # noqa: F401
+        from gunicorn.app.wsgiapp import run
+    except ImportError as exc:
+        print(
+            f"token-service: serve needs the server extra (pip install 'token-service[server]'): {exc}",
+            file=sys.stderr,
+        )
+        return 2
 
     sys.argv = argv
     run()

@@ -6,13 +6,22 @@ Every choice here can be overridden the usual gunicorn ways (command line,
 - **Configuration first.** The ``TOKEN_SERVICE_*`` settings are validated
   here, in the master, before any worker starts: a bad value stops start-up
   with one line naming the variable (exit status 2), not a worker crash loop.
-- **Sync workers, one per core** (``WEB_CONCURRENCY``, else the CPU count).
-  A request is a little CPU and one or two Redis round trips of well under a
-  millisecond, so processes, not threads or an event loop, keep every core
-  busy. Sync workers do not keep connections alive and expect a buffering
-  proxy (or load balancer) in front for slow clients; for a deployment without
-  one, ``GUNICORN_CMD_ARGS="--worker-class gthread --threads 4"`` (the app is
-  thread-safe).
+- **gevent workers, one per core** (``WEB_CONCURRENCY``, else the CPU count),
+  ``worker_connections`` 1000 each. A request is a little CPU and one or two
+  Redis round trips of well under a millisecond, so processes keep the cores
+  busy; within a process, gevent holds each connection as a greenlet, so an
+  idle or slow client costs memory, not a worker (a sync worker is stopped by
+  one idle socket, a gthread worker by ``--threads`` of them), and
+  connections are kept alive. benchmarks/RESULTS.md compares sync, gthread and
+  gevent on the same app: docs/performance.md says why gevent won.
+- **Slow clients.** ``keepalive`` 5 s is also the deadline for a request's
+  head (gunicorn's gevent worker reads every head, the first one too, under
+  it): a client that has not sent its head by then is disconnected.
+  TOKEN_SERVICE_BODY_TIMEOUT_SECONDS (default 10) is the body's
+  (token_service/server/body.py: 408 problem+json).
+- **Errors before the app.** gunicorn's own error replies (a request it
+  cannot parse, a header too large, a worker timeout) are problem+json, not
+  its HTML pages (``post_fork``, token_service/server/gunicorn_errors.py).
 - **Timeouts.** ``timeout`` 30 s kills a worker stuck that long (a request
   needs milliseconds; Redis calls time out after TOKEN_SERVICE_REDIS_TIMEOUT_SECONDS).
   ``graceful_timeout`` 10 s lets requests in flight finish on shutdown.
@@ -53,7 +62,8 @@ except ConfigError as _exc:
     raise SystemExit(2) from None
 
 workers = int(os.environ.get("WEB_CONCURRENCY") or os.cpu_count() or 2)
-worker_class = "sync"
+worker_class = "gevent"
+worker_connections = 1000
 timeout = 30
 graceful_timeout = 10
 keepalive = 5
@@ -108,6 +118,12 @@ def when_ready(server: Any) -> None:
         signal.alarm(_settings.drain_seconds)
 
     server.handle_term = drain_then_stop
+
+
+def post_fork(server: Any, worker: Any) -> None:
+    from token_service.server import gunicorn_errors
+
+    gunicorn_errors.install()
 
 
 def child_exit(server: Any, worker: Any) -> None:

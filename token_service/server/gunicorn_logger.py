@@ -17,9 +17,18 @@ class GunicornLogger(Logger):  # type: ignore[misc]
     handler: the fields were built for nothing.
     Should that logger be enabled for INFO (another logging config), gunicorn
     logs exactly as before.
+
+    Only ``setup`` and ``access``, whose signatures every gunicorn release the
+    ``[server]`` extra admits shares, are overridden (tests/edge/test_gunicorn_versions.py).
     """
 
     def setup(self, cfg: Any) -> None:
         super().setup(cfg)  # applies logconfig_dict: now the access logger can be asked
-        enabled: bool = self._compute_access_log_enabled() and self.access_log.isEnabledFor(logging.INFO)
-        self._access_log_enabled = enabled
+        self._writes_access = self.access_log.isEnabledFor(logging.INFO)
+        if not self._writes_access and hasattr(self, "_access_log_enabled"):
+            # gunicorn >= 27 also reads this flag before it gathers what it would log
+            self._access_log_enabled = False
+
+    def access(self, resp: Any, req: Any, environ: Any, request_time: Any) -> None:
+        if self._writes_access:
+            super().access(resp, req, environ, request_time)

@@ -11,12 +11,13 @@ views call too), errors answered by ``responses.error_reply``, and the
 request counted and logged by ``telemetry.record``. tests/test_hot_path.py sends the same requests down
 both paths and compares status, headers and bodies.
 
-It hands a request to Flask, untouched, whenever it is anything but the
-plain case it is built for: another method, a body whose ``Content-Type``
-is not exactly ``application/json`` (with or without a charset), a body
-without a ``Content-Length`` or over the configured limit (Flask answers
-413), or a request with an ``Origin`` when CORS is configured (flask-cors
-decides its headers).
+It hands a request to Flask whenever it is anything but the plain case it
+is built for: another method, a body whose ``Content-Type`` is not exactly
+``application/json`` (with or without a charset), or a request with an
+``Origin`` when CORS is configured (flask-cors decides its headers). Either
+way the body is read whole, within the size limit and the deadline, before
+anything parses it (:mod:`token_service.server.body`): here by
+``read_body``, on the Flask path through the ``wsgi.input`` it installs.
 """
 
 from __future__ import annotations
@@ -28,8 +29,7 @@ from typing import TYPE_CHECKING, Any
 from werkzeug.http import HTTP_STATUS_CODES
 
 from token_service.config import Settings
-from token_service.errors import InvalidRequest
-from token_service.server import telemetry
+from token_service.server import body, telemetry
 from token_service.server.api import HotOperations, parse_json_object
 from token_service.server.auth import check_service_key
 from token_service.server.responses import JSON_ENCODER, NO_STORE, error_reply
@@ -57,6 +57,7 @@ class HotPath:
         self.operations = operations
         self.api_keys = settings.api_keys
         self.max_body_bytes = settings.max_body_bytes
+        self.body_timeout_seconds = settings.body_timeout_seconds
         # flask-cors owns the CORS headers; a cross-origin browser request goes through it
         self.cors = bool(settings.cors_origins)
         header = settings.subject_header
@@ -68,10 +69,9 @@ class HotPath:
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         entry = self.routes.get(environ.get("PATH_INFO", ""))
-        length = self._plain_length(environ, entry[0]) if entry is not None else 0
-        if not length:
+        if entry is None or not self._plain(environ, entry[0]):
+            body.guard(environ, self.max_body_bytes, self.body_timeout_seconds)
             return self.app(environ, start_response)
-        assert entry is not None
         route, operation = entry
         started = time.perf_counter()
         info = telemetry.open_request(environ.get("HTTP_X_REQUEST_ID"))
@@ -80,13 +80,14 @@ class HotPath:
                 # the key first, as the Flask path checks it before its view reads the body
                 if route.needs_key:
                     check_service_key(self.api_keys, environ.get("HTTP_AUTHORIZATION"))
-                reply = operation(environ, parse_json_object(_read_body(environ, length)))
+                raw = body.read_body(environ, self.max_body_bytes, self.body_timeout_seconds)
+                reply = operation(environ, parse_json_object(raw))
                 status, headers = route.status, _JSON_HEADERS.copy()
-                body = JSON_ENCODER.encode(reply).encode("utf-8")
+                document = JSON_ENCODER.encode(reply).encode("utf-8")
             except Exception as error:
-                status, document_headers, body = error_reply(error, route.path)
+                status, document_headers, document = error_reply(error, route.path)
                 headers = list(document_headers.items())
-            headers.append(("Content-Length", str(len(body))))
+            headers.append(("Content-Length", str(len(document))))
             headers.append((telemetry.REQUEST_ID_HEADER, info.request_id))
             start_response(_STATUS_LINES[status], headers)
             telemetry.record(
@@ -99,40 +100,22 @@ class HotPath:
             )
         finally:
             telemetry.close_request()
-        return [body]
+        return [document]
 
-    def _plain_length(self, environ: WSGIEnvironment, route: Route) -> int:
-        """The body's length if this is the plain request the hot path answers, else 0."""
-        if (
-            environ.get("REQUEST_METHOD") != route.method
-            or environ.get("CONTENT_TYPE", "").lower() not in _JSON_TYPES
-            or "HTTP_TRANSFER_ENCODING" in environ
-            or (self.cors and "HTTP_ORIGIN" in environ)
-        ):
-            return 0
-        text = environ.get("CONTENT_LENGTH", "")
-        if not (text.isascii() and text.isdigit()) or len(text) > 12:
-            return 0
-        length = int(text)
-        return length if length <= self.max_body_bytes else 0
+    def _plain(self, environ: WSGIEnvironment, route: Route) -> bool:
+        """Whether this is the plain request the hot path answers."""
+        return (
+            environ.get("REQUEST_METHOD") == route.method
+            and environ.get("CONTENT_TYPE", "").lower() in _JSON_TYPES
+            and not (self.cors and "HTTP_ORIGIN" in environ)
+        )
 
-    def _generate(self, environ: WSGIEnvironment, body: dict[str, Any]) -> dict[str, Any]:
+    def _generate(self, environ: WSGIEnvironment, request: dict[str, Any]) -> dict[str, Any]:
         subject = environ.get(self.subject_key) if self.subject_key else None
-        return self.operations.generate(body, subject, environ.get("REMOTE_ADDR"))
+        return self.operations.generate(request, subject, environ.get("REMOTE_ADDR"))
 
-    def _consume(self, environ: WSGIEnvironment, body: dict[str, Any]) -> dict[str, Any]:
-        return self.operations.consume(body)
-
-
-def _read_body(environ: WSGIEnvironment, length: int) -> bytes:
-    """Exactly ``length`` bytes of body, or InvalidRequest (400) as Werkzeug answers a short body."""
-    try:
-        raw: bytes = environ["wsgi.input"].read(length)
-    except (OSError, ValueError):  # the client went away mid-body (gunicorn: NoMoreData, an IOError)
-        raw = b""
-    if len(raw) != length:
-        raise InvalidRequest("The request body ended early.", {"body": ["Incomplete body."]})
-    return raw
+    def _consume(self, environ: WSGIEnvironment, request: dict[str, Any]) -> dict[str, Any]:
+        return self.operations.consume(request)
 
 
 def install(app: Any, settings: Settings, operations: HotOperations) -> None:

@@ -1,0 +1,186 @@
+"""The edge under real gunicorn (the shipped config, gevent workers) on a real Redis, over raw sockets.
+
+Bodies over the limit on every framing, bodies that never arrive (408
+problem+json, never gunicorn's HTML 500), and gunicorn's own error replies
+(a request it cannot parse, a header section too large, bad chunk framing),
+which are problem+json too.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import API_KEY, AUTH
+from tests.support.processes import Gunicorn, RedisServer
+from tests.support.raw_http import Reply, chunked, connect, exchange, read_reply, request_bytes
+from token_service.store import IssueRequest, TokenStore
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
+LIMIT = 2048
+BODY_TIMEOUT_SECONDS = 1.5
+SCOPE = "edge.test"
+JSON = {"Content-Type": "application/json"}
+# the hot path, and the Flask path (a route it does not answer, or a type it does not take)
+ROUTES = [
+    pytest.param("/token/consume", JSON, id="hot"),
+    pytest.param("/token/consume", {"Content-Type": "application/merge-patch+json"}, id="flask"),
+    pytest.param("/token/begin", JSON, id="flask-begin"),
+]
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[tuple[Gunicorn, RedisServer]]:
+    redis_server = RedisServer().start()
+    server = Gunicorn(
+        {
+            "TOKEN_SERVICE_REDIS_URL": redis_server.url,
+            "TOKEN_SERVICE_API_KEYS": API_KEY,
+            "TOKEN_SERVICE_RATE_LIMIT": "off",
+            "TOKEN_SERVICE_MAX_BODY_BYTES": str(LIMIT),
+            "TOKEN_SERVICE_BODY_TIMEOUT_SECONDS": str(BODY_TIMEOUT_SECONDS),
+        },
+        workers=2,
+    ).start()
+    yield server, redis_server
+    server.stop()
+    redis_server.stop()
+
+
+def address(server: Gunicorn) -> tuple[str, int]:
+    return ("127.0.0.1", server.port)
+
+
+def assert_problem(reply: Reply, status: int, code: str) -> None:
+    assert reply.status == status, reply
+    assert reply.headers["content-type"] == "application/problem+json"
+    assert reply.headers["x-request-id"]
+    assert reply.json()["code"] == code
+
+
+def a_token(redis_server: RedisServer) -> str:
+    return TokenStore(redis_server.client()).issue(IssueRequest(SCOPE, None, None, 300))[0]
+
+
+def consume_body(token: str) -> bytes:
+    return json.dumps({"token": token, "scope": SCOPE}).encode()
+
+
+def still_consumable(server: Gunicorn, token: str) -> bool:
+    reply = exchange(
+        address(server), request_bytes("POST", "/token/consume", consume_body(token), {**AUTH, **JSON})
+    )
+    return reply.status == 200 and reply.json()["outcome"] == "consumed"
+
+
+@pytest.mark.parametrize(("path", "headers"), ROUTES)
+def test_a_chunked_body_over_the_limit_is_413_and_the_token_untouched(
+    service: tuple[Gunicorn, RedisServer], path: str, headers: dict[str, str]
+) -> None:
+    server, redis_server = service
+    token = a_token(redis_server)
+    valid = consume_body(token)
+    body = valid + b" " * (LIMIT - len(valid)) + b"garbage" * 1000
+    raw = request_bytes("POST", path, chunked(body), {**AUTH, **headers, "Transfer-Encoding": "chunked"})
+    assert_problem(exchange(address(server), raw), 413, "payload_too_large")
+    assert still_consumable(server, token)
+
+
+@pytest.mark.parametrize(("path", "headers"), ROUTES)
+def test_a_chunked_body_within_the_limit_is_served(
+    service: tuple[Gunicorn, RedisServer], path: str, headers: dict[str, str]
+) -> None:
+    server, redis_server = service
+    token = a_token(redis_server)
+    raw = request_bytes(
+        "POST",
+        path,
+        chunked(consume_body(token), size=7),
+        {**AUTH, **headers, "Transfer-Encoding": "chunked"},
+    )
+    assert exchange(address(server), raw).status == 200
+
+
+@pytest.mark.parametrize(("path", "headers"), ROUTES)
+@pytest.mark.parametrize("drip", [False, True], ids=["stalled", "dripping"])
+def test_a_body_that_does_not_arrive_in_time_is_408_problem_json(
+    service: tuple[Gunicorn, RedisServer], path: str, headers: dict[str, str], drip: bool
+) -> None:
+    server, redis_server = service
+    token = a_token(redis_server)
+    body = consume_body(token)
+    raw = request_bytes("POST", path, body, {**AUTH, **headers})
+    with connect(address(server)) as sock:
+        sock.sendall(raw[: -len(body) + 5])  # the head and 5 bytes of body
+        started = time.monotonic()
+        if drip:
+            # a byte every 0.2 s: every single wait is short, the whole body never comes in time
+            sock.settimeout(0.2)
+            for byte in raw[-len(body) + 5 : -1]:
+                sock.sendall(bytes([byte]))
+                try:
+                    if sock.recv(65536, socket.MSG_PEEK):
+                        break
+                except TimeoutError:
+                    continue
+        reply = read_reply(sock, deadline_seconds=BODY_TIMEOUT_SECONDS + 10)
+        waited = time.monotonic() - started
+    assert_problem(reply, 408, "request_timeout")
+    assert waited >= BODY_TIMEOUT_SECONDS - 0.1
+    assert still_consumable(server, token)
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        pytest.param(b"GARBAGE\r\n\r\n", 400, id="bad-request-line"),
+        pytest.param(
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n",
+            431,
+            id="header-too-large",
+        ),
+        pytest.param(
+            b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, id="request-line-too-long"
+        ),
+        pytest.param(
+            b"POST /token/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+            400,
+            id="bad-chunk-size",
+        ),
+        pytest.param(
+            b"POST /token/generate HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n",
+            (400, 501),  # which one depends on the gunicorn release
+            id="unsupported-coding",
+        ),
+        pytest.param(
+            b"POST /token/generate HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Length: 5\r\nContent-Length: 6\r\n\r\nhello",
+            400,
+            id="two-lengths",
+        ),
+    ],
+)
+def test_gunicorns_own_error_replies_are_problem_json(
+    service: tuple[Gunicorn, RedisServer], raw: bytes, status: int | tuple[int, ...]
+) -> None:
+    server, _ = service
+    reply = exchange(address(server), raw)
+    statuses = status if isinstance(status, tuple) else (status,)
+    assert_problem(reply, reply.status if reply.status in statuses else statuses[0], "invalid_request")
+    assert b"<html" not in reply.body
+
+
+def test_connections_are_kept_alive(service: tuple[Gunicorn, RedisServer]) -> None:
+    server, _ = service
+    with connect(address(server)) as sock:
+        for _ in range(20):
+            sock.sendall(request_bytes("GET", "/healthz"))
+            reply = read_reply(sock)
+            assert reply.status == 200
+            assert reply.headers["connection"] == "keep-alive"

@@ -1,0 +1,169 @@
+"""Request bodies, read whole before anything parses them: a size limit on every framing, and a deadline.
+
+A body is read in full, up to ``TOKEN_SERVICE_MAX_BODY_BYTES``, before a view
+or the hot path looks at it:
+
+- with a ``Content-Length`` over the limit: 413, and nothing is read;
+- chunked (or otherwise without a length): one byte past the limit is read,
+  and a body that has it is 413. Werkzeug's own limit stops quietly at the
+  limit instead, and the cut-off body would be parsed as if it were whole;
+- a body that ends before its ``Content-Length``, or whose client goes away
+  mid-body: 400 ``invalid_request``, never parsed;
+- a body that has not arrived ``TOKEN_SERVICE_BODY_TIMEOUT_SECONDS`` after the
+  first read began: 408 ``request_timeout``. Under gevent workers (the
+  default) that is a deadline for the whole body; under other worker classes
+  it bounds each wait for the socket (a stalled client), where gunicorn's
+  worker timeout is the backstop.
+
+The hot path calls :func:`read_body` itself; every other request reads its
+body through :class:`GuardedInput`, which ``wsgi.input`` becomes.
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from token_service.errors import InvalidRequest, PayloadTooLarge, TokenError
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIEnvironment
+
+TOO_LARGE = "The request body is over the configured limit."
+ENDED_EARLY = "The request body ended early."
+
+
+class RequestTimeout(TokenError):
+    """The request body did not arrive in time (``TOKEN_SERVICE_BODY_TIMEOUT_SECONDS``)."""
+
+    code = "request_timeout"
+    status = 408
+    title = "Request timeout"
+
+
+def has_body(environ: WSGIEnvironment) -> bool:
+    return environ.get("CONTENT_LENGTH", "") not in ("", "0") or "HTTP_TRANSFER_ENCODING" in environ
+
+
+def read_body(environ: WSGIEnvironment, max_bytes: int, timeout_seconds: float) -> bytes:
+    """The whole body of the request, or PayloadTooLarge (413), InvalidRequest (400), RequestTimeout (408)."""
+    stream = environ["wsgi.input"]
+    text = environ.get("CONTENT_LENGTH", "")
+    # gunicorn refuses a request with both (and any coding but chunked): the length is then absent
+    length: int | None = None
+    if text and "HTTP_TRANSFER_ENCODING" not in environ:
+        if not (text.isascii() and text.isdigit()):
+            raise InvalidRequest("The Content-Length header is not a number.", {"body": ["Bad length."]})
+        length = int(text)
+        if length > max_bytes:
+            raise PayloadTooLarge(TOO_LARGE)
+    if length is None and not environ.get("wsgi.input_terminated"):
+        return b""  # no length, and the server does not end the stream: no body (as Werkzeug reads it)
+    wanted = max_bytes + 1 if length is None else length
+    raw = _read(stream, wanted, environ.get("gunicorn.socket"), timeout_seconds) if wanted else b""
+    if len(raw) > max_bytes:
+        raise PayloadTooLarge(TOO_LARGE)
+    if length is not None and len(raw) != length:
+        raise InvalidRequest(ENDED_EARLY, {"body": ["Incomplete body."]})
+    return raw
+
+
+def _read(stream: Any, wanted: int, sock: Any, timeout_seconds: float) -> bytes:
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("socket"):
+        from gevent import Timeout
+
+        # fires in this greenlet wherever it waits: a deadline for the whole body
+        with Timeout(timeout_seconds, RequestTimeout(_timed_out(timeout_seconds))):
+            return _read_until(stream, wanted)
+    if sock is None:
+        return _read_until(stream, wanted)
+    previous = sock.gettimeout()
+    sock.settimeout(timeout_seconds)
+    try:
+        raw = _read_until(stream, wanted)
+    except TimeoutError:
+        # the socket keeps its timeout: gunicorn's next read of it (the rest of the body) ends soon too
+        raise RequestTimeout(_timed_out(timeout_seconds)) from None
+    sock.settimeout(previous)
+    return raw
+
+
+def _timed_out(timeout_seconds: float) -> str:
+    return f"The request body did not arrive within {timeout_seconds:g} s."
+
+
+def _read_until(stream: Any, wanted: int) -> bytes:
+    """Up to ``wanted`` bytes: fewer only at the end of the body."""
+    parts: list[bytes] = []
+    got = 0
+    try:
+        while got < wanted:
+            part = stream.read(wanted - got)
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+    except (TimeoutError, TokenError):  # a deadline: RequestTimeout, said by the caller
+        raise
+    except (OSError, ValueError):  # the client went away mid-body (gunicorn: NoMoreData, an IOError)
+        raise InvalidRequest(ENDED_EARLY, {"body": ["Incomplete body."]}) from None
+    except Exception as exc:  # the server's stream refused the framing (gunicorn: InvalidChunkSize, ...)
+        raise InvalidRequest(
+            f"The request body's framing is invalid ({type(exc).__name__}).", {"body": ["Bad framing."]}
+        ) from None
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+class GuardedInput(io.RawIOBase):
+    """``wsgi.input`` for the Flask path: on the first read, the whole body through :func:`read_body`.
+
+    Nothing is read until a view asks (so a view that checks the service key
+    first still refuses an unauthenticated request before its body), and a
+    view never sees part of a body: it gets all of it or the error.
+    """
+
+    def __init__(self, environ: WSGIEnvironment, max_bytes: int, timeout_seconds: float) -> None:
+        super().__init__()
+        self._request: dict[str, Any] = {
+            key: environ[key]
+            for key in (
+                "wsgi.input",
+                "wsgi.input_terminated",
+                "CONTENT_LENGTH",
+                "HTTP_TRANSFER_ENCODING",
+                "gunicorn.socket",
+            )
+            if key in environ
+        }
+        self._max_bytes = max_bytes
+        self._timeout_seconds = timeout_seconds
+        self._buffer: io.BytesIO | None = None
+
+    def _body(self) -> io.BytesIO:
+        if self._buffer is None:
+            self._buffer = io.BytesIO(read_body(self._request, self._max_bytes, self._timeout_seconds))
+        return self._buffer
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        return self._body().read(size)
+
+    def readinto(self, buffer: Any) -> int:
+        return self._body().readinto(buffer)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        return self._body().readline(size)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._body())
+
+
+def guard(environ: WSGIEnvironment, max_bytes: int, timeout_seconds: float) -> None:
+    """Make the request's ``wsgi.input`` a :class:`GuardedInput` (when it has a body)."""
+    if has_body(environ):
+        environ["wsgi.input"] = GuardedInput(environ, max_bytes, timeout_seconds)
