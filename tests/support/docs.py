@@ -93,7 +93,9 @@ def run_python(block: Block, namespace: dict[str, object], base_url: str | None 
     code = pointed_at(block.code, base_url) if base_url else block.code
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        exec(compile(code, block.where, "exec"), namespace)  # noqa: S102
+        # dont_inherit: the block runs as a reader's own module would, without this file's
+        # `from __future__ import annotations` (dataclasses and type hints see real types)
+        exec(compile(code, block.where, "exec", dont_inherit=True), namespace)  # noqa: S102
     check_output(block, out.getvalue())
     return out.getvalue()
 
