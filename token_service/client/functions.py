@@ -36,7 +36,6 @@ import base64
 import functools
 import hashlib
 import inspect
-import json
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -47,6 +46,7 @@ from token_service.records import Completed, FailRecorded, Finished, Renewed, St
 from . import _validate as check
 from ._client import AsyncTokenClient, TokenClient
 from ._direct import AsyncDirectTransport, DirectTransport, _info
+from ._fingerprint import canonical_json, fingerprint
 from ._types import Consumed, IssuedToken, TokenInfo
 from .guard import AsyncGuard, Guard, Terminal, as_json
 
@@ -63,11 +63,6 @@ _OPERATION_RE = re.compile(r"op:[A-Za-z0-9_-]{43}\Z")
 KeySpec = str | Sequence[str] | Callable[..., Any]
 
 
-def canonical_json(value: Any) -> str:
-    """One text per JSON value: sorted keys, no spaces (tuples are lists)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
 def operation_token(scope: str, key: Any) -> str:
     """The name of the record of ``key`` in ``scope``: ``op:`` and a SHA-256 of both (never a token).
 
@@ -77,10 +72,10 @@ def operation_token(scope: str, key: Any) -> str:
     if key is None:
         raise ValueError("the idempotency key is None (a missing message id?): refusing to key on it")
     try:
-        canonical = canonical_json([scope, key])
+        canonical = canonical_json(as_json([scope, key]))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"an idempotency key must be a JSON value (str, int, tuple, ...): {exc}") from exc
-    digest = hashlib.sha256(canonical.encode("utf-8")).digest()
+    digest = hashlib.sha256(canonical).digest()
     return "op:" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
@@ -94,7 +89,10 @@ def _fingerprint(value: Any) -> str | None:
     """The record's fingerprint for a JSON value describing the input: its SHA-256 (hex)."""
     if value is None:
         return None
-    return hashlib.sha256(canonical_json(as_json(value)).encode("utf-8")).hexdigest()
+    try:
+        return fingerprint(as_json(value))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"a fingerprint must be made of JSON values: {exc}") from exc
 
 
 def _not_for_keys(operation: str) -> TypeError:

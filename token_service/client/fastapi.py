@@ -1,0 +1,291 @@
+"""``@require_token`` for FastAPI: an endpoint runs at most once per anti-duplicate token.
+
+::
+
+    tokens = AsyncTokenClient.from_redis("redis://localhost:6379/0")   # or AsyncTokenClient(url, key)
+
+    @app.post("/payments", status_code=201)
+    @require_token(tokens, "payment.create", subject=lambda request: request.headers["X-User-Id"])
+    async def create_payment(payment: Payment, response: Response) -> Receipt:
+        ...
+
+What ``token_service.client.flask.require_token`` does for Flask, on an
+:class:`~token_service.client.AsyncTokenClient`: the token comes from the
+``Idempotency-Token`` header, ``subject`` and ``fingerprint`` from the request
+(callables given the :class:`~fastapi.Request`, sync or async; or
+``fingerprint=["amount", "currency"]``, body fields, as
+``fields_fingerprint`` issues it). The first request runs the endpoint; every
+duplicate gets its response again, marked ``Idempotent-Replayed: true``,
+without the endpoint running:
+
+- an endpoint that returns a value: the value (its JSON form) is stored with
+  the status and the ``replay_headers`` it set on an injected ``Response``;
+  a duplicate returns that value, so FastAPI renders it exactly as the first
+  (same ``status_code``, ``response_model``, response class);
+- an endpoint that returns a ``Response``: its status, body bytes and
+  ``replay_headers`` are stored (:class:`StoredResponse`) and replayed as they are;
+- ``HTTPException``: a status worth storing (4xx but 408/409/425/429) is stored
+  and replayed as FastAPI renders it (``{"detail": ...}``); a 5xx frees the token.
+
+Any other exception frees the token for a retry, unless it is listed in
+``terminal``: duplicates then get 409 ``token_failed``. Token errors are
+problem+json: missing header 400, unknown token 404, mismatch 403, in
+progress 409 with ``Retry-After`` (or ``wait_seconds`` to wait for the first
+request and replay it), used 409, store down 503. A request FastAPI rejects
+(422: the body does not validate) never reaches the guard: its token is not used.
+
+The lease is renewed while the endpoint runs (:class:`AsyncGuard`). Only this
+module imports FastAPI.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import typing
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+from fastapi import HTTPException, Request, Response
+from fastapi.encoders import jsonable_encoder
+from starlette.concurrency import run_in_threadpool
+
+from token_service.errors import InvalidRequest, ServiceUnavailable, TokenError, Unauthorized
+from token_service.problems import problem_for
+from token_service.records import dump_json
+
+from ._client import AsyncTokenClient
+from ._fingerprint import body_identity
+from ._fingerprint import fingerprint as fingerprint_of
+from ._response import REPLAYED_HEADER, StoredResponse, StorePolicy, default_store_status
+from .guard import AsyncGuard, Terminal
+
+__all__ = ["DEFAULT_REPLAY_HEADERS", "problem_response", "require_token"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REPLAY_HEADERS = ("Content-Type", "Location")
+# The service's default max_result_bytes (TOKEN_SERVICE_MAX_RESULT_BYTES): what a stored response may take.
+DEFAULT_MAX_RESULT_BYTES = 16384
+# The hidden parameters the decorator adds to the endpoint's signature (FastAPI injects them).
+_REQUEST = "token_service_request"
+_RESPONSE = "token_service_response"
+RequestValue = Callable[[Request], Any]
+
+
+def problem_response(error: TokenError) -> Response:
+    status, headers, body = problem_for(error)
+    return Response(body, status_code=status, headers=headers)
+
+
+async def _value(source: RequestValue | None, request: Request) -> Any:
+    if source is None:
+        return None
+    value = source(request)
+    return await value if inspect.isawaitable(value) else value
+
+
+async def _fingerprint(spec: RequestValue | Sequence[str] | None, request: Request) -> str | None:
+    if spec is None or callable(spec):
+        value: str | None = await _value(spec, request)
+        return value
+    if isinstance(spec, str):
+        raise TypeError("fingerprint fields must be a sequence of names, not one string")
+    body = await request.body()  # FastAPI has read it for the endpoint already: cached
+    return fingerprint_of(body_identity(body, request.headers.get("content-type"), spec))
+
+
+def _kept(headers: Iterable[tuple[str, str]], wanted: set[str]) -> list[tuple[str, str]]:
+    return [(name, value) for name, value in headers if name.lower() in wanted]
+
+
+def _replay(stored: Any, response: Response) -> Any:
+    """A duplicate's answer from the token's result: a Response, or the first call's value."""
+    if isinstance(stored, dict) and stored.get("kind") == "value":
+        headers = [(name, value) for name, value in stored.get("h", [])]
+        if "omitted" in stored:
+            # too large to keep: the status and headers, and the mark that the body was dropped
+            empty = StoredResponse(stored.get("s") or 200, b"", headers, omitted=stored["omitted"])
+            return _replay(empty.to_result(), response)
+        if stored.get("s") is not None:
+            response.status_code = stored["s"]
+        for name, value in headers:
+            response.headers.append(name, value)
+        response.headers[REPLAYED_HEADER] = "true"
+        return stored.get("v")
+    replayed = StoredResponse.from_result(stored)
+    answer = Response(replayed.body, status_code=replayed.status)
+    for name, value in replayed.replay_headers():
+        answer.headers.append(name, value)
+    return answer
+
+
+def _is(annotation: Any, kind: type) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, kind)
+
+
+def _signature(endpoint: Callable[..., Any]) -> tuple[inspect.Signature, str, str, tuple[str, ...]]:
+    """The endpoint's signature with its annotations resolved and a Request and a Response in it.
+
+    Returns the signature, the names of the Request and Response parameters and which
+    of those two were added (FastAPI injects one of each kind per endpoint: when the
+    endpoint declares its own, the decorator shares it). Annotations are resolved here
+    because FastAPI would resolve string annotations (``from __future__ import
+    annotations``) in this module's globals, not the endpoint's.
+    """
+    signature = inspect.signature(endpoint)
+    hints = typing.get_type_hints(endpoint, include_extras=True)
+    parameters = [
+        parameter.replace(annotation=hints.get(name, parameter.annotation))
+        for name, parameter in signature.parameters.items()
+    ]
+    names: dict[type, str] = {}
+    added: list[str] = []
+    extra: list[inspect.Parameter] = []
+    for kind, hidden in ((Request, _REQUEST), (Response, _RESPONSE)):
+        declared = next((p.name for p in parameters if _is(p.annotation, kind)), None)
+        if declared is None:
+            if hidden in signature.parameters:
+                raise TypeError(f"{endpoint.__qualname__} has a parameter {hidden!r}: this decorator's own")
+            extra.append(inspect.Parameter(hidden, inspect.Parameter.KEYWORD_ONLY, annotation=kind))
+            added.append(hidden)
+            declared = hidden
+        names[kind] = declared
+    # keyword-only parameters go last; **kwargs (if any) after them
+    variadic = [p for p in parameters if p.kind is inspect.Parameter.VAR_KEYWORD]
+    plain = [p for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    returns = hints.get("return", signature.return_annotation)
+    resigned = signature.replace(parameters=[*plain, *extra, *variadic], return_annotation=returns)
+    return resigned, names[Request], names[Response], tuple(added)
+
+
+def require_token(
+    client: AsyncTokenClient,
+    scope: str,
+    *,
+    header: str = "Idempotency-Token",
+    subject: RequestValue | None = None,
+    fingerprint: RequestValue | Sequence[str] | None = None,
+    replay_headers: Iterable[str] = DEFAULT_REPLAY_HEADERS,
+    lease_seconds: int | None = None,
+    terminal: Terminal = (),
+    wait_seconds: float = 0.0,
+    store_status: StorePolicy = default_store_status,
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]]:
+    """Decorate a FastAPI endpoint (below ``@app.post(...)``) so each token runs it at most once.
+
+    See the module docs. ``subject`` and ``fingerprint`` must reproduce what the
+    token was issued with. ``store_status(status)`` says which responses are kept
+    (the others free the token so the client may retry with it). A response whose
+    stored form is over ``max_result_bytes`` of JSON (the service's
+    ``TOKEN_SERVICE_MAX_RESULT_BYTES``) is kept without its body: duplicates get
+    the status and headers with ``Idempotent-Body-Omitted: <length>``.
+    """
+    if not isinstance(client, AsyncTokenClient):
+        raise TypeError("FastAPI's require_token takes an AsyncTokenClient")
+    wanted = {name.lower() for name in replay_headers}
+
+    def decorate(endpoint: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
+        signature, request_name, response_name, added = _signature(endpoint)
+        is_async = inspect.iscoroutinefunction(endpoint)
+
+        async def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            if is_async:
+                return await endpoint(*args, **kwargs)
+            return await run_in_threadpool(endpoint, *args, **kwargs)
+
+        @functools.wraps(endpoint)
+        async def guarded_endpoint(*args: Any, **kwargs: Any) -> Any:
+            request: Request = kwargs[request_name]
+            response: Response = kwargs[response_name]
+            for name in added:
+                del kwargs[name]
+            token = request.headers.get(header, "").strip()
+            if not token:
+                return problem_response(
+                    InvalidRequest(f"The {header} header is required.", {header: ["Missing."]})
+                )
+            try:
+                guard = client.guard(
+                    token,
+                    scope,
+                    subject=await _value(subject, request),
+                    fingerprint=await _fingerprint(fingerprint, request),
+                    lease_seconds=lease_seconds,
+                    terminal=terminal,
+                    wait_seconds=wait_seconds,
+                )
+                fresh = await guard.start()
+            except Unauthorized:
+                log.error("the token service refused this backend's service key; check its configuration")
+                return problem_response(
+                    ServiceUnavailable("The token service is not available to this backend.")
+                )
+            except TokenError as exc:
+                return problem_response(exc)
+            if not fresh:
+                return _replay(guard.result, response)
+            request.state.token_guard = guard
+            try:
+                value = await call(args, kwargs)
+            except HTTPException as exc:
+                await _settle_http_exception(guard, scope, exc, wanted, store_status)
+                raise
+            except BaseException as exc:
+                await guard.abandon_quietly(exc)
+                raise
+            if isinstance(value, Response):
+                status = value.status_code
+                kept = StoredResponse(status, bytes(value.body), _kept(value.headers.items(), wanted))
+                result = _fit(kept.to_result(), len(value.body), max_result_bytes)
+            else:
+                status = response.status_code or 200
+                document = {
+                    "kind": "value",
+                    "v": jsonable_encoder(value),
+                    "s": response.status_code,
+                    "h": _kept(response.headers.items(), wanted),
+                }
+                result = _fit(document, len(dump_json(document["v"])), max_result_bytes)
+            if not store_status(status):
+                await guard.abandon_quietly(None, retryable=True)
+                return value
+            await _succeed(guard, scope, result)
+            return value
+
+        guarded_endpoint.__signature__ = signature  # type: ignore[attr-defined]
+        return guarded_endpoint
+
+    return decorate
+
+
+def _fit(result: dict[str, Any], body_length: int, max_result_bytes: int) -> dict[str, Any]:
+    """``result``, or the same without its body when it is over the store's limit."""
+    if len(dump_json(result)) <= max_result_bytes:
+        return result
+    smaller = {name: value for name, value in result.items() if name not in ("b", "e", "v")}
+    smaller["omitted"] = body_length
+    return smaller
+
+
+async def _settle_http_exception(
+    guard: AsyncGuard, scope: str, exc: HTTPException, wanted: set[str], store_status: StorePolicy
+) -> None:
+    if not store_status(exc.status_code):
+        await guard.abandon_quietly(None, retryable=True)
+        return
+    # what FastAPI's default handler answers for it
+    headers = {"Content-Type": "application/json", **(exc.headers or {})}
+    stored = StoredResponse.json(exc.status_code, {"detail": exc.detail})
+    kept = _kept(headers.items(), wanted)
+    await _succeed(guard, scope, StoredResponse(stored.status, stored.body, kept).to_result())
+
+
+async def _succeed(guard: AsyncGuard, scope: str, result: Any) -> None:
+    try:
+        await guard.succeed(result)
+    except TokenError as exc:
+        # The work is done and its response goes out; only the record of it is missing.
+        log.error("could not store the response of a %s request: %s", scope, exc)
