@@ -314,3 +314,27 @@ def test_a_token_that_expired_while_the_page_sat_open_is_replaced(
     order_id = order_of(page)
     assert len(charge_posts(demo, order_id)) == 1  # the stale token was never sent
     assert len(demo.charges(order_id)) == 1
+
+
+def test_after_the_wait_the_page_tries_again_by_itself(context: Any, demo: RunningDemo) -> None:
+    page = context.new_page()
+    refused = {"count": 0}
+
+    def limit_once(route: Any) -> None:
+        if route.request.method == "POST" and refused["count"] == 0:
+            refused["count"] += 1
+            route.fulfill(
+                status=429,
+                headers={"Content-Type": "application/problem+json"},
+                body='{"code": "rate_limited", "status": 429, "retry_after_seconds": 2}',
+            )
+        else:
+            route.continue_()
+
+    page.route("**/token/generate", limit_once)
+    page.goto(demo.shop_url + "/")
+    wait_state(page, "rate-limited")
+    wait_state(page, "ready")  # the countdown ran out and the page asked again
+    page.click("#pay")
+    assert [outcome for outcome, _ in results(page, 1)] == ["charged"]
+    assert len(demo.charges(order_of(page))) == 1
