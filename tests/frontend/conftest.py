@@ -134,8 +134,12 @@ class RunningDemo:
 
 
 def start_demo(**options: Any) -> RunningDemo:
-    """A token service on a free port, a fault proxy in front of it, and the shop pointed at the proxy."""
+    """A token service on a free port, a fault proxy in front of it, and the shop pointed at the proxy.
+
+    ``shop_origin_listed=False``: the token service's CORS list leaves the shop out (a misconfiguration).
+    """
     token_settings = {"rate_limit": "off", **options.pop("token_settings", {})}
+    listed = options.pop("shop_origin_listed", True)
     token_service = Server("127.0.0.1", 0)
     proxy = FaultProxy(("127.0.0.1", token_service.wsgi.server_port)).start()
     demo = Demo(
@@ -145,7 +149,10 @@ def start_demo(**options: Any) -> RunningDemo:
         environ={"CHECKOUT_API_KEY": DEMO_API_KEY},
         **options,
     )
-    token_requests = Recorder(create_app(token_service_settings({}, demo.shop_url, token_settings)))
+    settings = token_service_settings(
+        {}, demo.shop_url if listed else "http://elsewhere.example", token_settings
+    )
+    token_requests = Recorder(create_app(settings))
     token_service.app = token_requests
     token_service.start()
     demo.start()

@@ -262,6 +262,19 @@ def test_token_service_unreachable_at_load_and_at_click(context: Any, demo: Runn
     assert len(demo.charges(order_id)) == 1
 
 
+def test_a_shop_missing_from_the_cors_list_gets_the_same_usable_page(
+    context: Any, demo_factory: Callable[..., RunningDemo]
+) -> None:
+    # The browser tells the page nothing more than "no answer": the page says what it can, and
+    # `python -m examples.checkout --token-service URL` warns the developer at start.
+    demo = demo_factory(shop_origin_listed=False)
+    page = open_checkout(context, demo.shop_url + "/", state="unavailable")
+    assert "can't reach the payment service" in status(page)[1]
+    assert page.locator("#retry").is_visible()
+    assert demo.token_requests.where("OPTIONS", "/token/generate")  # refused by the preflight
+    assert demo.charges() == []
+
+
 def test_token_service_dies_between_token_and_charge(context: Any, demo: RunningDemo) -> None:
     page = open_checkout(context, demo.shop_url + "/")  # the token is in hand
     order_id = order_of(page)
