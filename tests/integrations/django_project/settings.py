@@ -1,0 +1,28 @@
+"""A minimal Django project for tests/integrations/test_django.py (Redis from TS_TEST_REDIS_URL)."""
+
+import os
+
+SECRET_KEY = "tests-only-not-a-secret"
+DEBUG = False
+ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
+ROOT_URLCONF = "tests.integrations.django_project.urls"
+INSTALLED_APPS = ["rest_framework"]
+DATABASES: dict[str, object] = {}
+USE_TZ = True
+MIDDLEWARE = [
+    "django.middleware.common.CommonMiddleware",
+    "token_service.client.django.IdempotencyKeyMiddleware",
+]
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": [],
+    "UNAUTHENTICATED_USER": None,
+}
+TOKEN_SERVICE = {
+    "REDIS_URL": os.environ.get("TS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
+    "IDEMPOTENCY_KEY": {
+        "PATHS": ["/api/"],
+        "WAIT_SECONDS": 30,  # a duplicate waits for the first request's response
+        "LOCK_SECONDS": 10,
+    },
+}

@@ -1,0 +1,20 @@
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
+
+from token_service.client.django import require_token
+
+from . import views
+
+urlpatterns = [
+    path("healthz", views.healthz),
+    path("pay", csrf_exempt(views.pay)),
+    path("pay-waiting", csrf_exempt(views.pay_waiting)),
+    path("pay-async", csrf_exempt(views.pay_async)),
+    path("declined", csrf_exempt(views.declined)),
+    path("crash", csrf_exempt(views.crash)),
+    path("store-down", csrf_exempt(views.store_down)),
+    path("drf/payments", require_token("drf.payment")(views.PaymentView.as_view())),
+    path("api/orders", csrf_exempt(views.create_order)),
+    path("api/orders-async", csrf_exempt(views.create_order_async)),
+    path("api/orders-503", csrf_exempt(views.unavailable_order)),
+]

@@ -1,0 +1,100 @@
+"""Views guarded by @require_token (sync, async, DRF) and by the Idempotency-Key middleware (/api/)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import redis
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from token_service.client import AsyncTokenClient
+from token_service.client.django import require_token
+
+counters = redis.Redis.from_url(settings.TOKEN_SERVICE["REDIS_URL"])
+
+
+class Declined(Exception):
+    pass
+
+
+def user(request: HttpRequest) -> str | None:
+    return request.headers.get("X-User-Id")
+
+
+def healthz(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"status": "ok"})
+
+
+@require_token("payment.create", subject=user, fingerprint=["amount", "currency"])
+def pay(request: HttpRequest) -> HttpResponse:
+    run = counters.incr("runs:pay")
+    time.sleep(0.3)
+    payment = json.loads(request.body)
+    response = JsonResponse({"id": f"pay_{run}", **payment}, status=201)
+    response["Location"] = f"/payments/pay_{run}"
+    response["X-Not-Replayed"] = "only the first answer has it"
+    return response
+
+
+@require_token("payment.create", subject=user, wait_seconds=30)
+def pay_waiting(request: HttpRequest) -> HttpResponse:
+    run = counters.incr("runs:pay_waiting")
+    time.sleep(0.5)
+    return JsonResponse({"id": f"pay_{run}"}, status=201)
+
+
+@require_token("payment.create", subject=user, wait_seconds=30)
+async def pay_async(request: HttpRequest) -> HttpResponse:
+    run = await asyncio.to_thread(counters.incr, "runs:pay_async")
+    await asyncio.sleep(0.5)
+    return JsonResponse({"id": f"pay_{run}"}, status=201)
+
+
+@require_token("declined.op", terminal=(Declined,))
+def declined(request: HttpRequest) -> HttpResponse:
+    counters.incr("runs:declined")
+    raise Declined("card declined")
+
+
+@require_token("crash.op")
+def crash(request: HttpRequest) -> HttpResponse:
+    run = counters.incr("runs:crash")
+    if run == 1:
+        raise RuntimeError("bug")
+    return JsonResponse({"run": run})
+
+
+@require_token("down.op", client=AsyncTokenClient.from_redis("redis://127.0.0.1:1/0", retry=1, timeout=0.5))
+async def store_down(request: HttpRequest) -> HttpResponse:
+    counters.incr("runs:down")
+    return JsonResponse({})
+
+
+class PaymentView(APIView):
+    """Django REST framework: the view is decorated where it is routed (urls.py)."""
+
+    def post(self, request: object) -> Response:
+        run = counters.incr("runs:drf")
+        return Response({"id": f"pay_{run}"}, status=201)
+
+
+def create_order(request: HttpRequest) -> HttpResponse:
+    run = counters.incr("runs:orders")
+    time.sleep(0.5)
+    return JsonResponse({"order": f"o_{run}", "body": json.loads(request.body)}, status=201)
+
+
+async def create_order_async(request: HttpRequest) -> HttpResponse:
+    run = await asyncio.to_thread(counters.incr, "runs:orders_async")
+    await asyncio.sleep(0.5)
+    return JsonResponse({"order": f"o_{run}"}, status=201)
+
+
+def unavailable_order(request: HttpRequest) -> HttpResponse:
+    run = counters.incr("runs:orders_503")
+    return JsonResponse({"run": run}, status=503 if run == 1 else 201)

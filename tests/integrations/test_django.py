@@ -1,0 +1,191 @@
+"""Django: @require_token (sync, async, DRF) and the Idempotency-Key middleware,
+under gunicorn (WSGI) and under uvicorn (Django's ASGI handler), on a real redis-server."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from tests.integrations.servers import AppServer
+from tests.support.processes import RedisServer
+from token_service.client import TokenClient
+from token_service.client._fingerprint import fields_fingerprint
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+PAYMENT = {"amount": 1250, "currency": "EUR"}
+PAYMENT_PRINT = fields_fingerprint(PAYMENT)
+SETTINGS = "tests.integrations.django_project.settings"
+
+
+@pytest.fixture(scope="module", params=["gunicorn", "uvicorn"])
+def server(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator[AppServer]:
+    env = {"TS_TEST_REDIS_URL": redis_server.url, "DJANGO_SETTINGS_MODULE": SETTINGS}
+    if request.param == "gunicorn":
+        app = "tests.integrations.django_project.wsgi:application"
+        started = AppServer.gunicorn(app, env, "--config", "python:tests.integrations.gunicorn_django")
+    else:
+        started = AppServer.uvicorn("tests.integrations.django_project.asgi:application", env)
+    yield started.start()
+    started.stop()
+
+
+@pytest.fixture
+def tokens(real_redis: redis.Redis) -> Iterator[TokenClient]:
+    with TokenClient.from_redis(real_redis) as client:
+        yield client
+
+
+def runs(real_redis: redis.Redis, name: str) -> int:
+    return int(real_redis.get(f"runs:{name}") or 0)
+
+
+def post(server: AppServer, path: str, body: Any = None, **headers: str) -> httpx.Response:
+    sent = {name.replace("_", "-"): value for name, value in headers.items()}
+    return httpx.post(server.url + path, json=body, headers=sent, timeout=60)
+
+
+def concurrently(count: int, call: Any) -> list[httpx.Response]:
+    barrier = threading.Barrier(count)
+
+    def send(_: int) -> httpx.Response:
+        barrier.wait()
+        result: httpx.Response = call()
+        return result
+
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        return list(pool.map(send, range(count)))
+
+
+def problem(answer: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert answer.status_code == status, answer.text
+    assert answer.headers["Content-Type"].startswith("application/problem+json")
+    body: dict[str, Any] = answer.json()
+    assert body["code"] == code
+    return body
+
+
+# -- @require_token ------------------------------------------------------------------------------
+
+
+def test_a_duplicate_gets_the_first_response(server: AppServer, tokens: TokenClient, real_redis: Any) -> None:
+    token = tokens.generate("payment.create", subject="alice", fingerprint=PAYMENT_PRINT).token
+    first = post(server, "/pay", PAYMENT, Idempotency_Token=token, X_User_Id="alice")
+    assert first.status_code == 201, first.text
+    assert first.json() == {"id": "pay_1", **PAYMENT}
+    again = post(server, "/pay", PAYMENT, Idempotency_Token=token, X_User_Id="alice")
+    assert (again.status_code, again.content) == (201, first.content)
+    assert again.headers["Location"] == "/payments/pay_1"
+    assert again.headers["Content-Type"] == "application/json"
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert "X-Not-Replayed" not in again.headers
+    assert runs(real_redis, "pay") == 1
+
+
+@pytest.mark.parametrize("path", ["/pay-waiting", "/pay-async"])
+def test_concurrent_duplicates_run_once_and_get_the_same_response(
+    server: AppServer, tokens: TokenClient, real_redis: Any, path: str
+) -> None:
+    token = tokens.generate("payment.create", subject="alice").token
+    answers = concurrently(8, lambda: post(server, path, PAYMENT, Idempotency_Token=token, X_User_Id="alice"))
+    assert [answer.status_code for answer in answers] == [201] * 8
+    assert len({answer.content for answer in answers}) == 1
+    assert sum(answer.headers.get("Idempotent-Replayed") == "true" for answer in answers) == 7
+    assert runs(real_redis, path.strip("/").replace("-", "_")) == 1
+
+
+def test_drf_view(server: AppServer, tokens: TokenClient, real_redis: Any) -> None:
+    token = tokens.generate("drf.payment").token
+    first = post(server, "/drf/payments", {}, Idempotency_Token=token)
+    again = post(server, "/drf/payments", {}, Idempotency_Token=token)
+    assert first.status_code == again.status_code == 201
+    assert first.json() == again.json() == {"id": "pay_1"}
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert runs(real_redis, "drf") == 1
+
+
+def test_the_error_table(server: AppServer, tokens: TokenClient, real_redis: Any) -> None:
+    body = problem(post(server, "/pay", PAYMENT, X_User_Id="alice"), 400, "invalid_request")
+    assert "Idempotency-Token" in body["errors"]
+    problem(post(server, "/pay", PAYMENT, Idempotency_Token="A" * 43), 404, "token_invalid")
+    problem(post(server, "/pay", PAYMENT, Idempotency_Token="not a token!"), 404, "token_invalid")
+    token = tokens.generate("payment.create", subject="alice", fingerprint=PAYMENT_PRINT).token
+    problem(
+        post(server, "/pay", PAYMENT, Idempotency_Token=token, X_User_Id="mallory"), 403, "token_mismatch"
+    )
+    other = {"amount": 1, "currency": "EUR"}
+    problem(post(server, "/pay", other, Idempotency_Token=token, X_User_Id="alice"), 403, "token_mismatch")
+    assert runs(real_redis, "pay") == 0
+    used = tokens.generate("payment.create", subject="alice", fingerprint=PAYMENT_PRINT).token
+    tokens.consume(used, "payment.create", subject="alice", fingerprint=PAYMENT_PRINT)
+    problem(post(server, "/pay", PAYMENT, Idempotency_Token=used, X_User_Id="alice"), 409, "token_used")
+    held = tokens.generate("payment.create", subject="alice", fingerprint=PAYMENT_PRINT).token
+    tokens.begin(held, "payment.create", subject="alice", fingerprint=PAYMENT_PRINT, lease_seconds=60)
+    busy = post(server, "/pay", PAYMENT, Idempotency_Token=held, X_User_Id="alice")
+    problem(busy, 409, "token_in_progress")
+    assert int(busy.headers["Retry-After"]) >= 1
+    token = tokens.generate("declined.op").token
+    assert post(server, "/declined", Idempotency_Token=token).status_code == 500
+    failed = problem(post(server, "/declined", Idempotency_Token=token), 409, "token_failed")
+    assert failed["error"] == {"type": "Declined", "message": "card declined"}
+    assert runs(real_redis, "declined") == 1
+    token = tokens.generate("crash.op").token
+    assert post(server, "/crash", Idempotency_Token=token).status_code == 500  # frees the token
+    assert post(server, "/crash", Idempotency_Token=token).json() == {"run": 2}
+    down = post(server, "/store-down", Idempotency_Token="A" * 43)
+    problem(down, 503, "store_unavailable")
+    assert int(down.headers["Retry-After"]) >= 1
+    assert runs(real_redis, "down") == 0
+
+
+# -- the Idempotency-Key middleware --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/api/orders", "/api/orders-async"])
+def test_middleware_runs_a_key_once_and_replays_it(server: AppServer, real_redis: Any, path: str) -> None:
+    key = f'"{path}-{server.port}"'
+    answers = concurrently(
+        8, lambda: post(server, path, {"sku": "A1"}, Idempotency_Key=key, Authorization="Bearer alice")
+    )
+    assert [answer.status_code for answer in answers] == [201] * 8
+    assert len({answer.content for answer in answers}) == 1
+    assert sum(answer.headers.get("Idempotent-Replayed") == "true" for answer in answers) == 7
+    # another client's same key is another request
+    bob = post(server, path, {"sku": "A1"}, Idempotency_Key=key, Authorization="Bearer bob")
+    assert bob.status_code == 201
+    assert "Idempotent-Replayed" not in bob.headers
+    assert runs(real_redis, path.removeprefix("/api/").replace("-", "_")) == 2
+
+
+def test_middleware_error_table(server: AppServer, real_redis: Any) -> None:
+    alice = "Bearer alice"
+    key = f'"errors-{server.port}"'
+    problem(post(server, "/api/orders", {"sku": "A1"}, Authorization=alice), 400, "invalid_request")
+    problem(
+        post(server, "/api/orders", {}, Idempotency_Key="k" * 300, Authorization=alice),
+        400,
+        "invalid_request",
+    )
+    problem(post(server, "/api/orders", {}, Idempotency_Key=key), 400, "idempotency_identity_required")
+    assert (
+        post(server, "/api/orders", {"sku": "A1"}, Idempotency_Key=key, Authorization=alice).status_code
+        == 201
+    )
+    # the same key, the same body in another key order: a replay; another body: 422
+    again = post(server, "/api/orders", {"sku": "A1"}, Idempotency_Key=key, Authorization=alice)
+    assert again.headers["Idempotent-Replayed"] == "true"
+    other = post(server, "/api/orders", {"sku": "B2"}, Idempotency_Key=key, Authorization=alice)
+    problem(other, 422, "idempotency_key_mismatch")
+    # a 5xx is not stored: the retry runs
+    key = f'"flaky-{server.port}"'
+    assert post(server, "/api/orders-503", {}, Idempotency_Key=key, Authorization=alice).status_code == 503
+    retry = post(server, "/api/orders-503", {}, Idempotency_Key=key, Authorization=alice)
+    assert retry.status_code == 201
+    assert "Idempotent-Replayed" not in retry.headers
+    # a path outside PATHS is not guarded at all
+    assert httpx.get(server.url + "/healthz").status_code == 200

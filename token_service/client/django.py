@@ -1,0 +1,451 @@
+"""Django: the ``Idempotency-Key`` middleware and the ``@require_token`` view decorator.
+
+Settings, in ``settings.py``::
+
+    TOKEN_SERVICE = {
+        "REDIS_URL": "redis://localhost:6379/0",   # the service's Redis (direct transport)
+        # or, over HTTP: "URL": "http://token-service:8000", "API_KEY": "...",
+        "KEY_PREFIX": "ts:",
+        "IDEMPOTENCY_KEY": {                        # the middleware's options
+            "PATHS": ["/api/"],                     # only these path prefixes (default: every path)
+            "METHODS": ["POST", "PATCH"],
+            "REQUIRED": True,
+            "TTL_SECONDS": 86400,
+            "LOCK_SECONDS": 60,
+            "WAIT_SECONDS": 0,
+            "IDENTITY": "myapp.idempotency.client_id",   # optional: a callable or its dotted path
+        },
+    }
+    MIDDLEWARE = [..., "django.contrib.auth.middleware.AuthenticationMiddleware",
+                  "token_service.client.django.IdempotencyKeyMiddleware", ...]
+
+**The middleware** (sync and async: WSGI under gunicorn, ASGI under uvicorn)
+is the WSGI/ASGI middlewares' semantics, on their shared decisions
+(:mod:`token_service.client._idempotency_core`) and Lua scripts: a key per
+client (the ``Authorization`` header, else the logged-in user), the request's
+fingerprint (a JSON body by its meaning), the first response stored and
+replayed with ``Idempotent-Replayed: true``, 409 while the first runs, 422 for
+the same key with another request, 400 without a key (when required) or
+without an identity, 5xx and exceptions not stored (the key is freed), store
+errors 503. A streamed response (``StreamingHttpResponse``, ``FileResponse``)
+is stored without its body (``Idempotent-Body-Omitted``).
+
+**The decorator** guards a view with an anti-duplicate token (sync views on a
+:class:`TokenClient`, ``async def`` views on an :class:`AsyncTokenClient`, both
+made from the settings unless ``client=`` is given)::
+
+    @require_token("payment.create", subject=lambda request: str(request.user.pk))
+    def create_payment(request): ...
+
+It is ``token_service.client.flask.require_token`` for Django: the token from
+the ``Idempotency-Token`` header, the response (status, body, the
+``replay_headers``) stored and replayed to duplicates, 5xx and exceptions free
+the token, ``terminal`` exceptions are recorded (409 ``token_failed``), token
+errors are problem+json. A Django REST framework view works too: decorate
+``MyView.as_view()`` (its response is rendered before it is stored).
+
+Only this module imports Django.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import redis
+import redis.asyncio
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.utils.module_loading import import_string
+
+from token_service import defaults
+from token_service.errors import InvalidRequest, ServiceUnavailable, TokenError, Unauthorized
+from token_service.problems import problem_for
+from token_service.records import dump_json
+
+from ._client import AsyncTokenClient, TokenClient
+from ._fingerprint import RequestFacts, body_identity
+from ._fingerprint import fingerprint as fingerprint_of
+from ._idempotency_core import Answer, Attempt, IdempotencyCore
+from ._idempotency_store import AsyncIdempotencyStore, IdempotencyStore
+from ._response import StoredResponse, StorePolicy, default_store_status
+from .guard import AsyncGuard, Guard, Terminal
+
+__all__ = [
+    "IdempotencyKeyMiddleware",
+    "async_token_client",
+    "problem_response",
+    "require_token",
+    "token_client",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REPLAY_HEADERS = ("Content-Type", "Location")
+DEFAULT_MAX_RESULT_BYTES = 16384
+_lock = threading.Lock()
+_sync_client: TokenClient | None = None
+# one client per event loop: under WSGI each async view may run on a loop of its own
+_async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncTokenClient] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _settings() -> dict[str, Any]:
+    configured = getattr(settings, "TOKEN_SERVICE", None)
+    if not isinstance(configured, dict):
+        raise TypeError("settings.TOKEN_SERVICE must be a dict (REDIS_URL, or URL and API_KEY)")
+    return configured
+
+
+def token_client() -> TokenClient:
+    """The :class:`TokenClient` of ``settings.TOKEN_SERVICE`` (one per process)."""
+    global _sync_client
+    with _lock:
+        if _sync_client is None:
+            options = _settings()
+            if options.get("REDIS_URL"):
+                _sync_client = TokenClient.from_redis(
+                    options["REDIS_URL"], key_prefix=options.get("KEY_PREFIX", defaults.KEY_PREFIX)
+                )
+            elif options.get("URL"):
+                _sync_client = TokenClient(options["URL"], options.get("API_KEY"))
+            else:
+                raise TypeError("settings.TOKEN_SERVICE needs REDIS_URL, or URL and API_KEY")
+        return _sync_client
+
+
+def async_token_client() -> AsyncTokenClient:
+    """The :class:`AsyncTokenClient` of ``settings.TOKEN_SERVICE`` for the running event loop."""
+    loop = asyncio.get_running_loop()
+    client = _async_clients.get(loop)
+    if client is None:
+        options = _settings()
+        if options.get("REDIS_URL"):
+            prefix = options.get("KEY_PREFIX", defaults.KEY_PREFIX)
+            client = AsyncTokenClient.from_redis(options["REDIS_URL"], key_prefix=prefix)
+        elif options.get("URL"):
+            client = AsyncTokenClient(options["URL"], options.get("API_KEY"))
+        else:
+            raise TypeError("settings.TOKEN_SERVICE needs REDIS_URL, or URL and API_KEY")
+        _async_clients[loop] = client
+    return client
+
+
+def problem_response(error: TokenError) -> HttpResponse:
+    status, headers, body = problem_for(error)
+    return HttpResponse(body, status=status, headers=headers)
+
+
+def _answer_response(answer: Answer) -> HttpResponse:
+    response = HttpResponse(answer.body, status=answer.status)
+    del response["Content-Type"]
+    for name, value in answer.headers:
+        if name.lower() != "content-length":
+            response.headers[name] = value
+    return response
+
+
+def _facts(request: HttpRequest, body: bytes) -> RequestFacts:
+    return RequestFacts(
+        method=(request.method or "GET").upper(),
+        path=request.path,
+        query=request.META.get("QUERY_STRING", ""),
+        body=body,
+        content_type=request.META.get("CONTENT_TYPE"),
+        headers={name.lower(): value for name, value in request.headers.items()},
+    )
+
+
+def default_identity(request: HttpRequest) -> str:
+    """The ``Authorization`` header, else the logged-in user (after AuthenticationMiddleware); or ""."""
+    authorization = request.headers.get("Authorization")
+    if authorization:
+        return str(authorization)
+    user = getattr(request, "user", None)
+    if user is not None and getattr(user, "is_authenticated", False):
+        return f"user:{user.pk}"
+    return ""
+
+
+# -- the Idempotency-Key middleware --------------------------------------------------------------
+
+
+class IdempotencyKeyMiddleware:
+    """``Idempotency-Key`` for Django (see the module docs): ``TOKEN_SERVICE["IDEMPOTENCY_KEY"]``."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
+        self.get_response = get_response
+        self.is_async = iscoroutinefunction(get_response)
+        if self.is_async:
+            markcoroutinefunction(self)
+        service = _settings()
+        options = {name.upper(): value for name, value in service.get("IDEMPOTENCY_KEY", {}).items()}
+        self.core = IdempotencyCore(
+            header=options.get("HEADER", "Idempotency-Key"),
+            methods=options.get("METHODS", ("POST", "PATCH")),
+            required=options.get("REQUIRED", True),
+            ttl_seconds=options.get("TTL_SECONDS", 86400),
+            lock_seconds=options.get("LOCK_SECONDS", 60),
+            max_body_bytes=options.get("MAX_BODY_BYTES", 1024 * 1024),
+            max_stored_bytes=options.get("MAX_STORED_BYTES", 256 * 1024),
+            store_status=options.get("STORE_STATUS", default_store_status),
+            fingerprint=options.get("FINGERPRINT"),
+            wait_seconds=options.get("WAIT_SECONDS", 0.0),
+        )
+        self.paths = tuple(options.get("PATHS", ()))
+        identity = options.get("IDENTITY", default_identity)
+        self.identity: Callable[[HttpRequest], str | None] = (
+            import_string(identity) if isinstance(identity, str) else identity
+        )
+        redis_url = options.get("REDIS_URL") or service.get("REDIS_URL")
+        if not redis_url:
+            raise TypeError("the Idempotency-Key middleware needs TOKEN_SERVICE['REDIS_URL']")
+        prefix = service.get("KEY_PREFIX", defaults.KEY_PREFIX)
+        if self.is_async:
+            self.async_store = AsyncIdempotencyStore(
+                redis.asyncio.Redis.from_url(redis_url), key_prefix=prefix
+            )
+        else:
+            self.store = IdempotencyStore(redis.Redis.from_url(redis_url), key_prefix=prefix)
+
+    def _screen(self, request: HttpRequest) -> str | Answer | None:
+        if self.paths and not request.path.startswith(self.paths):
+            return None
+        return self.core.screen(request.method or "GET", request.headers.get(self.core.header))
+
+    def _prepare(self, request: HttpRequest) -> Attempt | Answer | None:
+        core = self.core
+        screened = self._screen(request)
+        if screened is None or isinstance(screened, Answer):
+            return screened
+        declared = request.META.get("CONTENT_LENGTH") or "0"
+        if declared.isdigit() and int(declared) > core.max_body_bytes:
+            return core.too_large()
+        body = request.body  # read once; the view reads it again from Django's cache
+        if len(body) > core.max_body_bytes:
+            return core.too_large()
+        store = self.async_store if self.is_async else self.store
+        return core.attempt(store, self.identity(request), screened, _facts(request, body))
+
+    def _recorded(self, response: HttpResponseBase) -> Any:
+        recorder = self.core.recorder(response.status_code, list(response.items()))
+        if response.streaming:
+            # never buffered: the work is done, duplicates get the status and headers only
+            recorder.size = int(response.get("Content-Length") or 0)
+        else:
+            assert isinstance(response, HttpResponse)
+            recorder.feed(response.content)
+            recorder.complete = True
+        return recorder
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if self.is_async:
+            return self.__acall__(request)
+        prepared = self._prepare(request)
+        if prepared is None:
+            return self.get_response(request)
+        if isinstance(prepared, Answer):
+            return _answer_response(prepared)
+        answer = self.core.claim(self.store, prepared)
+        if answer is not None:
+            return _answer_response(answer)
+        recorder = None
+        try:
+            with self.core.hold(self.store, prepared):
+                response = self.get_response(request)
+            recorder = self._recorded(response)
+        finally:
+            self.core.settle(self.store, prepared, recorder)
+        return response
+
+    async def __acall__(self, request: HttpRequest) -> Any:
+        prepared = self._prepare(request)
+        if prepared is None:
+            return await self.get_response(request)
+        if isinstance(prepared, Answer):
+            return _answer_response(prepared)
+        answer = await self.core.aclaim(self.async_store, prepared)
+        if answer is not None:
+            return _answer_response(answer)
+        recorder = None
+        try:
+            async with self.core.ahold(self.async_store, prepared):
+                response = await self.get_response(request)
+            recorder = self._recorded(response)
+        finally:
+            await self.core.asettle(self.async_store, prepared, recorder)
+        return response
+
+
+# -- the @require_token view decorator ---------------------------------------------------------
+
+
+def _find_request(args: tuple[Any, ...]) -> HttpRequest:
+    for arg in args[:2]:  # a function view's first argument, a method's second
+        if isinstance(arg, HttpRequest):
+            return arg
+    raise TypeError("@require_token decorates a view: its first argument must be the request")
+
+
+def _fingerprint(spec: Callable[[HttpRequest], Any] | Sequence[str] | None, request: HttpRequest) -> Any:
+    if spec is None or callable(spec):
+        return spec(request) if spec else None
+    if isinstance(spec, str):
+        raise TypeError("fingerprint fields must be a sequence of names, not one string")
+    return fingerprint_of(body_identity(request.body, request.META.get("CONTENT_TYPE"), spec))
+
+
+def _stored(response: HttpResponseBase, wanted: set[str], max_result_bytes: int) -> dict[str, Any]:
+    kept = [(name, value) for name, value in response.items() if name.lower() in wanted]
+    if response.streaming or not isinstance(response, HttpResponse):
+        return StoredResponse(response.status_code, b"", kept, omitted=0).to_result()
+    stored = StoredResponse(response.status_code, response.content, kept).to_result()
+    if len(dump_json(stored)) <= max_result_bytes:
+        return stored
+    return StoredResponse(response.status_code, b"", kept, omitted=len(response.content)).to_result()
+
+
+def _replay(result: Any) -> HttpResponse:
+    replayed = StoredResponse.from_result(result)
+    response = HttpResponse(replayed.body, status=replayed.status)
+    del response["Content-Type"]
+    for name, value in replayed.replay_headers():
+        response.headers[name] = value
+    return response
+
+
+def _rendered(response: Any) -> HttpResponseBase:
+    # a TemplateResponse or a DRF Response is rendered by Django after the view: render it now
+    render = getattr(response, "render", None)
+    if callable(render) and not getattr(response, "is_rendered", True):
+        response = render()
+    if not isinstance(response, HttpResponseBase):
+        raise TypeError(f"a view returned {type(response).__name__}, not an HttpResponse")
+    return response
+
+
+def require_token(
+    scope: str,
+    *,
+    client: TokenClient | AsyncTokenClient | None = None,
+    header: str = "Idempotency-Token",
+    subject: Callable[[HttpRequest], str | None] | None = None,
+    fingerprint: Callable[[HttpRequest], str | None] | Sequence[str] | None = None,
+    replay_headers: Iterable[str] = DEFAULT_REPLAY_HEADERS,
+    lease_seconds: int | None = None,
+    terminal: Terminal = (),
+    wait_seconds: float = 0.0,
+    store_status: StorePolicy = default_store_status,
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a Django view (sync or ``async def``) so each token runs it at most once.
+
+    ``subject`` and ``fingerprint`` (a callable given the request, or body field
+    names) must reproduce what the token was issued with. ``client`` defaults to
+    the one ``settings.TOKEN_SERVICE`` describes (a sync view needs a
+    :class:`TokenClient`, an async one an :class:`AsyncTokenClient`).
+    """
+    wanted = {name.lower() for name in replay_headers}
+
+    def options(request: HttpRequest) -> dict[str, Any]:
+        return {
+            "subject": subject(request) if subject else None,
+            "fingerprint": _fingerprint(fingerprint, request),
+            "lease_seconds": lease_seconds,
+            "terminal": terminal,
+            "wait_seconds": wait_seconds,
+        }
+
+    def token_of(request: HttpRequest) -> str | HttpResponse:
+        token = request.headers.get(header, "").strip()
+        if not token:
+            return problem_response(
+                InvalidRequest(f"The {header} header is required.", {header: ["Missing."]})
+            )
+        return token
+
+    def refused(exc: TokenError) -> HttpResponse:
+        if isinstance(exc, Unauthorized):
+            log.error("the token service refused this backend's service key; check its configuration")
+            return problem_response(ServiceUnavailable("The token service is not available to this backend."))
+        return problem_response(exc)
+
+    def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.iscoroutinefunction(view) or iscoroutinefunction(view):
+
+            @functools.wraps(view)
+            async def guarded_async_view(*args: Any, **kwargs: Any) -> HttpResponseBase:
+                request = _find_request(args)
+                token = token_of(request)
+                if isinstance(token, HttpResponse):
+                    return token
+                tokens = client or async_token_client()
+                if not isinstance(tokens, AsyncTokenClient):
+                    raise TypeError("an async view needs an AsyncTokenClient")
+                try:
+                    guard: AsyncGuard = tokens.guard(token, scope, **options(request))
+                    fresh = await guard.start()
+                except TokenError as exc:
+                    return refused(exc)
+                if not fresh:
+                    return _replay(guard.result)
+                try:
+                    response = _rendered(await view(*args, **kwargs))
+                except BaseException as exc:
+                    await guard.abandon_quietly(exc)
+                    raise
+                if not store_status(response.status_code):
+                    await guard.abandon_quietly(None, retryable=True)
+                    return response
+                try:
+                    await guard.succeed(_stored(response, wanted, max_result_bytes))
+                except TokenError as exc:
+                    log.error("could not store the response of a %s request: %s", scope, exc)
+                return response
+
+            return guarded_async_view
+
+        @functools.wraps(view)
+        def guarded_view(*args: Any, **kwargs: Any) -> HttpResponseBase:
+            request = _find_request(args)
+            token = token_of(request)
+            if isinstance(token, HttpResponse):
+                return token
+            tokens = client or token_client()
+            if not isinstance(tokens, TokenClient):
+                raise TypeError("a sync view needs a TokenClient")
+            try:
+                guard: Guard = tokens.guard(token, scope, **options(request))
+                fresh = guard.start()
+            except TokenError as exc:
+                return refused(exc)
+            if not fresh:
+                return _replay(guard.result)
+            try:
+                response = _rendered(view(*args, **kwargs))
+            except BaseException as exc:
+                guard.abandon_quietly(exc)
+                raise
+            if not store_status(response.status_code):
+                guard.abandon_quietly(None, retryable=True)
+                return response
+            try:
+                guard.succeed(_stored(response, wanted, max_result_bytes))
+            except TokenError as exc:
+                log.error("could not store the response of a %s request: %s", scope, exc)
+            return response
+
+        return guarded_view
+
+    return decorate
