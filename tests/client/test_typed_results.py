@@ -116,6 +116,24 @@ def test_what_cannot_be_stored_is_refused() -> None:
         dump_result({(1, 2): "tuple keys"})
 
 
+def test_a_result_that_contains_itself_is_a_terminal_failure_not_a_second_run(sdk: Sdk) -> None:
+    client: TokenClient = sdk.client
+    token = client.generate(SCOPE).token
+    looped: list[Any] = []
+    looped.append(looped)
+    runs: list[int] = []
+
+    def work() -> list[Any]:
+        runs.append(1)
+        return looped
+
+    with pytest.raises(TypeError, match="storable"):
+        client.guard(token, SCOPE).run(work)
+    with pytest.raises(TokenFailed):  # recorded: a duplicate does not run the work again
+        client.guard(token, SCOPE).run(work)
+    assert runs == [1]
+
+
 def test_a_stored_value_that_does_not_read_as_the_type_is_refused() -> None:
     with pytest.raises((TypeError, ValueError)):
         load_result({"charge_id": "x"}, tuple[int, int])

@@ -343,6 +343,8 @@ class _GuardState:
     def _serialized(self, result: Any) -> Any:
         try:
             return as_json(dump_result(result))
+        except RecursionError:  # a value that contains itself, or nested past Python's stack
+            raise TypeError("a guarded result must be storable as JSON: it nests too deeply") from None
         except (TypeError, ValueError) as exc:
             raise TypeError(f"a guarded result must be storable as JSON: {exc}") from exc
 
