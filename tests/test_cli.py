@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -118,19 +117,3 @@ def test_serve_runs_the_embedded_store_in_one_worker(
     assert "running 1 worker instead of 3" in log
     assert "EMBEDDED IN-MEMORY STORE" in log
     assert len(re.findall(r"Booting worker", log)) == 1
-
-
-def test_the_lua_scripts_and_spec_ship_inside_the_wheel(tmp_path: Path) -> None:
-    pytest.importorskip("hatchling", reason="hatchling builds the wheel")
-    import zipfile
-
-    from hatchling.builders.wheel import WheelBuilder
-
-    wheel = Path(
-        next(iter(WheelBuilder(str(REPO_ROOT)).build(directory=str(tmp_path), versions=["standard"])))
-    )
-    names = set(zipfile.ZipFile(wheel).namelist())
-    for script in sorted((REPO_ROOT / "lua").glob("*.lua")):
-        assert f"token_service/lua/{script.name}" in names
-    assert "token_service/openapi.yaml" in names
-    assert "token_service/server/static/token-client.js" in names

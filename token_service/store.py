@@ -16,7 +16,6 @@ import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,6 +28,7 @@ from redis import exceptions as redis_errors
 from token_service import defaults, records
 from token_service.errors import ServiceUnavailable
 from token_service.limits import IssuanceLimits, admit_reply
+from token_service.resources import shipped
 from token_service.tokens import new_lease_id, new_request_id, new_token, record_key
 
 SCRIPT_NAMES = ("issue", "consume", "begin", "renew", "complete", "fail", "inspect", "revoke", "admit")
@@ -54,9 +54,8 @@ _UNAVAILABLE_REPLY_PREFIXES = ("MISCONF ", "NOREPLICAS ", "BUSY ")
 
 
 def lua_dir() -> Path:
-    """Where the scripts are: inside the package (wheel) or at the repository root (editable)."""
-    packaged = Path(str(resources.files("token_service"))) / "lua"
-    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "lua"
+    """The scripts' directory (``lua/``, in the installed package or the checkout)."""
+    return shipped("lua")
 
 
 @cache

@@ -9,9 +9,19 @@ from typing import Any
 from flask import Flask
 from werkzeug.middleware.proxy_fix import ProxyFix
 
-from token_service.config import Settings
+from token_service.config import ConfigError, Settings
 from token_service.connection import redis_client
-from token_service.server import admin_api, api, cors, frontend, health, hot_path, metrics, telemetry
+from token_service.server import (
+    admin_api,
+    api,
+    cors,
+    embedded,
+    frontend,
+    health,
+    hot_path,
+    metrics,
+    telemetry,
+)
 from token_service.server.responses import register_error_handlers
 
 
@@ -24,7 +34,25 @@ def load_settings(config: Settings | Mapping[str, Any] | None) -> Settings:
 
 
 def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
-    settings = load_settings(config)
+    """The service; ``config`` defaults to the ``TOKEN_SERVICE_*`` environment.
+
+    Run as ``gunicorn 'token_service:create_app()'`` (without our gunicorn
+    config), a bad setting or a second worker on the embedded store is
+    raised as gunicorn's ``AppImportError``: gunicorn prints it as one line
+    and stops, where any other exception would be a traceback and a loop of
+    respawned workers.
+    """
+    try:
+        settings = load_settings(config)
+        if settings.embedded:
+            embedded.guard_one_worker()
+    except (ConfigError, embedded.SecondWorker) as exc:
+        if embedded.under_gunicorn():
+            from gunicorn.errors import AppImportError
+
+            prefix = "token-service: configuration error: " if isinstance(exc, ConfigError) else ""
+            raise AppImportError(f"{prefix}{exc}") from None
+        raise
     # No implicit /static route: every route is declared (and documented in openapi.yaml).
     app = Flask("token_service", static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes

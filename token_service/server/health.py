@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import os
 from functools import cache
-from importlib import resources
 from pathlib import Path
 
 from flask import Blueprint, Response
 
+from token_service.resources import shipped
 from token_service.server.responses import json_response
 from token_service.store import TokenStore
 
 
 def openapi_path() -> Path:
-    """Inside the package (wheel) or at the repository root (editable)."""
-    packaged = Path(str(resources.files("token_service"))) / "openapi.yaml"
-    return packaged if packaged.is_file() else Path(__file__).resolve().parents[2] / "openapi.yaml"
+    """The HTTP contract (``openapi.yaml``, in the installed package or the checkout)."""
+    return shipped("openapi.yaml")
 
 
 @cache
