@@ -4,6 +4,7 @@ under gunicorn (WSGI) and under uvicorn (Django's ASGI handler), on a real redis
 from __future__ import annotations
 
 import concurrent.futures
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -189,3 +190,29 @@ def test_middleware_error_table(server: AppServer, real_redis: Any) -> None:
     assert "Idempotent-Replayed" not in retry.headers
     # a path outside PATHS is not guarded at all
     assert httpx.get(server.url + "/healthz").status_code == 200
+
+
+def test_the_example_runs_with_one_command(redis_server: RedisServer) -> None:
+    example = AppServer(
+        [sys.executable, "-m", "examples.django_app"], {"TOKEN_SERVICE_REDIS_URL": redis_server.url}
+    )
+    example.env["PORT"] = str(example.port)
+    example.health_path = "/payments/list"
+    example.start()
+    try:
+        headers = {"X-User-Id": "ada"}
+        token = httpx.post(example.url + "/checkout/token", headers=headers).json()["token"]
+        headers["Idempotency-Token"] = token
+        clicks = concurrently(
+            2, lambda: httpx.post(example.url + "/payments", json={"amount": 5}, headers=headers)
+        )
+        assert [click.status_code for click in clicks] == [201, 201]
+        assert clicks[0].json() == clicks[1].json()
+        assert len(httpx.get(example.url + "/payments/list").json()["charges"]) == 1
+        api = {"Idempotency-Key": '"order-1"', "Authorization": "Bearer ada"}
+        posts = [httpx.post(example.url + "/api/orders", json={"sku": "A1"}, headers=api) for _ in range(2)]
+        assert posts[0].json() == posts[1].json() == {"id": "o_1", "sku": "A1"}
+        assert posts[1].headers["Idempotent-Replayed"] == "true"
+        assert len(httpx.get(example.url + "/api/orders").json()["orders"]) == 1
+    finally:
+        example.stop()

@@ -1,0 +1,4 @@
+"""A Django project: a payment view behind an anti-duplicate token, a DRF API behind Idempotency-Key.
+
+``python -m examples.django_app`` serves it on http://127.0.0.1:8000.
+"""
