@@ -9,6 +9,8 @@ database refuses to charge twice and answers with the first response.
 
 from __future__ import annotations
 
+import os
+
 import sqlalchemy as sa
 from flask import Flask, Response, request
 
@@ -78,8 +80,15 @@ def create_app(engine: sa.Engine, tokens: TokenClient) -> Flask:
     return app
 
 
+def main() -> None:
+    """python -m examples.payments: the token service's Redis from TOKEN_SERVICE_REDIS_URL,
+    the database from PAYMENTS_DATABASE_URL (default: ./payments.sqlite); port 5000."""
+    redis_url = os.environ.get("TOKEN_SERVICE_REDIS_URL")
+    if not redis_url:
+        raise SystemExit("set TOKEN_SERVICE_REDIS_URL to the Redis of your token service")
+    database_url = os.environ.get("PAYMENTS_DATABASE_URL", "sqlite:///payments.sqlite")
+    create_app(sa.create_engine(database_url), TokenClient.from_redis(redis_url)).run(port=5000)
+
+
 if __name__ == "__main__":
-    # python examples/payments.py — needs Redis on localhost and writes ./payments.sqlite
-    create_app(
-        sa.create_engine("sqlite:///payments.sqlite"), TokenClient.from_redis("redis://localhost:6379/0")
-    ).run(port=5000)
+    main()

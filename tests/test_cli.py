@@ -117,3 +117,11 @@ def test_serve_runs_the_embedded_store_in_one_worker(
     assert "running 1 worker instead of 3" in log
     assert "EMBEDDED IN-MEMORY STORE" in log
     assert len(re.findall(r"Booting worker", log)) == 1
+
+
+@pytest.mark.parametrize("command", [[], ["serve"], ["check"], ["db-cleanup"], ["admin"], ["admin", "list"]])
+def test_help_is_plain_text(command: list[str]) -> None:
+    result = run_cli(*command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage: token-service" in result.stdout
+    assert not re.search(r"``|:(func|class|mod|meth):`", result.stdout), result.stdout

@@ -135,3 +135,23 @@ def test_concurrent_double_clicks_charge_once(engine: sa.Engine, real_redis: red
     assert len(set(winners)) == 1  # every 201 is the same payment
     # the others were told the first click is still in progress
     assert all(status in (201, 409) for status, _ in answers)
+
+
+def test_main_needs_the_token_services_redis(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TOKEN_SERVICE_REDIS_URL", raising=False)
+    with pytest.raises(SystemExit, match="TOKEN_SERVICE_REDIS_URL"):
+        example.main()
+
+
+def test_main_takes_redis_and_the_database_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, redis_server: Any, tmp_path: Path
+) -> None:
+    from flask import Flask
+
+    ran: list[dict[str, Any]] = []
+    monkeypatch.setattr(Flask, "run", lambda self, **options: ran.append(options))
+    monkeypatch.setenv("TOKEN_SERVICE_REDIS_URL", redis_server.url)
+    monkeypatch.setenv("PAYMENTS_DATABASE_URL", f"sqlite:///{tmp_path / 'shop.sqlite'}")
+    example.main()
+    assert ran == [{"port": 5000}]
+    assert (tmp_path / "shop.sqlite").is_file()  # the tables were made in that database

@@ -11,6 +11,12 @@ from collections.abc import Sequence
 
 from token_service.config import ConfigError, Settings
 
+# --help is read in a terminal: plain text, not the docstring's markup.
+DESCRIPTION = (
+    "Run and operate token-service. Settings come from the TOKEN_SERVICE_* environment "
+    "variables (token-service check prints them)."
+)
+
 
 def _settings_or_exit() -> Settings:
     try:
@@ -139,7 +145,7 @@ def db_cleanup(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="token-service", description=__doc__)
+    parser = argparse.ArgumentParser(prog="token-service", description=DESCRIPTION)
     commands = parser.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("serve", help="run the HTTP service under gunicorn")
     serve_cmd.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
