@@ -22,10 +22,14 @@ class Reply:
 def connect(address: tuple[str, int], source: str | None = None, timeout: float = 10.0) -> socket.socket:
     """A connection, from ``source`` (another loopback address, e.g. 127.0.0.2) when given."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.settimeout(timeout)
-    if source:
-        sock.bind((source, 0))
-    sock.connect(address)
+    try:
+        sock.settimeout(timeout)
+        if source:
+            sock.bind((source, 0))
+        sock.connect(address)
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
