@@ -43,6 +43,10 @@ RUN_ELSEWHERE = {
     "docs/performance.md": "tests/docs/test_pages_without_code.py",
     "docs/deployment.md": "tests/docs/test_deployment_docs.py",
     "docs/durable.md": "tests/durable/test_payments_example.py",
+    "docs/integrations/functions.md": "tests/integrations/test_docs.py",
+    "docs/integrations/celery.md": "tests/integrations/test_docs.py",
+    "docs/integrations/fastapi.md": "tests/integrations/test_docs.py",
+    "docs/integrations/django.md": "tests/integrations/test_docs.py",
 }
 # Blocks of a RUN_HERE page that another test runs: (page, language) → that test.
 BLOCKS_ELSEWHERE = {("README.md", "html"): "tests/frontend/test_docs_snippets.py"}

@@ -35,6 +35,7 @@ from token_service.tokens import new_request_id
 
 from ._client import AsyncTokenClient, TokenClient
 from ._direct import DirectLimits
+from ._fingerprint import fields_fingerprint
 from ._results import dump_result, load_result
 from ._telemetry import Telemetry
 from ._types import (
@@ -83,6 +84,7 @@ __all__ = [
     "Unauthorized",
     "describe_error",
     "dump_result",
+    "fields_fingerprint",
     "guarded",
     "idempotent",
     "keyed_guard",
