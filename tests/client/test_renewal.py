@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from tests.client.conftest import Sdk
 from tests.support.processes import REPO_ROOT, RedisServer, wait_until
 from token_service.client import AsyncTokenClient, LeaseLost, Replayed, TokenClient, TokenInProgress
+from token_service.client._renewal import _STARTER, LeaseRenewer
 from token_service.client._telemetry import Telemetry
 from token_service.store import TokenStore
 
@@ -275,3 +276,52 @@ def _try_begin(client: TokenClient, token: str) -> Any:
         return client.begin(token, SCOPE, lease_seconds=5)
     except TokenInProgress:
         return None
+
+
+# -- the renewer itself --------------------------------------------------------------------------
+
+
+def test_a_renewer_starts_its_thread_only_once_its_first_renewal_is_due() -> None:
+    calls: list[int] = []
+    fast = LeaseRenewer(lambda: calls.append(1), 0.2).start()
+    fast.stop()  # the work ended before its first renewal: no thread, no renewal
+    time.sleep(0.5)
+    assert calls == []
+    assert fast._thread is None
+    slow = LeaseRenewer(lambda: calls.append(2), 0.05).start()
+    wait_until(lambda: len(calls) >= 3, what="three renewals")
+    slow.stop()
+    renewed = len(calls)
+    time.sleep(0.3)
+    assert len(calls) == renewed  # stopped means stopped
+    assert slow.renewals == renewed
+
+
+def test_a_lost_lease_stops_the_renewer_and_is_reported_once() -> None:
+    reported: list[Exception] = []
+
+    def refused() -> None:
+        raise LeaseLost("taken over")
+
+    renewer = LeaseRenewer(refused, 0.05, on_lost=reported.append).start()
+    wait_until(lambda: reported, what="the loss")
+    time.sleep(0.3)
+    assert len(reported) == 1
+    assert renewer.lost is reported[0]
+    renewer.stop()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+def test_a_forked_child_never_renews_its_parents_leases() -> None:
+    calls: list[int] = []
+    renewer = LeaseRenewer(lambda: calls.append(os.getpid()), 0.3).start()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its copy of the schedule is empty
+        os.write(write, str(len(_STARTER._due)).encode())
+        os._exit(0)
+    os.close(write)
+    assert os.read(read, 16) == b"0"
+    os.close(read)
+    os.waitpid(pid, 0)
+    renewer.stop()

@@ -6,8 +6,9 @@ longer would lose its lease half-way, and a duplicate would run it again. A
 renewer extends the lease every third of its length, in the background,
 until the work settles:
 
-- sync code gets a daemon thread (:class:`LeaseRenewer`), asyncio code a task
-  (:class:`AsyncLeaseRenewer`); both are stopped before ``complete`` / ``fail``;
+- sync code gets a daemon thread (:class:`LeaseRenewer`; started only once the
+  first renewal is due, so work that ends sooner costs no thread), asyncio code
+  a task (:class:`AsyncLeaseRenewer`); both are stopped before ``complete`` / ``fail``;
 - a process that dies takes its renewer with it: nothing renews any more, and
   the lease runs out exactly as it would without renewal;
 - a renewal refused because the lease is no longer the live one (it ran out
@@ -27,8 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
+import os
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -55,8 +60,58 @@ def _report(on_lost: Callable[[TokenError], Any] | None, exc: TokenError) -> Non
         log.exception("the lease-lost callback raised")
 
 
+class _Starter:
+    """One daemon thread per process that starts a renewer's own thread when its first renewal is due.
+
+    Most guarded work finishes well within a third of its lease: its renewer is
+    stopped before it ever renews, and costs a heap entry instead of a thread.
+    Work that runs longer gets its own thread from then on, so one slow store
+    call never delays another lease's renewal.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._due: list[tuple[float, int, LeaseRenewer]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        # a forked child must never renew its parent's leases: it starts over, empty
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        self._cond = threading.Condition()
+        self._due = []
+        self._thread = None
+
+    def schedule(self, renewer: LeaseRenewer, delay_seconds: float) -> None:
+        entry = (time.monotonic() + delay_seconds, next(self._seq), renewer)
+        with self._cond:
+            heapq.heappush(self._due, entry)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="token-lease-starter", daemon=True)
+                self._thread.start()
+            if self._due[0] is entry:  # due before whatever the thread sleeps towards: wake it
+                self._cond.notify()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._due:
+                    self._cond.wait()
+                due, _, renewer = self._due[0]
+                wait = due - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                heapq.heappop(self._due)
+            renewer._due()
+
+
+_STARTER = _Starter()
+
+
 class LeaseRenewer:
-    """Calls ``renew()`` every ``interval_seconds`` on a daemon thread until :meth:`stop`."""
+    """Calls ``renew()`` every ``interval_seconds`` until :meth:`stop`, on a daemon thread of its own
+    once the first renewal is due (work that ends sooner never starts one)."""
 
     def __init__(
         self,
@@ -71,23 +126,34 @@ class LeaseRenewer:
         self.interval_seconds = interval_seconds
         self._on_lost = on_lost
         self._on_error = on_error
+        self._name = name
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
         self.renewals = 0
         self.lost: TokenError | None = None
 
     def start(self) -> LeaseRenewer:
-        self._thread.start()
+        _STARTER.schedule(self, self.interval_seconds)
         return self
+
+    def _due(self) -> None:
+        with self._lock:
+            if self._stopped.is_set():
+                return
+            self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+            self._thread.start()
 
     def stop(self, timeout_seconds: float | None = 5.0) -> None:
         """Stop renewing; waits (up to ``timeout_seconds``) for a renewal in flight."""
-        self._stopped.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout_seconds)
+        with self._lock:
+            self._stopped.set()
+            thread = self._thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout_seconds)
 
     def _loop(self) -> None:
-        while not self._stopped.wait(self.interval_seconds):
+        while True:
             try:
                 self._renew()
             except LOST as exc:
@@ -102,6 +168,8 @@ class LeaseRenewer:
                 log.exception("renewing a lease raised")
             else:
                 self.renewals += 1
+            if self._stopped.wait(self.interval_seconds):
+                return
 
 
 class AsyncLeaseRenewer:
