@@ -209,6 +209,25 @@ def test_a_lost_reply_is_retried_with_the_same_token(context: Any, demo: Running
     assert len({seen.headers["idempotency-token"] for seen in charge_posts(demo, order_id)}) == 1
 
 
+def test_no_answer_from_the_shop_is_said_honestly_and_paying_again_is_safe(
+    context: Any, demo: RunningDemo
+) -> None:
+    page = open_checkout(context, demo.shop_url + "/")
+    page.route("**/api/orders/*/charge", lambda route: route.abort("connectionrefused"))
+    page.click("#pay")
+    lines = results(page, 1)
+    assert lines == [("unconfirmed", "We couldn't confirm this payment.")]
+    _, text = status(page)
+    assert "Paying again is safe: this order can only be charged once." in text
+    assert page.locator("#pay").is_enabled()
+    assert page.locator("#retry").inner_text() == "Check again"
+    snap(page, "unconfirmed")
+    page.unroute("**/api/orders/*/charge")
+    page.click("#pay")
+    assert [outcome for outcome, _ in results(page, 2)] == ["unconfirmed", "charged"]
+    assert len(demo.charges(order_of(page))) == 1
+
+
 def test_a_new_order_is_an_explicit_action(context: Any, demo: RunningDemo) -> None:
     page = open_checkout(context, demo.shop_url + "/")
     first_order = order_of(page)
@@ -351,3 +370,15 @@ def test_after_the_wait_the_page_tries_again_by_itself(context: Any, demo: Runni
     page.click("#pay")
     assert [outcome for outcome, _ in results(page, 1)] == ["charged"]
     assert len(demo.charges(order_of(page))) == 1
+
+
+def test_docs_show_each_state_on_desktop_and_phone() -> None:
+    """Every state this file screenshots has both pictures in docs/img/, shown by docs/frontend.md."""
+    states = re.findall(r'snap\(\w+, "([\w-]+)"\)', Path(__file__).read_text())
+    assert len(states) >= 9
+    page = (SCREENSHOTS.parent / "frontend.md").read_text()
+    for state in states:
+        for device in ("desktop", "phone"):
+            name = f"checkout-{state}-{device}.png"
+            assert (SCREENSHOTS / name).is_file(), name
+            assert f"(img/{name})" in page, name
