@@ -15,21 +15,9 @@ import pytest
 import redis
 
 from tests.support.processes import RedisServer
+from tests.support.service import API_KEY
 from token_service import create_app
 from token_service.store import TokenStore
-
-API_KEY = "test-service-key-0123456789"
-AUTH = {"Authorization": f"Bearer {API_KEY}"}
-
-
-def service_env(redis_url: str, **extra: str) -> dict[str, str]:
-    """Environment of a service process (gunicorn, the CLI) on that Redis, with the test key."""
-    return {
-        "TOKEN_SERVICE_REDIS_URL": redis_url,
-        "TOKEN_SERVICE_API_KEYS": API_KEY,
-        "TOKEN_SERVICE_RATE_LIMIT": "off",
-        **extra,
-    }
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import API_KEY, AUTH
+from tests.support.service import API_KEY, AUTH
 from token_service import create_app
 
 SCOPE = "payment.create"

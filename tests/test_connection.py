@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import API_KEY, AUTH
 from tests.support.processes import RedisServer
+from tests.support.service import API_KEY, AUTH
 from token_service import create_app
 
 pytestmark = pytest.mark.real

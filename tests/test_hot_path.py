@@ -20,8 +20,8 @@ import pytest
 from prometheus_client import REGISTRY
 from werkzeug.test import EnvironBuilder
 
-from tests.conftest import API_KEY, AUTH
 from tests.support.processes import free_port
+from tests.support.service import API_KEY, AUTH
 from token_service import create_app
 from token_service.server import hot_path, request_context
 from token_service.server.logs import RequestIdFilter

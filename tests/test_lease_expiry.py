@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tests.conftest import AUTH
+from tests.support.service import AUTH
 
 SCOPE = "payment.create"
 

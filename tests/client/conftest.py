@@ -23,10 +23,10 @@ import httpx
 import pytest
 import redis.asyncio
 
-from tests.conftest import API_KEY, service_env
 from tests.support.processes import Gunicorn, RedisServer
+from tests.support.service import API_KEY, FAST_RETRY, service_env
 from token_service import create_app
-from token_service.client import AsyncTokenClient, RetryPolicy, TokenClient
+from token_service.client import AsyncTokenClient, TokenClient
 
 TRANSPORTS = [
     pytest.param("direct-fake", marks=pytest.mark.fake),
@@ -34,8 +34,6 @@ TRANSPORTS = [
     pytest.param("http-inproc", marks=pytest.mark.fake),
     pytest.param("http-gunicorn", marks=pytest.mark.real),
 ]
-# Retries on, but quick: the tests that exercise them count attempts, not seconds.
-FAST_RETRY = RetryPolicy(attempts=3, backoff_seconds=0.01, max_backoff_seconds=0.05)
 
 
 @dataclass

@@ -203,7 +203,7 @@ def test_store_down_answers_503() -> None:
 def test_a_wrong_backend_key_fails_closed_with_503_not_500(redis_client: Any) -> None:
     import httpx
 
-    from tests.conftest import API_KEY
+    from tests.support.service import API_KEY
     from token_service import create_app
 
     service = create_app({"api_keys": API_KEY, "redis_client": redis_client, "rate_limit": "off"})

@@ -14,9 +14,9 @@ import pytest
 import redis
 import redis.asyncio
 
-from tests.client.conftest import FAST_RETRY, inproc_app
-from tests.conftest import AUTH
+from tests.client.conftest import inproc_app
 from tests.support.processes import RedisServer
+from tests.support.service import AUTH, FAST_RETRY
 from token_service.client import (
     AsyncTokenClient,
     LeaseLost,

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import redis
 
-from tests.conftest import API_KEY
 from tests.support.processes import REPO_ROOT, Gunicorn, RedisServer, wait_until
+from tests.support.service import API_KEY
 from token_service.client import AsyncTokenClient, TokenClient
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]

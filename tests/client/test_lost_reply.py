@@ -18,8 +18,8 @@ from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tests.conftest import API_KEY
 from tests.support.processes import Gunicorn, RedisServer
+from tests.support.service import API_KEY
 from tests.support.tcp_proxy import FaultProxy
 from token_service.client import (
     AsyncTokenClient,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import redis
 
-from tests.conftest import API_KEY
 from tests.support.docs import code_blocks, run_python
 from tests.support.processes import Gunicorn, RedisServer
+from tests.support.service import API_KEY
 
 pytestmark = pytest.mark.real
 

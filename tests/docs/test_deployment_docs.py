@@ -17,9 +17,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import service_env
 from tests.support.docs import code_blocks, run_sh, shell_env
 from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
+from tests.support.service import service_env
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 

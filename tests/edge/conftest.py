@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import API_KEY
+from tests.support.service import API_KEY
 from token_service import create_app
 
 

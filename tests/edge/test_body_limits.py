@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from werkzeug.test import EnvironBuilder
 
-from tests.conftest import API_KEY, AUTH
+from tests.support.service import API_KEY, AUTH
 from token_service import create_app
 from token_service.server.body import GuardedInput, read_body
 from token_service.store import IssueRequest, TokenStore

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import AUTH
+from tests.support.service import AUTH
 
 ALLOWED = "https://shop.example.com"
 BACKEND_ROUTES = [

@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import API_KEY
 from tests.support.processes import REPO_ROOT, Gunicorn, RedisServer, free_port, wait_until
+from tests.support.service import API_KEY
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 

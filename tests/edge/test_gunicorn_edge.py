@@ -15,9 +15,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import API_KEY, AUTH
 from tests.support.processes import Gunicorn, RedisServer
 from tests.support.raw_http import Reply, chunked, connect, exchange, read_reply, request_bytes
+from tests.support.service import API_KEY, AUTH
 from token_service.store import IssueRequest, TokenStore
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]

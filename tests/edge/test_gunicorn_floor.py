@@ -24,9 +24,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import API_KEY
 from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
 from tests.support.raw_http import connect, exchange, read_reply, request_bytes
+from tests.support.service import API_KEY
 
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import API_KEY
 from tests.support.processes import Gunicorn, RedisServer
+from tests.support.service import API_KEY
 from tests.support.tcp_proxy import FaultProxy
 from token_service.client import AsyncTokenClient, TokenClient
 

@@ -26,9 +26,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import API_KEY
 from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
 from tests.support.raw_http import connect, read_reply, request_bytes
+from tests.support.service import API_KEY
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 

@@ -14,8 +14,8 @@ from pythonjsonlogger.json import JsonFormatter
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tests.conftest import AUTH
 from tests.support.processes import free_port
+from tests.support.service import AUTH
 from token_service import create_app
 from token_service.server.logs import JSON_FORMAT, RequestIdFilter
 from token_service.server.metric_files import OTHER_SCOPE, ScopeLabels

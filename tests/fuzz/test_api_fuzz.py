@@ -24,7 +24,7 @@ import yaml
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from tests.conftest import API_KEY, AUTH
+from tests.support.service import API_KEY, AUTH
 from token_service import create_app
 from token_service.server.health import openapi_path
 from token_service.store import IssueRequest, TokenStore

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import AUTH
+from tests.support.service import AUTH
 
 
 @pytest.mark.parametrize(("ttl", "status"), [(5.0, 201), (5, 201), (5.5, 400), (True, 400), ("5", 400)])

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from tests.conftest import API_KEY, AUTH
 from tests.ops.conftest import past_clock
 from tests.support.processes import wait_until
+from tests.support.service import API_KEY, AUTH
 from token_service import create_app
 from token_service.admin import (
     IDEMPOTENCY,

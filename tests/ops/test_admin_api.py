@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import redis
 
-from tests.conftest import API_KEY, AUTH
 from tests.support.processes import free_port
+from tests.support.service import API_KEY, AUTH
 from token_service import create_app
 from token_service.config import ConfigError, Settings
 from token_service.store import IssueRequest, TokenStore

@@ -17,8 +17,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import AUTH, service_env
 from tests.support.processes import REPO_ROOT, Gunicorn, RedisServer, free_port, wait_until
+from tests.support.service import AUTH, service_env
 from token_service.server import metrics
 
 RULES_DIR = REPO_ROOT / "deploy" / "prometheus"

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import AUTH
+from tests.support.service import AUTH
 from token_service import tokens
 from token_service.server import metrics
 from token_service.store import TokenStore

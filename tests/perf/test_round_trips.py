@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import redis
 
-from tests.conftest import API_KEY, AUTH
 from tests.support.processes import RedisServer
+from tests.support.service import API_KEY, AUTH
 from token_service import create_app, store
 from token_service.client import Finished, TokenClient
 from token_service.store import IssueRequest, TokenStore

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import API_KEY
+from tests.support.service import service_config
 from tests.support.topologies import ClusterTopology, SentinelTopology, Standalone, Topology
 from token_service import create_app
 
@@ -44,18 +44,6 @@ TOPOLOGIES = ["standalone", "sentinel", "cluster"]
 def topology(request: pytest.FixtureRequest) -> Topology:
     found: Topology = request.getfixturevalue(f"{request.param}_topology")
     return found
-
-
-def service_config(redis_url: str, **overrides: Any) -> dict[str, Any]:
-    """create_app settings as an operator would write them: a URL picks the topology."""
-    # no issuance limits: these tests issue thousands of tokens from one address
-    return {
-        "redis_url": redis_url,
-        "api_keys": API_KEY,
-        "rate_limit": "off",
-        "max_outstanding_per_subject": 0,
-        **overrides,
-    }
 
 
 @pytest.fixture(scope="session")

@@ -17,9 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import AUTH
-from tests.scale.conftest import service_config
 from tests.support.processes import RedisServer
+from tests.support.service import AUTH, service_config
 from token_service import create_app
 
 pytestmark = pytest.mark.real

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import API_KEY
 from tests.support.processes import Gunicorn
+from tests.support.service import API_KEY
 from tests.support.topologies import Topology
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import AUTH
+from tests.support.service import AUTH
 from tests.support.topologies import ClusterTopology, Topology
 from token_service.config import Settings
 from token_service.connection import redis_client
@@ -168,7 +168,7 @@ def test_readyz_and_healthz(http: Any) -> None:
 
 
 def test_issuance_limit_on_each_topology(topology: Topology) -> None:
-    from tests.scale.conftest import service_config
+    from tests.support.service import service_config
     from token_service import create_app
 
     # a fresh key prefix: the limiter's counters of other tests do not count here

@@ -2,7 +2,7 @@
 
 TokenClient.consume retries through _call with the same request id on
 every attempt. The scope check remembers scopes that passed. (The store's shortcuts:
-tests/test_consume_fast_path.py.)
+tests/test_store_consume_shortcuts.py.)
 """
 
 from __future__ import annotations

@@ -1,0 +1,92 @@
+"""The layers stay visible: core (token_service/*.py), server/ and client/ (docs/architecture.md).
+
+Core and the SDK never import the server (nor Flask, but for the SDK's Flask
+integration); the package refers to nothing outside the project; tests take
+shared values from tests/support, not from a conftest.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.support.processes import REPO_ROOT
+
+PACKAGE = REPO_ROOT / "token_service"
+CORE = sorted(path for path in PACKAGE.glob("*.py") if path.name != "__init__.py")
+CLIENT = sorted((PACKAGE / "client").rglob("*.py"))
+# the SDK's web-framework integrations import their framework, by design
+FRAMEWORKS = {"flask", "django", "fastapi", "starlette", "celery"}
+
+
+def imported(path: Path) -> set[str]:
+    """Every module a file imports (at any depth: lazy imports count too)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+@pytest.mark.parametrize("path", CORE + CLIENT, ids=lambda path: str(path.relative_to(PACKAGE)))
+def test_core_and_the_sdk_never_import_the_server(path: Path) -> None:
+    assert not {name for name in imported(path) if name.startswith("token_service.server")}
+
+
+@pytest.mark.parametrize("path", CORE, ids=lambda path: path.name)
+def test_core_imports_no_web_framework(path: Path) -> None:
+    assert not {name for name in imported(path) if name.split(".")[0] in FRAMEWORKS | {"werkzeug"}}
+
+
+def test_the_package_root_exports_only_create_app_and_the_version() -> None:
+    import token_service
+
+    assert set(token_service.__all__) == {"__version__", "create_app"}
+    tree = ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))
+    top_level_imports = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
+    assert all(
+        node.module in {"__future__", "typing"}
+        for node in top_level_imports
+        if isinstance(node, ast.ImportFrom)
+    )
+
+
+def project_files() -> list[Path]:
+    roots = ["token_service", "tests", "docs", "examples", "benchmarks", "lua", "deploy", "frontend"]
+    files = [
+        REPO_ROOT / name for name in ("README.md", "Makefile", "Dockerfile", "pyproject.toml", "openapi.yaml")
+    ]
+    for root in roots:
+        files += [
+            path
+            for path in (REPO_ROOT / root).rglob("*")
+            if path.is_file()
+            and path.suffix in {".py", ".md", ".lua", ".yaml", ".yml", ".js", ".toml", ".html"}
+            and "node_modules" not in path.parts
+        ]
+    return files
+
+
+def test_nothing_refers_outside_the_project() -> None:
+    outside = re.compile("SPEC" + r"\.md|\.\./" + "shared")  # split: this file must not match itself
+    found = [
+        str(path.relative_to(REPO_ROOT))
+        for path in project_files()
+        if outside.search(path.read_text(errors="replace"))
+    ]
+    assert found == []
+
+
+def test_tests_take_shared_values_from_tests_support() -> None:
+    pattern = re.compile(r"^\s*from tests\.conftest import|^\s*import tests\.conftest", re.MULTILINE)
+    found = [
+        str(path.relative_to(REPO_ROOT))
+        for path in (REPO_ROOT / "tests").rglob("*.py")
+        if pattern.search(path.read_text())
+    ]
+    assert found == []
