@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import API_KEY, AUTH
 from tests.support.processes import REPO_ROOT, Gunicorn, RedisServer, free_port, wait_until
 from tests.support.raw_http import Reply, connect, exchange, read_reply, request_bytes
+from tests.support.service import API_KEY, AUTH
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
