@@ -171,3 +171,32 @@ def test_without_opentelemetry_or_prometheus_the_sdk_still_works() -> None:
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
     )
     assert done.stdout.strip() == "ok", done.stderr
+
+
+# -- the Idempotency-Key middlewares count under the same names ---------------------------------
+
+
+def test_the_idempotency_key_middleware_counts(observed: Observed) -> None:
+    from flask import Flask
+
+    from token_service.client.idempotency import IdempotencyMiddleware
+
+    raw = fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    app = Flask(__name__)
+
+    @app.post("/orders")
+    def create_order() -> Any:
+        return {"ok": True}, 201
+
+    app.wsgi_app = IdempotencyMiddleware(  # type: ignore[method-assign]
+        app.wsgi_app, raw, telemetry=observed.telemetry, telemetry_scope=SCOPE
+    )
+    http = app.test_client()
+    headers = {"Idempotency-Key": '"k-1"', "Authorization": "Bearer client-a"}
+    assert http.post("/orders", json={"a": 1}, headers=headers).status_code == 201
+    assert http.post("/orders", json={"a": 1}, headers=headers).headers["Idempotent-Replayed"] == "true"
+    assert http.post("/orders", json={"a": 2}, headers=headers).status_code == 422
+    raw.close()
+    assert observed.count("executions", outcome="succeeded") == 1
+    assert observed.count("replays") == 1
+    assert observed.count("mismatches", field="fingerprint") == 1

@@ -60,6 +60,7 @@ from token_service.client._response import (
     StorePolicy,
     default_store_status,
 )
+from token_service.client._telemetry import DEFAULT_TELEMETRY, Telemetry
 from token_service.errors import InvalidRequest, LeaseLost, PayloadTooLarge, ServiceUnavailable, TokenError
 from token_service.problems import problem, problem_for
 
@@ -226,6 +227,8 @@ class IdempotencyCore:
         store_status: StorePolicy = default_store_status,
         fingerprint: FingerprintSpec = None,
         wait_seconds: float = 0.0,
+        telemetry: Telemetry | None = None,
+        telemetry_scope: str = "idempotency_key",
     ) -> None:
         if (
             isinstance(wait_seconds, bool)
@@ -243,6 +246,9 @@ class IdempotencyCore:
         self.max_stored_bytes = max_stored_bytes
         self.store_status = store_status
         self.fingerprint = fingerprint
+        # counted under the SDK's counters (executions, replays, ...), scope = telemetry_scope
+        self.telemetry = telemetry or DEFAULT_TELEMETRY
+        self.telemetry_scope = telemetry_scope
 
     # -- before the app ------------------------------------------------------------------
 
@@ -351,6 +357,7 @@ class IdempotencyCore:
     def decide(self, outcome: Outcome) -> Answer | None:
         if isinstance(outcome, Claimed):
             return None
+        self._count_refusal(outcome)
         if isinstance(outcome, StoredResponse):
             return Answer(outcome.status, outcome.replay_headers(), outcome.body, replayed=True)
         if isinstance(outcome, InProgress):
@@ -374,8 +381,20 @@ class IdempotencyCore:
             )
         )
 
+    def _count(self, name: str, **labels: str) -> None:
+        self.telemetry.count(name, self.telemetry_scope, **labels)
+
+    def _count_refusal(self, outcome: Outcome) -> None:
+        if isinstance(outcome, StoredResponse):
+            self._count("replays")
+        elif isinstance(outcome, InProgress):
+            self._count("conflicts", code="idempotency_key_in_use")
+        else:
+            self._count("mismatches", field="fingerprint")
+
     def store_failed(self, exc: BaseException) -> Answer:
         """Fail closed: the request does not run unguarded."""
+        self._count("store_errors", operation="begin")
         if isinstance(exc, ServiceUnavailable):
             return self.problem(exc)
         # the store refused the record (not an idempotency record, unreadable)
@@ -401,14 +420,18 @@ class IdempotencyCore:
             if not store.renew(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds):
                 raise LeaseLost("the Idempotency-Key's claim ran out or was taken over")
 
-        return _renewing(LeaseRenewer(renew, interval_for(self.lock_seconds), on_lost=_claim_lost))
+        return _renewing(LeaseRenewer(renew, interval_for(self.lock_seconds), on_lost=self._claim_lost))
 
     def ahold(self, store: AsyncIdempotencyStore, attempt: Attempt) -> AbstractAsyncContextManager[Any]:
         async def renew() -> None:
             if not await store.renew(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds):
                 raise LeaseLost("the Idempotency-Key's claim ran out or was taken over")
 
-        return _arenewing(AsyncLeaseRenewer(renew, interval_for(self.lock_seconds), on_lost=_claim_lost))
+        return _arenewing(AsyncLeaseRenewer(renew, interval_for(self.lock_seconds), on_lost=self._claim_lost))
+
+    def _claim_lost(self, exc: TokenError) -> None:
+        log.error("an idempotent request lost its claim on its key while it ran: %s", exc)
+        self._count("lease_losses")
 
     def recorder(self, status: int, headers: Iterable[tuple[str, str]]) -> Recorder:
         headers = list(headers)
@@ -424,6 +447,7 @@ class IdempotencyCore:
         try:
             if stored is None:
                 store.release(attempt.record, attempt.fingerprint, attempt.owner)
+                self._count("executions", outcome="released")
             else:
                 self._stored(
                     store.store(attempt.record, attempt.fingerprint, attempt.owner, stored, self.ttl_seconds)
@@ -438,6 +462,7 @@ class IdempotencyCore:
         try:
             if stored is None:
                 await store.release(attempt.record, attempt.fingerprint, attempt.owner)
+                self._count("executions", outcome="released")
             else:
                 kept = await store.store(
                     attempt.record, attempt.fingerprint, attempt.owner, stored, self.ttl_seconds
@@ -447,21 +472,21 @@ class IdempotencyCore:
             self._settle_failed(stored, exc)
 
     def _stored(self, kept: bool) -> None:
+        self._count("executions", outcome="succeeded" if kept else "lease_lost")
         if not kept:
             log.warning(
                 "an idempotent request outlived its %d s lock; its response was not stored", self.lock_seconds
             )
 
     def _settle_failed(self, stored: StoredResponse | None, exc: TokenError) -> None:
+        self._count("executions", outcome="error")
+        if isinstance(exc, ServiceUnavailable):
+            self._count("store_errors", operation="release" if stored is None else "store")
         if stored is None:
             # the claim runs out by itself after lock_seconds
             log.error("could not free an Idempotency-Key: %s", exc)
         else:
             log.error("could not store an idempotent response: %s", exc)
-
-
-def _claim_lost(exc: TokenError) -> None:
-    log.error("an idempotent request lost its claim on its key while it ran: %s", exc)
 
 
 @contextlib.contextmanager

@@ -38,6 +38,7 @@ from token_service.client._idempotency_core import (
 )
 from token_service.client._idempotency_store import AsyncIdempotencyStore
 from token_service.client._response import StorePolicy, default_store_status
+from token_service.client._telemetry import Telemetry
 
 __all__ = ["REPLAYED_HEADER", "IdempotencyMiddleware", "default_identity", "default_store_status"]
 
@@ -98,6 +99,8 @@ class IdempotencyMiddleware:
         fingerprint: FingerprintSpec = None,
         wait_seconds: float = 0.0,
         key_prefix: str = defaults.KEY_PREFIX,
+        telemetry: Telemetry | None = None,
+        telemetry_scope: str = "idempotency_key",
     ) -> None:
         self.core = IdempotencyCore(
             header=header,
@@ -110,6 +113,8 @@ class IdempotencyMiddleware:
             store_status=store_status,
             fingerprint=fingerprint,
             wait_seconds=wait_seconds,
+            telemetry=telemetry,
+            telemetry_scope=telemetry_scope,
         )
         self.app = app
         self.store = (

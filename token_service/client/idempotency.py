@@ -64,6 +64,7 @@ from token_service.client._idempotency_core import (
 )
 from token_service.client._idempotency_store import IdempotencyStore
 from token_service.client._response import StorePolicy, default_store_status
+from token_service.client._telemetry import Telemetry
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -127,6 +128,8 @@ class IdempotencyMiddleware:
         fingerprint: FingerprintSpec = None,
         wait_seconds: float = 0.0,
         key_prefix: str = defaults.KEY_PREFIX,
+        telemetry: Telemetry | None = None,
+        telemetry_scope: str = "idempotency_key",
     ) -> None:
         self.core = IdempotencyCore(
             header=header,
@@ -139,6 +142,8 @@ class IdempotencyMiddleware:
             store_status=store_status,
             fingerprint=fingerprint,
             wait_seconds=wait_seconds,
+            telemetry=telemetry,
+            telemetry_scope=telemetry_scope,
         )
         self.app = app
         self.store = (
