@@ -257,3 +257,36 @@ def test_a_terminal_failure_is_a_conflict_for_duplicates(sdk: Sdk) -> None:
             declined
         )
     assert conflicts == [{"type": "ValueError", "message": "declined"}]
+
+
+def test_require_token_passes_its_hooks_to_the_guard(fake_redis: Any) -> None:
+    from flask import Flask
+
+    from token_service.client.flask import require_token
+
+    client = TokenClient.from_redis(fake_redis)
+    seen: list[str] = []
+    app = Flask(__name__)
+
+    @app.post("/pay")
+    @require_token(
+        client,
+        SCOPE,
+        subject=lambda request: request.headers.get("X-User"),
+        on_replay=lambda guard: seen.append("replay"),
+        on_conflict=lambda guard, error: seen.append(error.code),
+        on_mismatch=lambda guard, error: seen.append("mismatch"),
+    )
+    def pay() -> Any:
+        return {"paid": True}, 201
+
+    http = app.test_client()
+    token = client.generate(SCOPE, subject="alice").token
+    assert http.post("/pay", headers={"Idempotency-Token": token, "X-User": "alice"}).status_code == 201
+    replay = http.post("/pay", headers={"Idempotency-Token": token, "X-User": "alice"})
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert http.post("/pay", headers={"Idempotency-Token": token, "X-User": "mallory"}).status_code == 403
+    used = client.generate(SCOPE, subject="alice").token
+    client.consume(used, SCOPE, subject="alice")
+    assert http.post("/pay", headers={"Idempotency-Token": used, "X-User": "alice"}).status_code == 409
+    assert seen == ["replay", "mismatch", "token_used"]

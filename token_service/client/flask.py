@@ -187,6 +187,10 @@ def require_token(
     max_body_bytes: int = 8192,
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
     store_status: StorePolicy = default_store_status,
+    on_replay: Callable[[Any], Any] | None = None,
+    on_conflict: Callable[[Any, TokenError], Any] | None = None,
+    on_mismatch: Callable[[Any, TokenError], Any] | None = None,
+    on_lease_lost: Callable[[Any, TokenError], Any] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Response]]:
     """Decorate a Flask view so each token runs it at most once (see the module docs).
 
@@ -200,6 +204,8 @@ def require_token(
     (set it to the service's ``TOKEN_SERVICE_MAX_RESULT_BYTES``), is not kept:
     duplicates get the status and headers with ``Idempotent-Body-Omitted: <length>``.
     ``store_status(status)`` says which responses are kept (the others free the token).
+    The hooks are the guard's (``on_replay(guard)``, ``on_conflict(guard, error)``, ...);
+    the lease is renewed while the view runs and its response streams out.
     """
     replay_headers = tuple(replay_headers)
 
@@ -219,6 +225,10 @@ def require_token(
                 lease_seconds=lease_seconds,
                 terminal=terminal,
                 wait_seconds=wait_seconds,
+                on_replay=on_replay,
+                on_conflict=on_conflict,
+                on_mismatch=on_mismatch,
+                on_lease_lost=on_lease_lost,
             )
             try:
                 fresh = guard.start()
