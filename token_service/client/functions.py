@@ -47,6 +47,7 @@ from . import _validate as check
 from ._client import AsyncTokenClient, TokenClient
 from ._direct import AsyncDirectTransport, DirectTransport, _info
 from ._fingerprint import canonical_json, fingerprint
+from ._results import return_type
 from ._types import Consumed, IssuedToken, TokenInfo
 from .guard import AsyncGuard, Guard, Terminal, as_json
 
@@ -248,6 +249,8 @@ def _guard_for(
     lease_seconds: int | None,
     terminal: Terminal,
     wait_seconds: float,
+    renew: bool = True,
+    result_type: Any = None,
 ) -> Guard | AsyncGuard:
     return keyed.guard(
         operation_token(scope, key),
@@ -257,6 +260,8 @@ def _guard_for(
         lease_seconds=lease_seconds,
         terminal=terminal,
         wait_seconds=wait_seconds,
+        renew=renew,
+        result_type=result_type,
     )
 
 
@@ -271,6 +276,7 @@ def keyed_guard(
     lease_seconds: int | None = None,
     terminal: Terminal = (),
     wait_seconds: float = 0.0,
+    renew: bool = True,
 ) -> Any:
     """A guard on ``key`` in ``scope``: ``with`` it (``async with`` for an AsyncTokenClient).
 
@@ -288,9 +294,13 @@ def keyed_guard(
     :class:`~token_service.errors.TokenMismatch` instead of replaying a result
     that answers another question. ``ttl_seconds`` is how long an unfinished key
     is remembered (a finished one: at least the store's ``result_ttl_seconds``).
+    ``renew=False`` skips the background lease renewal (work that always ends well
+    within ``lease_seconds``).
     """
     keyed = _keyed_client(client, ttl_seconds)
-    return _guard_for(keyed, scope, key, fingerprint, request_id, lease_seconds, terminal, wait_seconds)
+    return _guard_for(
+        keyed, scope, key, fingerprint, request_id, lease_seconds, terminal, wait_seconds, renew
+    )
 
 
 def _key_reader(
@@ -326,6 +336,7 @@ def idempotent(
     lease_seconds: int | None = None,
     terminal: Terminal = (),
     wait_seconds: float = 0.0,
+    renew: bool = True,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a function so it runs at most once per key (see the module docs).
 
@@ -346,13 +357,15 @@ def idempotent(
         read_key = _key_reader(operation, key, "key")
         read_fingerprint = _key_reader(operation, fingerprint, "fingerprint") if fingerprint else None
         is_async = inspect.iscoroutinefunction(operation)
+        typed = return_type(operation)  # once, not per call: results are read back as this type
         if is_async != isinstance(keyed, AsyncTokenClient):
             raise TypeError("coroutine functions need an AsyncTokenClient, plain functions a TokenClient")
 
         def guard_for(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             described = read_fingerprint(args, kwargs) if read_fingerprint else None
+            key_value = read_key(args, kwargs)
             return _guard_for(
-                keyed, scope, read_key(args, kwargs), described, None, lease_seconds, terminal, wait_seconds
+                keyed, scope, key_value, described, None, lease_seconds, terminal, wait_seconds, renew, typed
             )
 
         if is_async:
