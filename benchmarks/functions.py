@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import time
@@ -126,6 +127,8 @@ def run(rounds: int, calls: int) -> dict[str, Any]:
                 summary[f"{name}_ratio_range"] = [min(ratios), max(ratios)]
             phases[phase.removesuffix("_us")] = summary
         return {
+            "load_average": os.getloadavg()[0],
+            "cpus": os.cpu_count(),
             "rounds": rounds,
             "calls": calls,
             "phases": phases,
@@ -161,9 +164,9 @@ def section(result: dict[str, Any]) -> str:
             "## Any function: `@idempotent` vs Powertools' `idempotent_function`",
             "",
             "`python -m benchmarks.functions`: the same small function keyed by an order id, each",
-            "decorator on one private redis-server, sequential calls in one process; "
-            f"{result['rounds']} rounds of {result['calls']} keys, the contenders' order rotated",
-            "every round. Median latency per call (µs). A ratio is the median over rounds of",
+            "decorator on one private redis-server, sequential calls in one process;",
+            f"{result['rounds']} rounds of {result['calls']} keys, the contenders' order rotated each round.",
+            "Median latency per call (µs). A ratio is the median over rounds of",
             "`ours / Powertools` (below 1: ours is faster), with the range across rounds.",
             "`@idempotent` renews its lease in the background while the function runs (a thread per",
             "call, the default); `renew=False` leaves that out, as Powertools does (its in-progress",
@@ -173,7 +176,8 @@ def section(result: dict[str, Any]) -> str:
             "|---|---|---|---|---|---|",
             *rows,
             "",
-            f"Versions: {versions}.",
+            f"Versions: {versions}. Load average at the end: {result['load_average']:.1f} on "
+            f"{result['cpus']} CPUs (the machine was shared: read the ratios, not the microseconds).",
             SECTION_END,
         ]
     )
