@@ -46,7 +46,7 @@ def module_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_functions_page(redis_env: dict[str, str]) -> None:
     blocks = code_blocks(FUNCTIONS, "python")
-    assert len(blocks) == 7
+    assert len(blocks) == 8
     namespace: dict[str, object] = {"__name__": "docs_functions"}
     for block in blocks:
         run_python(block, namespace)

@@ -36,6 +36,7 @@ import base64
 import functools
 import hashlib
 import inspect
+import logging
 import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
     from token_service.store import AsyncTokenStore, TokenStore
 
 __all__ = ["DEFAULT_KEY_TTL_SECONDS", "idempotent", "keyed_guard", "operation_token"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 # How long a key is remembered while nothing finished it (a finished one is kept at least
@@ -318,7 +321,8 @@ def _key_reader(
             raise TypeError(f"{operation.__qualname__} has no parameter {name!r} to take the {what} from")
 
     def read(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        bound = signature.bind(*args, **kwargs)
+        # partial: a durable function's ``conn`` is not the caller's to pass
+        bound = signature.bind_partial(*args, **kwargs)
         bound.apply_defaults()
         values = [bound.arguments[name] for name in names]
         return values[0] if isinstance(key, str) else values
@@ -337,6 +341,8 @@ def idempotent(
     terminal: Terminal = (),
     wait_seconds: float = 0.0,
     renew: bool = True,
+    durable: Any = None,
+    durable_table: Any = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a function so it runs at most once per key (see the module docs).
 
@@ -349,6 +355,15 @@ def idempotent(
     :class:`~token_service.errors.TokenInProgress` while another call holds
     the key (after ``wait_seconds``), :class:`~token_service.errors.TokenFailed`
     after a terminal failure.
+
+    ``durable`` (a SQLAlchemy ``Engine``, ``pip install 'token-service[db]'``)
+    also records the key in the durable backstop (:mod:`token_service.client.durable`):
+    the function is called with ``conn=``, a connection inside a transaction
+    that also inserts the key's record, so its own writes and the record commit
+    together or not at all. Should Redis ever forget the key (a failover that
+    lost the write), the record refuses the second execution and its stored
+    result is returned. ``durable_table`` is the records table (default
+    ``idempotency_records``).
     """
     check.scope(scope)
     keyed = _keyed_client(client, ttl_seconds)
@@ -360,6 +375,11 @@ def idempotent(
         typed = return_type(operation)  # once, not per call: results are read back as this type
         if is_async != isinstance(keyed, AsyncTokenClient):
             raise TypeError("coroutine functions need an AsyncTokenClient, plain functions a TokenClient")
+        if durable is not None:
+            if is_async:
+                raise TypeError("durable= records run in a sync transaction: not for coroutine functions")
+            if "conn" not in inspect.signature(operation).parameters:
+                raise TypeError(f"{operation.__qualname__} takes durable= records: give it a conn parameter")
 
         def guard_for(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             described = read_fingerprint(args, kwargs) if read_fingerprint else None
@@ -378,8 +398,39 @@ def idempotent(
 
         @functools.wraps(operation)
         def run(*args: Any, **kwargs: Any) -> Any:
-            return guard_for(args, kwargs).run(operation, *args, **kwargs)
+            guard = guard_for(args, kwargs)
+            if durable is None:
+                return guard.run(operation, *args, **kwargs)
+            return guard.run(_recorded, durable, durable_table, guard.token, operation, args, kwargs)
 
         return run
 
     return decorate
+
+
+def _recorded(
+    engine: Any,
+    table: Any,
+    name: str,
+    operation: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """Run ``operation`` in a transaction that also claims the key's durable record (or replay it)."""
+    from token_service.client.durable import IDEMPOTENCY_RECORDS, retry_transaction, run_once
+
+    from ._response import StoredResponse
+    from ._results import dump_result
+
+    record_key = name  # "op:" and the key's digest: never a token's record key ("token:...")
+
+    def handler(conn: Any) -> StoredResponse:
+        return StoredResponse.json(200, as_json(dump_result(operation(*args, conn=conn, **kwargs))))
+
+    def work(conn: Any) -> Any:
+        outcome = run_once(conn, record_key, handler, table=IDEMPOTENCY_RECORDS if table is None else table)
+        if outcome.replayed:
+            log.warning("a keyed operation Redis had no record of was found done in the database")
+        return outcome.response.payload()
+
+    return retry_transaction(engine, work)
