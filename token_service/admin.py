@@ -263,6 +263,14 @@ class Filter:
         return self.lease_expired is None or record.lease_expired == self.lease_expired
 
 
+def _letters(state: str | None) -> frozenset[str] | None:
+    """The state letters of the records (either kind) in ``state``; None: any."""
+    if state is None:
+        return None
+    tables = (TOKEN_STATES, IDEMPOTENCY_STATES)
+    return frozenset(letter for table in tables for letter, name in table.items() if name == state)
+
+
 def _cursor(text: str, nodes: int) -> tuple[int, int]:
     node, _, position = (text or "0").partition(".")
     if not node.isdigit() or (position and not position.isdigit()) or int(node) >= max(nodes, 1):
@@ -446,16 +454,17 @@ class Admin:
                 steps += 1
                 position, keys = nodes[node][1].scan(position, match=pattern, count=count, _type="string")
                 scanned += len(keys)
-                found += [
-                    record for record in self._read_many(nodes[node][1], keys) if wanted.matches(record)
-                ]
+                read = self._read_many(nodes[node][1], keys, _letters(wanted.state))
+                found += [record for record in read if wanted.matches(record)]
                 if position == 0:
                     node += 1
                     if node == len(nodes):
                         return Page(found, "0", scanned)
         return Page(found, f"{node}.{position}", scanned)
 
-    def _read_many(self, node: redis.Redis, keys: list[Any]) -> Iterator[Record]:
+    def _read_many(
+        self, node: redis.Redis, keys: list[Any], letters: frozenset[str] | None = None
+    ) -> Iterator[Record]:
         script = self._scripts["admin_read"]
         named = []
         for raw in keys:
@@ -472,6 +481,8 @@ class Admin:
         for (key, kind, ref), reply in zip(named, replies, strict=True):
             if isinstance(reply, Exception):
                 continue  # moved to another node meanwhile (a Cluster reshard): its walk lists it
+            if letters is not None and reply and records.text(reply[0][:1]) not in letters:
+                continue  # another state: not worth parsing
             record = self._record(kind, key, ref, reply)
             if record is not None:
                 yield record

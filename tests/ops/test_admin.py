@@ -8,7 +8,7 @@ import threading
 from typing import Any
 
 import pytest
-from flask import Flask
+from flask import Flask, request
 
 from tests.ops.conftest import past_clock
 from tests.support.processes import wait_until
@@ -27,6 +27,7 @@ from token_service.errors import InvalidRequest, LeaseLost, TokenInvalid
 from token_service.store import IssueRequest, TokenStore
 from token_service.tokens import token_digest
 
+HANG = {"item": 1, "hang": True}
 PAY = IssueRequest("pay", "user-7", None, 600)
 
 
@@ -179,13 +180,12 @@ def test_a_cursor_not_handed_out_is_refused(admin: Admin) -> None:
 
 def _orders_app(redis_any: Any, **options: Any) -> Flask:
     app = Flask(__name__)
-    app.config["gate"] = None
+    app.config["gate"] = threading.Event()
 
     @app.post("/orders")
     def order() -> Any:
-        gate = app.config["gate"]
-        if gate is not None:
-            gate.wait(30)  # a request hung on a slow provider
+        if request.get_json().get("hang"):
+            app.config["gate"].wait(30)  # a request hung on a slow provider
         return {"order": 1}, 201
 
     app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, redis_any, **options)  # type: ignore[method-assign]
@@ -222,22 +222,21 @@ def test_an_idempotency_key_is_found_by_key_and_client_identity(redis_any: Any, 
 def test_a_stuck_idempotency_claim_is_released_for_the_retry(redis_any: Any, admin: Admin) -> None:
     app = _orders_app(redis_any, lock_seconds=3600)
     headers = {"Authorization": "Bearer bob", "Idempotency-Key": "k-77"}
-    gate = app.config["gate"] = threading.Event()
-    hung = threading.Thread(target=lambda: app.test_client().post("/orders", json={}, headers=headers))
+    gate = app.config["gate"]
+    hung = threading.Thread(target=lambda: app.test_client().post("/orders", json=HANG, headers=headers))
     hung.start()
     wait_until(lambda: admin._find(admin.idempotency_ref("Bearer bob", "k-77"), IDEMPOTENCY) is not None)
-    app.config["gate"] = None
-    assert app.test_client().post("/orders", json={}, headers=headers).status_code == 409  # still claimed
+    assert app.test_client().post("/orders", json=HANG, headers=headers).status_code == 409  # still claimed
 
     record = admin.show_idempotency("Bearer bob", "k-77")
     assert record.state == "PROCESSING"
     assert 3500 < record.to_dict()["lease_expires_in_seconds"] <= 3600
     assert admin.release(record.ref) == "released"
-    assert app.test_client().post("/orders", json={}, headers=headers).status_code == 201
+    gate.set()  # the retry runs through
+    assert app.test_client().post("/orders", json=HANG, headers=headers).status_code == 201
     with pytest.raises(NotInProgress):
         admin.release(record.ref)
-    gate.set()  # the hung request ends: its late response does not replace the retry's
-    hung.join(30)
+    hung.join(30)  # the hung request ended too: its late response did not replace the retry's
     assert admin.show(record.ref).state == "COMPLETED"
 
 
