@@ -39,7 +39,7 @@ RUN_ELSEWHERE = {
     "docs/integrations/wsgi-middleware.md": "tests/client/test_sdk_docs.py",
     "docs/frontend.md": "tests/frontend/test_docs_snippets.py",
     "docs/configuration.md": "tests/docs/test_pages_without_code.py",
-    "docs/operations.md": "tests/docs/test_pages_without_code.py",
+    "docs/operations.md": "tests/ops/test_operations_docs.py",
     "docs/performance.md": "tests/docs/test_pages_without_code.py",
     "docs/deployment.md": "tests/docs/test_deployment_docs.py",
     "docs/durable.md": "tests/durable/test_payments_example.py",

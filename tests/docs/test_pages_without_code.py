@@ -7,7 +7,7 @@ import pytest
 
 from tests.support.docs import code_blocks
 
-PAGES = ["docs/configuration.md", "docs/operations.md", "docs/performance.md"]
+PAGES = ["docs/configuration.md", "docs/performance.md"]
 
 
 @pytest.mark.parametrize("page", PAGES)

@@ -149,5 +149,5 @@ def test_walking_a_million_records_never_holds_redis_for_long(large_redis: Redis
     assert scans >= RECORDS // 1000
     assert scan_us * 50 < keys_us
     assert read_us * 1000 < keys_us
-    # nothing but the walk's commands (and those its read script runs) was ever slow
-    assert {command for command, _ in admin_slow} <= {"SCAN", "EVALSHA", "GET", "PTTL", "TIME"}
+    # Nothing else ran meanwhile but the pinger's PINGs (slow only when the machine stalls Redis).
+    assert {command for command, _ in admin_slow} <= {"SCAN", "EVALSHA", "GET", "PTTL", "TIME", "PING"}
