@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,11 +50,6 @@ def store(redis_any: Any) -> TokenStore:
 @pytest.fixture
 def admin(redis_any: Any) -> Admin:
     return Admin(redis_any, actor="test")
-
-
-def past_clock(seconds_ago: float) -> Any:
-    """A store clock that many seconds behind: a lease it grants has already run out by Redis's."""
-    return lambda: int((time.time() - seconds_ago) * 1000)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from flask import Flask, request
 
-from tests.ops.conftest import past_clock
+from tests.ops.clock import past_clock
 from tests.support.processes import wait_until
 from tests.support.service import API_KEY, AUTH
 from token_service import create_app

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.ops.conftest import past_clock
+from tests.ops.clock import past_clock
 from tests.support.processes import REPO_ROOT
 from tests.support.topologies import ClusterTopology, Standalone
 from token_service.store import IssueRequest, TokenStore

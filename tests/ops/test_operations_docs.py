@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tests.conftest import service_env
-from tests.ops.conftest import past_clock
+from tests.ops.clock import past_clock
 from tests.support.docs import code_blocks, run_python, run_sh, shell_env
 from tests.support.processes import REPO_ROOT, Gunicorn, RedisServer
+from tests.support.service import service_env
 from token_service.client import durable
 from token_service.client._idempotency_store import IdempotencyStore
 from token_service.client._response import StoredResponse

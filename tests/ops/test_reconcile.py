@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from tests.ops.conftest import past_clock
+from tests.ops.clock import past_clock
 from token_service import reconcile as reconciler
 from token_service.admin import Admin
 from token_service.client import durable
