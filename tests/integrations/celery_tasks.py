@@ -90,3 +90,14 @@ def slow(job: str) -> dict[str, Any]:
 def refund(order_id: str) -> None:
     counters.incr(f"runs:refund:{order_id}")
     raise Declined("refund declined")
+
+
+@app.task(
+    base=IdempotentTask,
+    token_client=TokenClient.from_redis("redis://127.0.0.1:1/0", retry=1, timeout=0.5),
+    name="tests.store_down",
+    max_retries=2,
+    idempotency_poll_seconds=0.2,
+)
+def store_down(label: str) -> None:
+    counters.incr(f"runs:store_down:{label}")

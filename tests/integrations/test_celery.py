@@ -215,3 +215,14 @@ def test_the_example_runs_with_one_command(celery_env: dict[str, str], redis_ser
     happened = next(line for line in lines if line.startswith("what actually happened:"))
     assert happened.count("receipt order-") == 1
     assert happened.count("charged 1250") == 1
+
+
+def test_with_the_keys_store_down_the_body_never_runs_and_the_message_is_retried(
+    worker: Worker, tasks: Any
+) -> None:
+    result = tasks.store_down.delay("x")
+    with pytest.raises(Exception, match="unavailable") as down:
+        result.get(timeout=60)
+    assert type(down.value).__name__ == "ServiceUnavailable"
+    assert worker.log().count("the keys' store is unavailable; retrying") == 3  # the first try and 2 retries
+    assert tasks.counters.get("runs:store_down:x") is None

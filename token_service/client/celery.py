@@ -28,6 +28,9 @@ mid-task (SIGKILL, OOM) is taken over after its lease: set ``acks_late=True``
 so the message is redelivered at all, and ``task_reject_on_worker_lost=True``
 when a prefork child (not the whole worker) may die.
 
+When the keys' Redis cannot answer, the body does not run (fail closed) and
+the message is retried (``self.retry``, within ``max_retries``).
+
 A task called directly (``send_receipt("o-1")``, no message) and keyed by its
 task id has no id to key on: it runs unguarded, as any function call does.
 Only this module imports Celery.
@@ -40,7 +43,7 @@ from typing import Any
 
 from celery import Task
 
-from token_service.errors import TokenInProgress
+from token_service.errors import ServiceUnavailable, TokenInProgress
 from token_service.tokens import SCOPE_RE
 
 from ._client import TokenClient
@@ -124,6 +127,14 @@ class IdempotentTask(Task):  # type: ignore[misc]  # Celery ships no type hints
             finally:
                 # retry() leaves the override on the (shared) task object for autoretry_for to read
                 self.__dict__.pop("override_max_retries", None)
+        except ServiceUnavailable as down:
+            if self.request.called_directly:
+                raise
+            # The keys' Redis cannot answer: the body must not run unguarded, and the message
+            # must not be lost either. Retried like any failure, within max_retries.
+            log.warning("task %s[%s]: the keys' store is unavailable; retrying", self.name, self.request.id)
+            countdown = min(down.retry_after_seconds, self.idempotency_poll_seconds)
+            raise self.retry(exc=down, countdown=countdown) from down
         if guard.replayed:
             log.info(
                 "task %s[%s]: already ran for this key; its stored result is returned",
