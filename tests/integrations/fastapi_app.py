@@ -7,7 +7,7 @@ import os
 
 import redis.asyncio
 from fastapi import FastAPI, HTTPException, Request, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
 from token_service.client import AsyncTokenClient
@@ -122,3 +122,15 @@ async def big() -> dict[str, str]:
 @require_token(unreachable, "down.op")
 async def store_down() -> None:
     await counters.incr("runs:down")
+
+
+@app.post("/stream")
+@require_token(tokens, "stream.op")
+async def stream() -> StreamingResponse:
+    await counters.incr("runs:stream")
+
+    async def chunks():  # type: ignore[no-untyped-def]
+        for part in (b"a", b"b"):
+            yield part
+
+    return StreamingResponse(chunks(), media_type="text/plain")

@@ -145,6 +145,18 @@ def test_a_stored_4xx_is_replayed_a_5xx_or_an_exception_frees_the_token(
     assert post(server, "/crash", token).json() == {"run": 2}
 
 
+def test_a_streamed_response_is_kept_without_its_body(
+    server: AppServer, tokens: TokenClient, real_redis: redis.Redis
+) -> None:
+    token = tokens.generate("stream.op").token
+    first, again = post(server, "/stream", token), post(server, "/stream", token)
+    assert (first.status_code, first.content) == (200, b"ab")
+    assert (again.status_code, again.content) == (200, b"")
+    assert again.headers["Idempotent-Body-Omitted"] == "0"
+    assert again.headers["Content-Type"].startswith("text/plain")
+    assert runs(real_redis, "stream") == 1
+
+
 def test_too_large_a_response_is_kept_without_its_body(
     server: AppServer, tokens: TokenClient, real_redis: redis.Redis
 ) -> None:

@@ -23,7 +23,9 @@ without the endpoint running:
   a duplicate returns that value, so FastAPI renders it exactly as the first
   (same ``status_code``, ``response_model``, response class);
 - an endpoint that returns a ``Response``: its status, body bytes and
-  ``replay_headers`` are stored (:class:`StoredResponse`) and replayed as they are;
+  ``replay_headers`` are stored (:class:`StoredResponse`) and replayed as they are
+  (a ``StreamingResponse`` or ``FileResponse``: without its body, marked
+  ``Idempotent-Body-Omitted``);
 - ``HTTPException``: a status worth storing (4xx but 408/409/425/429) is stored
   and replayed as FastAPI renders it (``{"detail": ...}``); a 5xx frees the token.
 
@@ -238,8 +240,14 @@ def require_token(
                 raise
             if isinstance(value, Response):
                 status = value.status_code
-                kept = StoredResponse(status, bytes(value.body), _kept(value.headers.items(), wanted))
-                result = _fit(kept.to_result(), len(value.body), max_result_bytes)
+                headers = _kept(value.headers.items(), wanted)
+                body = getattr(value, "body", None)  # a StreamingResponse (FileResponse) has none
+                if isinstance(body, bytes | bytearray | memoryview):
+                    kept = StoredResponse(status, bytes(body), headers)
+                    result = _fit(kept.to_result(), len(body), max_result_bytes)
+                else:
+                    # streamed: never buffered here; duplicates get the status and headers
+                    result = StoredResponse(status, b"", headers, omitted=0).to_result()
             else:
                 status = response.status_code or 200
                 document = {
