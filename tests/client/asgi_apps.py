@@ -5,7 +5,8 @@ of ``POST /orders`` counts itself in Redis (``orders:runs``) so a test sees how
 often the body ran across everything. The request body says what to answer:
 ``{"sleep": s}`` takes a moment, ``{"status": n}`` answers n, ``{"crash": true}``
 raises, ``{"stream": n, "chunk": bytes}`` streams n chunks, ``{"file": true}``
-sends a file. ``TEST_WAIT_SECONDS`` sets the middleware's ``wait_seconds``.
+sends a file. ``TEST_WAIT_SECONDS`` sets the middleware's ``wait_seconds``,
+``TEST_LOCK_SECONDS`` its ``lock_seconds`` (30).
 """
 
 from __future__ import annotations
@@ -59,7 +60,10 @@ async def answer(body: dict[str, Any]) -> Response:
 
 
 def middleware_options() -> dict[str, Any]:
-    return {"wait_seconds": float(os.environ.get("TEST_WAIT_SECONDS", "0")), "lock_seconds": 30}
+    return {
+        "wait_seconds": float(os.environ.get("TEST_WAIT_SECONDS", "0")),
+        "lock_seconds": int(os.environ.get("TEST_LOCK_SECONDS", "30")),
+    }
 
 
 async def starlette_orders(request: StarletteRequest) -> Response:

@@ -1,0 +1,45 @@
+"""The ASGI Idempotency-Key middleware on a real uvicorn: a 3 s request under a 1 s lock runs once.
+
+Its claim is renewed while the app runs (``core.ahold``), so the duplicates at
+1.5 s and 2.5 s get 409 instead of running the app again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+import redis
+
+from tests.client.test_asgi_uvicorn import Server, start_uvicorn
+from tests.support.processes import RedisServer, wait_until
+
+pytestmark = [pytest.mark.real, pytest.mark.slow]
+
+
+@pytest.mark.parametrize("app", ["starlette_app", "fastapi_app"])
+def test_a_request_slower_than_its_lock_runs_once(
+    app: str, redis_server: RedisServer, real_redis: redis.Redis
+) -> None:
+    process, url = start_uvicorn(app, redis_server.url, TEST_LOCK_SECONDS="1")
+    try:
+        server = Server(url, real_redis)
+        first: list[httpx.Response] = []
+        thread = threading.Thread(target=lambda: first.append(server.post({"sleep": 3})))
+        thread.start()
+        wait_until(lambda: server.runs == 1, 30, interval_seconds=0.005, what="the app to start")
+        started = time.monotonic()
+        for at in (1.5, 2.5):
+            time.sleep(max(0.0, started + at - time.monotonic()))
+            assert server.post({"sleep": 3}).status_code == 409
+        thread.join(30)
+        assert first[0].status_code == 201
+        replay = server.post({"sleep": 3})
+        assert replay.headers["Idempotent-Replayed"] == "true"
+        assert replay.json() == first[0].json()
+        assert server.runs == 1
+    finally:
+        process.terminate()
+        process.wait(20)
