@@ -24,9 +24,16 @@ import redis
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # One gunicorn command line for the service and for the hand-written baseline:
-# the project's own config file (sync workers, keepalive, access log to
-# stdout), the same worker count, only the application differs.
+# the project's own config file (gevent workers, keepalive), the same worker
+# count, only the application (and, in the worker-class comparison, the
+# ``--worker-class``) differs.
 GUNICORN_FLAGS = ("--config", "python:token_service.server.gunicorn_conf")
+# The worker classes compared (same app, same worker count); gevent is the config's default.
+WORKER_CLASSES: dict[str, tuple[str, ...]] = {
+    "sync": ("--worker-class", "sync"),
+    "gthread": ("--worker-class", "gthread", "--threads", "4"),
+    "gevent": (),
+}
 
 
 def free_port() -> int:
@@ -131,7 +138,7 @@ class RedisServer:
 
 
 class Gunicorn:
-    """One WSGI app under gunicorn with :data:`GUNICORN_FLAGS` and ``workers`` sync workers."""
+    """One WSGI app under gunicorn with :data:`GUNICORN_FLAGS` and ``workers`` workers."""
 
     def __init__(self, app: str, env: dict[str, str], workers: int, extra: Sequence[str] = ()) -> None:
         self.app = app
@@ -190,3 +197,25 @@ class Gunicorn:
                 self.process.kill()
                 self.process.wait()
         self.log.unlink(missing_ok=True)
+
+
+class Uvicorn(Gunicorn):
+    """An ASGI app under uvicorn with ``workers`` processes (the FastAPI baseline's server)."""
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            self.app,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            str(self.workers),
+            "--no-access-log",
+            "--log-level",
+            "warning",
+            *self.extra,
+        ]

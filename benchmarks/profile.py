@@ -51,7 +51,7 @@ def main() -> int:
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     config = suite.Config(workers=2)
     target = "baseline" if args.baseline else "service"
-    with suite.servers(config) as servers:
+    with suite.servers(config, ("service", "baseline")) as servers:
         runner = suite.HttpRunner(servers, suite.TokenSupply(servers.redis.client()))
         server = servers.baseline if args.baseline else servers.service
         assert server.process is not None

@@ -25,7 +25,7 @@ import redis
 
 from benchmarks import baseline_app
 from benchmarks.load import WrkResult, median_of, run_wrk
-from benchmarks.procs import Gunicorn, RedisServer, cpu_seconds_precise, require
+from benchmarks.procs import WORKER_CLASSES, Gunicorn, RedisServer, Uvicorn, cpu_seconds_precise, require
 from token_service.client import TokenClient
 from token_service.config import RateLimit
 from token_service.limits import IssuanceLimits, client_key
@@ -81,31 +81,63 @@ class Config:
         )
 
 
+SERVICE_APP = "token_service:create_app()"
+BASELINE_APP = "benchmarks.baseline_app:create_app()"
+FASTAPI_APP = "benchmarks.fastapi_app:app"
+# Every server of the run, by name. "service" and "baseline" run the project's gunicorn config
+# as shipped (gevent workers); the others differ in the one thing their name says.
+TARGETS = (
+    "service",  # the service, gevent workers (the shipped config)
+    "baseline",  # the hand-written Flask baseline, the same config
+    "baseline-sync",  # the same baseline on gunicorn's default sync workers: what a user writes and runs
+    "fastapi",  # the baseline's FastAPI twin under uvicorn (the third baseline)
+    "service-sync",  # the worker-class comparison: the service on sync ...
+    "service-gthread",  # ... and gthread workers (4 threads), the same worker count
+)
+# The targets of each peak comparison; the curve's (and the plot's) subset.
+CURVE_TARGETS = ("service", "baseline", "baseline-sync", "fastapi")
+
+
 @dataclass
 class Servers:
     redis: RedisServer
-    service: Gunicorn
-    baseline: Gunicorn
+    by_name: dict[str, Gunicorn]
+
+    @property
+    def service(self) -> Gunicorn:
+        return self.by_name["service"]
+
+    @property
+    def baseline(self) -> Gunicorn:
+        return self.by_name["baseline"]
 
     def targets(self) -> list[tuple[str, Gunicorn]]:
-        return [("service", self.service), ("baseline", self.baseline)]
+        return list(self.by_name.items())
+
+
+def make_server(name: str, redis_url: str, workers: int) -> Gunicorn:
+    service_env = {**SERVICE_ENV, "TOKEN_SERVICE_REDIS_URL": redis_url}
+    baseline_env = {"BENCH_REDIS_URL": redis_url}
+    if name == "fastapi":
+        return Uvicorn(FASTAPI_APP, baseline_env, workers)
+    app, _, worker_class = name.partition("-")
+    flags = WORKER_CLASSES[worker_class or "gevent"]
+    if app == "service":
+        return Gunicorn(SERVICE_APP, service_env, workers, flags)
+    return Gunicorn(BASELINE_APP, baseline_env, workers, flags)
 
 
 @contextmanager
-def servers(config: Config) -> Iterator[Servers]:
+def servers(config: Config, names: tuple[str, ...] = TARGETS) -> Iterator[Servers]:
     redis_server = RedisServer().start()
-    env = {**SERVICE_ENV, "TOKEN_SERVICE_REDIS_URL": redis_server.url}
-    service = Gunicorn("token_service:create_app()", env, config.workers)
-    baseline = Gunicorn(
-        "benchmarks.baseline_app:create_app()", {"BENCH_REDIS_URL": redis_server.url}, config.workers
-    )
+    started: dict[str, Gunicorn] = {}
     try:
-        service.start()
-        baseline.start()
-        yield Servers(redis_server, service, baseline)
+        for name in names:
+            started[name] = make_server(name, redis_server.url, config.workers).start()
+        yield Servers(redis_server, started)
     finally:
-        service.stop()
-        baseline.stop()
+        for server in started.values():
+            server.stop()
         redis_server.stop()
 
 
@@ -139,7 +171,8 @@ class TokenSupply:
         return tokens
 
     def file_for(self, target: str, count: int) -> Path:
-        tokens = self.service_tokens(count) if target == "service" else self.baseline_tokens(count)
+        service = target.startswith("service")
+        tokens = self.service_tokens(count) if service else self.baseline_tokens(count)
         path = self.dir / f"{target}-{time.monotonic_ns()}.txt"
         path.write_text("\n".join(tokens) + "\n")
         return path
@@ -156,12 +189,12 @@ class HttpRunner:
     def run(
         self, target: str, endpoint: str, connections: int, seconds: float, delay_ms: float | None = None
     ) -> WrkResult:
-        server = self.servers.service if target == "service" else self.servers.baseline
+        server = self.servers.by_name[target]
         if endpoint == "consume":
             # wrk wraps around if it runs out: size generously (repeats would show as errors)
             count = int(self.fastest_rps * 1.6 * max(1, round(seconds))) + 1000
             tokens = self.supply.file_for(target, count)
-            key = API_KEY if target == "service" else ""
+            key = API_KEY if target.startswith("service") else ""
             args = [str(tokens), SCOPE, key]
         elif endpoint == "generate":
             args, tokens = [SCOPE, str(SUBJECTS)], None
@@ -189,19 +222,56 @@ class HttpRunner:
         return result
 
 
-def compare_peak(runner: HttpRunner, config: Config, endpoint: str) -> dict[str, Any]:
-    """Service vs baseline at the peak concurrency, alternated; medians and the paired ratio.
+# Paired ratios reported beside service / baseline: (numerator, denominator) targets.
+PAIRS = (
+    ("service", "baseline-sync"),
+    ("service", "fastapi"),
+    ("service-gthread", "service-sync"),
+    ("service", "service-sync"),
+    ("baseline", "baseline-sync"),
+)
 
-    Each round runs both, the order swapped every round (A B, B A, ...) so that
-    neither always runs second on a machine that has just warmed up. The
-    headline ratio is the median over rounds of service / baseline within the
-    round: a pair measured seconds apart shares the machine's state, which
-    drifts far more between rounds than within one (the ratio of the medians
-    is kept as ``ratio_of_medians``).
+
+def _round_orders(names: list[str], rounds: int) -> list[list[str]]:
+    """Each round's order: rotated by one every round, reversed every other one (A B C, C B A ...)."""
+    orders = []
+    for round_number in range(rounds):
+        shift = round_number % len(names)
+        order = names[shift:] + names[:shift]
+        orders.append(order if round_number % 2 == 0 else order[::-1])
+    return orders
+
+
+def _paired(runs: dict[str, list[WrkResult]], top: str, bottom: str) -> dict[str, Any]:
+    pairs = list(zip(runs[top], runs[bottom], strict=True))
+    cpu_pairs = [(a, b) for a, b in pairs if a.server_cpu_ms > 0]
+    return {
+        "ratio": statistics.median(a.rps / b.rps for a, b in pairs),
+        "round_ratios": [round(a.rps / b.rps, 3) for a, b in pairs],
+        "round_cpu_ratios": [round(b.server_cpu_ms / a.server_cpu_ms, 3) for a, b in cpu_pairs],
+        # bottom CPU / top CPU per request: the throughput ratio a quiet machine would show
+        "cpu_ratio": (
+            statistics.median(b.server_cpu_ms / a.server_cpu_ms for a, b in cpu_pairs) if cpu_pairs else 0.0
+        ),
+    }
+
+
+def compare_peak(
+    runner: HttpRunner, config: Config, endpoint: str, targets: tuple[str, ...] = TARGETS
+) -> dict[str, Any]:
+    """Every target at the peak concurrency, in rounds; medians and the ratios paired within rounds.
+
+    Each round runs every target once, in an order rotated every round and
+    reversed every other one, so that none always runs first or after the
+    same neighbour on a machine that has just warmed up. A ratio is the
+    median over rounds of the pair measured in the same round: a pair
+    measured seconds apart shares the machine's state, which drifts far more
+    between rounds than within one (the ratio of the medians is kept beside
+    it as ``ratio_of_medians``).
     """
-    runs: dict[str, list[WrkResult]] = {"service": [], "baseline": []}
-    for round_number in range(config.rounds):
-        order = ("service", "baseline") if round_number % 2 == 0 else ("baseline", "service")
+    names = [name for name in targets if name in runner.servers.by_name]
+    runs: dict[str, list[WrkResult]] = {name: [] for name in names}
+    for order in _round_orders(names, config.rounds):
         for target in order:
             runs[target].append(runner.run(target, endpoint, config.peak_connections, config.seconds))
     summary: dict[str, Any] = {"connections": config.peak_connections, "rounds": config.rounds}
@@ -214,24 +284,26 @@ def compare_peak(runner: HttpRunner, config: Config, endpoint: str) -> dict[str,
             "server_cpu_ms": median_of(results, "server_cpu_ms"),
             "redis_cpu_ms": median_of(results, "redis_cpu_ms"),
         }
-    pairs = list(zip(runs["service"], runs["baseline"], strict=True))
-    summary["round_ratios"] = [round(s.rps / b.rps, 3) for s, b in pairs]
-    summary["ratio"] = statistics.median(s.rps / b.rps for s, b in pairs)
+    main = _paired(runs, "service", "baseline")
+    summary["round_ratios"] = main["round_ratios"]
+    summary["ratio"] = main["ratio"]
     summary["ratio_of_medians"] = summary["service"]["rps"] / summary["baseline"]["rps"]
-    # baseline CPU / service CPU per request: the throughput ratio a quiet machine would show
-    cpu_pairs = [(s, b) for s, b in pairs if s.server_cpu_ms > 0]
-    summary["round_cpu_ratios"] = [round(b.server_cpu_ms / s.server_cpu_ms, 3) for s, b in cpu_pairs]
-    summary["cpu_ratio"] = (
-        statistics.median(b.server_cpu_ms / s.server_cpu_ms for s, b in cpu_pairs) if cpu_pairs else 0.0
-    )
+    summary["round_cpu_ratios"] = main["round_cpu_ratios"]
+    summary["cpu_ratio"] = main["cpu_ratio"]
+    summary["pairs"] = {
+        f"{top} / {bottom}": _paired(runs, top, bottom)
+        for top, bottom in PAIRS
+        if top in runs and bottom in runs
+    }
     return summary
 
 
 def concurrency_curve(runner: HttpRunner, config: Config) -> list[dict[str, Any]]:
     points = []
+    targets = [name for name in CURVE_TARGETS if name in runner.servers.by_name]
     for connections in config.concurrencies:
         for endpoint in ("generate", "consume"):
-            for target in ("service", "baseline"):
+            for target in targets:
                 result = runner.run(target, endpoint, connections, config.curve_seconds)
                 points.append({"target": target, "endpoint": endpoint, **result.as_dict()})
     return points

@@ -47,7 +47,7 @@ def run_module(*args: str, timeout_seconds: float) -> subprocess.CompletedProces
 def test_quick_mode_runs_every_part_and_writes_the_report(tmp_path: Path) -> None:
     for binary in ("wrk", "redis-server", "redis-benchmark"):
         require_binary(binary)
-    run_module("benchmarks", "--quick", "--out", str(tmp_path), timeout_seconds=180)
+    run_module("benchmarks", "--quick", "--out", str(tmp_path), timeout_seconds=420)
 
     results = json.loads((tmp_path / "results.json").read_text())
     for endpoint in ("generate", "consume"):
@@ -55,9 +55,23 @@ def test_quick_mode_runs_every_part_and_writes_the_report(tmp_path: Path) -> Non
         assert peak["service"]["rps"] > 0
         assert peak["baseline"]["rps"] > 0
         assert peak["ratio"] > 0
+    targets = ("service", "baseline", "baseline-sync", "fastapi")
     assert {(p["endpoint"], p["target"]) for p in results["curve"]} == {
-        (e, t) for e in ("generate", "consume") for t in ("service", "baseline")
+        (e, t) for e in ("generate", "consume") for t in targets
     }
+    # the worker-class comparison and the three baselines, each measured and paired with the service
+    for endpoint in ("generate", "consume"):
+        peak = results["peak"][endpoint]
+        for target in ("baseline-sync", "fastapi", "service-sync", "service-gthread"):
+            assert peak[target]["rps"] > 0, target
+        assert set(peak["pairs"]) >= {
+            "service / baseline-sync",
+            "service / fastapi",
+            "service / service-sync",
+        }
+    report_text = (tmp_path / "RESULTS.md").read_text()
+    assert "## Worker classes" in report_text
+    assert "hand-written FastAPI, uvicorn" in report_text
     assert results["half_peak"]["p99_ms"] > 0
     assert results["half_peak"]["baseline"]["p99_ms"] > 0
     assert results["batch"]["tokens_per_second"] > 0
