@@ -129,7 +129,8 @@ class LeaseRenewer:
         self._name = name
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+        # reentrant: a guard collected while its renewer starts stops it from within (finalizer)
+        self._lock = threading.RLock()
         self.renewals = 0
         self.lost: TokenError | None = None
 
