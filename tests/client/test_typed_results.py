@@ -116,6 +116,11 @@ def test_what_cannot_be_stored_is_refused() -> None:
         dump_result({(1, 2): "tuple keys"})
 
 
+def test_dict_keys_are_written_as_json_writes_them() -> None:
+    keys = {7: "a", 2.5: "b", False: "c", None: "d"}
+    assert dump_result(keys) == {"7": "a", "2.5": "b", "false": "c", "null": "d"}
+
+
 def test_a_result_that_contains_itself_is_a_terminal_failure_not_a_second_run(sdk: Sdk) -> None:
     client: TokenClient = sdk.client
     token = client.generate(SCOPE).token

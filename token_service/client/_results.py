@@ -18,7 +18,8 @@ annotation of the function a guard runs (``guarded``, ``guard.run``). Nothing
 in the stored data names a class: a stored record can never make this process
 import or build anything but the declared type. Without a type, duplicates
 get the plain JSON form (a tuple comes back as a list, a dataclass as a dict),
-as the first caller does.
+as the first caller does; a stored value that does not read as the declared
+type is logged and handed back in its JSON form too.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import dataclasses
 import datetime as dt
 import enum
 import functools
+import json
 import types
 import typing
 import uuid
@@ -70,9 +72,11 @@ def _dump_key(key: Any) -> str:
         key = key.value
     if isinstance(key, str):
         return key
-    if isinstance(key, int) and not isinstance(key, bool):
-        return str(key)
-    raise TypeError(f"dict keys must be str or int to be stored, not {type(key).__name__}")
+    if isinstance(key, int | float | bool) or key is None:
+        return json.dumps(key)  # as json.dumps writes such keys: 1 -> "1", True -> "true", None -> "null"
+    raise TypeError(
+        f"dict keys must be str, numbers, booleans or None to be stored, not {type(key).__name__}"
+    )
 
 
 def load_result(data: Any, result_type: Any) -> Any:
