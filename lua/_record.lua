@@ -9,7 +9,8 @@
 -- payloads escape them, so \31 can never appear inside a field.
 --
 --   field 1 scope          5 lease_id
---   field 2 subject        6 lease_expires_ms (PROCESSING)
+--   field 2 subject        6 lease_expires_ms (PROCESSING); the client bucket the
+--                            token is counted in (ISSUED under a cap, see admit.lua)
 --   field 3 fingerprint    7 token_expires_ms (PROCESSING: the token's own expiry)
 --   field 4 request_id     8 payload (SUCCEEDED: result JSON, FAILED: error JSON)
 --
@@ -37,12 +38,17 @@ end
 
 local function record(state, fields)
   local last = 0
-  for i = 1, NFIELDS do
-    if fields[i] ~= nil and fields[i] ~= '' then last = i end
+  for i = NFIELDS, 1, -1 do
+    local field = fields[i]
+    if field ~= nil and field ~= '' then
+      last = i
+      break
+    end
   end
-  local parts = {}
-  for i = 1, last do parts[i] = fields[i] or '' end
-  return state .. table.concat(parts, SEP)
+  for i = 1, last - 1 do
+    if fields[i] == nil then fields[i] = '' end
+  end
+  return state .. table.concat(fields, SEP, 1, last)
 end
 
 -- "now" comes from ARGV when a caller controls time (tests), else from the
@@ -83,6 +89,45 @@ local function separator_in(...)
     if ARGV[i] ~= nil and string.find(ARGV[i], SEP, 1, true) then
       return bad('ARGV[' .. i .. '] must not contain the field separator \\31')
     end
+  end
+  return nil
+end
+
+-- An ISSUED record with field 6 set still counts toward its client's outstanding cap
+-- (admit.lua): the first consume, begin or revoke takes it out of its bucket. KEYS[2],
+-- when given, is the client's limit record (one round trip); without it (Redis Cluster:
+-- another slot) the bucket is returned for the caller to release with release.lua.
+local function release_from(key, bucket)
+  local limits = redis.call('GET', key)
+  if not limits then return end  -- expired (every bucket ended) or evicted
+  local at = string.find(limits, '|' .. bucket .. ':', 1, true)
+  if not at then return end  -- the bucket ended and is gone
+  local count_at = at + #bucket + 2
+  local after = string.find(limits, '|', count_at, true) or #limits + 1
+  local count = tonumber(string.sub(limits, count_at, after - 1))
+  if count > 1 then
+    limits = string.sub(limits, 1, count_at - 1) .. string.format('%d', count - 1) .. string.sub(limits, after)
+  else
+    limits = string.sub(limits, 1, at - 1) .. string.sub(limits, after)
+  end
+  redis.call('SET', key, limits, 'KEEPTTL')
+end
+
+local function release(state, fields)
+  local bucket = fields[6]
+  if state ~= 'I' or bucket == '' then return '' end
+  if KEYS[2] == nil then return bucket end
+  release_from(KEYS[2], bucket)
+  return ''
+end
+
+-- issue's arguments (issue.lua): checked before anything is written, also by the
+-- one-script generate (store.py) before admit.lua charges the client.
+local function issue_refusal()
+  if ARGV[1] == nil or ARGV[1] == '' then return bad('scope is required') end
+  if not positive_int(ARGV[4]) then return bad('ttl_ms must be a positive integer') end
+  if string.find(ARGV[1] .. ARGV[2] .. ARGV[3] .. (ARGV[5] or ''), SEP, 1, true) then
+    return separator_in(1, 2, 3, 5)
   end
   return nil
 end

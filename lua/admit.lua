@@ -1,37 +1,39 @@
 -- admit: charge tokens to a client's issuance limits, before they are issued.
--- KEYS[1] the client's limit record (a hash, one per client, not per token)
+-- KEYS[1] the client's limit record (one small string per client, not per token)
 -- ARGV[1] count; ARGV[2] rate limit per period ('0' = none); ARGV[3] period_ms;
--- ARGV[4] outstanding cap ('0' = none); ARGV[5] ttl_ms of the tokens;
+-- ARGV[4] outstanding cap ('0' = none); ARGV[5] counted_ms: how long the tokens may
+-- count toward the cap (their TTL, at most the service's window);
 -- ARGV[6] now_ms ('' = Redis TIME)
--- returns {'admitted'} | {'rate_limited', retry_after_ms}
---       | {'too_many_outstanding', retry_after_ms} | {'invalid_argument', message}
+-- returns {'admitted', bucket} bucket: '' without a cap, else the bucket the tokens are
+--         counted in; their records keep it (field 6), and release() (_record.lua)
+--         takes a token back out of it when it is consumed, begun or revoked
+--       | {'rate_limited', retry_after_ms} | {'too_many_outstanding', retry_after_ms}
+--       | {'invalid_argument', message}
 --
--- The record's fields: 't' is the rate limiter's theoretical arrival time
--- (GCRA) in ms; '<end_s>' counts the tokens whose expiry falls in the bucket
--- ending at <end_s> (epoch seconds). One key per call, so the script runs
+-- The record: "<tat>|<end>:<n>|<end>:<n>..." where <tat> is the rate limiter's
+-- theoretical arrival time (GCRA) in ms ('' without a rate limit) and each <end>:<n>
+-- a bucket: <n> tokens still counted until <end> (epoch seconds). A string, not a
+-- hash: one GET and one SET (with the key's expiry) are the cheapest read and write
+-- Redis has, and generate runs this every time. One key, in KEYS, so the script runs
 -- unchanged on Redis Cluster. A refusal writes nothing.
 --
--- Rate: GCRA with a burst of one full period (60/minute lets 60 through at
--- once, then one per second). Outstanding: a token counts from issue until its
--- expiry, consumed or not -- its record stays in Redis until then anyway, so
--- the cap bounds the memory one client can hold. Expiries are rounded UP to
--- buckets of BUCKET_SECONDS * 2^k, the smallest such width of at least a
--- quarter of the TTL: a client's hash stays at a handful of fields (memory per
--- client, not per token) at the price of counting a token up to a quarter of
--- its TTL (at least 5 s) longer than it lives. Widths are nested, so tokens of
--- different TTLs share bucket ends.
+-- Rate: GCRA with a burst of one full period (60/minute lets 60 through at once,
+-- then one per second). Outstanding: a token counts from its issue until it is
+-- consumed, begun or revoked (release()), or until the end of its bucket. Bucket
+-- ends are rounded UP to a multiple of BUCKET_SECONDS * 2^k, the smallest such width
+-- of at least an eighth of counted_ms: a token counts at most max(5 s, a quarter of
+-- counted_ms) longer than counted_ms, and the record stays small: at most 9 live
+-- buckets per width, the widths nested so that tokens of different TTLs share ends.
 local BUCKET_SECONDS = 5
 
-for i = 1, 5 do
-  if i ~= 2 and i ~= 4 and not positive_int(ARGV[i]) then
-    return bad('ARGV[' .. i .. '] must be a positive integer')
-  end
+if not (positive_int(ARGV[1]) and positive_int(ARGV[3]) and positive_int(ARGV[5])) then
+  return bad('count, period_ms and counted_ms must be positive integers')
 end
 local count = tonumber(ARGV[1])
 local limit = tonumber(ARGV[2])
 local period = tonumber(ARGV[3])
 local cap = tonumber(ARGV[4])
-local ttl = tonumber(ARGV[5])
+local counted = tonumber(ARGV[5])
 if limit == nil or cap == nil or limit < 0 or cap < 0 then
   return bad('limit and cap must be integers >= 0')
 end
@@ -41,20 +43,17 @@ local now = now_ms(ARGV[6])
 
 local tat = now
 local outstanding = 0
-local live = {}
-local expired = {}
-local flat = redis.call('HGETALL', KEYS[1])
-for i = 1, #flat, 2 do
-  local name, value = flat[i], tonumber(flat[i + 1])
-  if name == 't' then
-    if value > tat then tat = value end
-  else
-    local ends_ms = tonumber(name) * 1000
-    if ends_ms <= now then
-      expired[#expired + 1] = name
-    else
-      outstanding = outstanding + value
-      live[#live + 1] = {ends_ms, value}
+local live = {}  -- {end_s (text), count, end_ms} of the buckets that have not ended
+local limits = redis.call('GET', KEYS[1])
+if limits then
+  local stored = tonumber(string.match(limits, '^%d+'))
+  if stored and stored > tat then tat = stored end
+  for ends, n in string.gmatch(limits, '|(%d+):(%d+)') do
+    local ends_ms = tonumber(ends) * 1000
+    if ends_ms > now then
+      n = tonumber(n)
+      outstanding = outstanding + n
+      live[#live + 1] = {ends, n, ends_ms}
     end
   end
 end
@@ -67,30 +66,39 @@ if limit > 0 then
 end
 
 if cap > 0 and outstanding + count > cap then
-  -- when will enough of this client's tokens have expired to make room?
-  table.sort(live, function(a, b) return a[1] < b[1] end)
+  -- when will enough of this client's tokens have left their buckets to make room?
+  table.sort(live, function(a, b) return a[3] < b[3] end)
   local needed = outstanding + count - cap
   for _, bucket in ipairs(live) do
     needed = needed - bucket[2]
-    if needed <= 0 then return {'too_many_outstanding', bucket[1] - now} end
+    if needed <= 0 then return {'too_many_outstanding', bucket[3] - now} end
   end
 end
 
-if #expired > 0 then redis.call('HDEL', KEYS[1], unpack(expired)) end
-local keep_ms = 1
+local parts = {''}
+local keep_until = now + 1
 if new_tat then
-  redis.call('HSET', KEYS[1], 't', string.format('%d', math.ceil(new_tat)))
-  keep_ms = math.ceil(new_tat - now)
+  new_tat = math.ceil(new_tat)
+  parts[1] = string.format('%d', new_tat)
+  keep_until = new_tat
 end
+local bucket = ''
 if cap > 0 then
   local width = BUCKET_SECONDS
-  while width * 4000 < ttl do width = width * 2 end
-  local ends = math.ceil((now + ttl) / 1000 / width) * width
-  redis.call('HINCRBY', KEYS[1], tostring(ends), count)
-  for _, bucket in ipairs(live) do
-    if bucket[1] - now > keep_ms then keep_ms = bucket[1] - now end
+  while width * 8000 < counted do width = width * 2 end
+  local ends = math.ceil((now + counted) / 1000 / width) * width
+  bucket = string.format('%d', ends)
+  local added = false
+  for _, entry in ipairs(live) do
+    if entry[1] == bucket then
+      entry[2] = entry[2] + count
+      added = true
+    end
+    parts[#parts + 1] = entry[1] .. ':' .. string.format('%d', entry[2])
+    if entry[3] > keep_until then keep_until = entry[3] end
   end
-  if ends * 1000 - now > keep_ms then keep_ms = ends * 1000 - now end
+  if not added then parts[#parts + 1] = bucket .. ':' .. count end
+  if ends * 1000 > keep_until then keep_until = ends * 1000 end
 end
-if limit > 0 or cap > 0 then redis.call('PEXPIRE', KEYS[1], keep_ms) end
-return {'admitted'}
+redis.call('SET', KEYS[1], table.concat(parts, '|'), 'PX', string.format('%d', keep_until - now))
+return {'admitted', bucket}

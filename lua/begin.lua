@@ -1,11 +1,13 @@
 -- begin: take a lease on a token for a two-phase operation.
--- KEYS[1] token record key
+-- KEYS[1] token record key; KEYS[2] (optional) the limit record of the client the
+-- token was issued to: the token stops counting toward its outstanding cap
 -- ARGV[1] scope; ARGV[2] subject; ARGV[3] fingerprint; ARGV[4] request_id;
 -- ARGV[5] lease_ms (positive integer); ARGV[6] lease_id for a new lease;
 -- ARGV[7] now_ms ('' = Redis TIME);
 -- ARGV[8] claim_ms (optional): a keyed operation, which no token was issued for. An absent
 -- record is then taken as ISSUED, bound to ARGV[1..3] and living claim_ms (positive integer)
--- returns {'started', lease_id, lease_expires_ms, replayed 0|1}
+-- returns {'started', lease_id, lease_expires_ms, replayed 0|1, bucket} (bucket: see
+--         release() in _record.lua)
 --       | {'succeeded', result_json} (a finished operation: replay its result)
 --       | {'token_invalid'} | {'token_mismatch', field} | {'token_used'}
 --       | {'token_in_progress', retry_after_ms} | {'token_failed', error_json}
@@ -64,4 +66,4 @@ local processing = record('P', {f[1], f[2], f[3], ARGV[4], ARGV[6],
   string.format('%d', lease_expires), string.format('%d', token_expires)})
 -- keep the record for the lease even past the token's expiry, so the holder can finish
 redis.call('SET', KEYS[1], processing, 'PX', math.max(token_expires - now, lease_ms))
-return {'started', ARGV[6], string.format('%d', lease_expires), 0}
+return {'started', ARGV[6], string.format('%d', lease_expires), 0, release(state, f)}

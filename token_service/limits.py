@@ -5,6 +5,13 @@ decides who the client is. A client is the trusted subject when the gateway
 sets one (``TOKEN_SERVICE_SUBJECT_HEADER``), else the client address (after
 ``ProxyFix`` for the configured proxy hops). A subject in the request body
 is never an identity here: anyone can write any subject into a body.
+
+A token issued under an outstanding cap carries its client's id (the digest
+in the client's limit key) after its 43 random characters, so that whoever
+consumes, begins or revokes it can name the client's limit record in the
+script's KEYS: the token stops counting at once, in the same round trip. The
+id is bound to the token (the record key is a digest of the whole token), so
+changing it gives an unknown token, never another client's count.
 """
 
 from __future__ import annotations
@@ -18,6 +25,16 @@ from typing import Any
 from token_service.config import RateLimit
 from token_service.errors import RateLimited
 from token_service.records import raise_for, text
+from token_service.tokens import TOKEN_CHARS
+
+# A token counts toward the outstanding cap for at most this long, whatever its TTL:
+# the bound on how long a client can be refused by the cap (plus its bucket's rounding,
+# at most a quarter of it). A 24 h token held unused stops counting after about an hour.
+MAX_COUNTED_SECONDS = 3600
+# An id is base64url of 16 digest bytes, unpadded.
+CLIENT_ID_CHARS = 22
+# "l:" (not the "c:" of the hashes of earlier versions, which expire on their own)
+_CLIENT_INFIX = "l:"
 
 
 class OutstandingCapReached(RateLimited):
@@ -59,7 +76,7 @@ class IssuanceLimits:
             str(limit),
             str(period_seconds * 1000),
             str(self.max_outstanding),
-            str(ttl_seconds * 1000),
+            str(min(ttl_seconds, MAX_COUNTED_SECONDS) * 1000),
             now_ms,
         ]
 
@@ -67,13 +84,39 @@ class IssuanceLimits:
 def client_key(key_prefix: str, identity: str) -> str:
     """The client's limit record: a digest, so no address or subject is stored in clear."""
     raw = hashlib.sha256(identity.encode("utf-8", "surrogateescape")).digest()[:16]
-    return f"{key_prefix}c:{base64.urlsafe_b64encode(raw).rstrip(b'=').decode('ascii')}"
+    return f"{key_prefix}{_CLIENT_INFIX}{base64.urlsafe_b64encode(raw).rstrip(b'=').decode('ascii')}"
 
 
-def admit_reply(reply: list[Any]) -> None:
+def counted_token(token: str, client_key: str) -> str:
+    """A new token, marked as counted in this client's outstanding cap.
+
+    Left as it is for a key not made by :func:`client_key` (a test's ``"ts:c:x"``):
+    such a token is never released early, it counts until its bucket ends.
+    """
+    tag = client_key.rpartition(_CLIENT_INFIX)[2]
+    return token + tag if len(tag) == CLIENT_ID_CHARS else token
+
+
+def client_key_of(key_prefix: str, token: str) -> str | None:
+    """The limit record a token is counted in, or None for a token no cap counts."""
+    if len(token) != TOKEN_CHARS + CLIENT_ID_CHARS:
+        return None
+    return f"{key_prefix}{_CLIENT_INFIX}{token[TOKEN_CHARS:]}"
+
+
+def parse_limit_record(value: bytes | str) -> tuple[int | None, dict[int, int]]:
+    """A client's limit record as lua/admit.lua writes it: (GCRA tat in ms or None, {bucket end s: count})."""
+    text_value = value.decode("ascii") if isinstance(value, bytes) else value
+    tat, *entries = text_value.split("|")
+    buckets = {int(end): int(count) for end, count in (entry.split(":") for entry in entries)}
+    return (int(tat) if tat else None), buckets
+
+
+def admit_reply(reply: list[Any]) -> str:
+    """The bucket the tokens are counted in ('' without a cap), or raise the refusal."""
     code = text(reply[0])
     if code == "admitted":
-        return
+        return text(reply[1])
     if code == "rate_limited":
         seconds = max(1, math.ceil(int(reply[1]) / 1000))
         raise RateLimited(

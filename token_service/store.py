@@ -11,7 +11,10 @@ reply means the same thing to the service and to every SDK transport.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,11 +30,27 @@ from redis import exceptions as redis_errors
 
 from token_service import defaults, records
 from token_service.errors import ServiceUnavailable
-from token_service.limits import IssuanceLimits, admit_reply
+from token_service.limits import IssuanceLimits, admit_reply, client_key_of, counted_token
 from token_service.resources import shipped
 from token_service.tokens import new_lease_id, new_request_id, new_token, record_key
 
-SCRIPT_NAMES = ("issue", "consume", "begin", "renew", "complete", "fail", "inspect", "revoke", "admit")
+log = logging.getLogger(__name__)
+
+SCRIPT_NAMES = (
+    "issue",
+    "consume",
+    "begin",
+    "renew",
+    "complete",
+    "fail",
+    "inspect",
+    "revoke",
+    "admit",
+    "release",
+)
+# Where consume, begin and revoke put the bucket a token still has to be released from
+# (Cluster only: elsewhere the script releases it itself, see release() in lua/_record.lua).
+_BUCKET_AT = {"consume": 2, "begin": 4, "revoke": 1}
 
 # Errors that mean "Redis cannot answer now", as opposed to a bug in a script.
 _UNAVAILABLE: tuple[type[Exception], ...] = (
@@ -58,11 +77,39 @@ def lua_dir() -> Path:
     return shipped("lua")
 
 
+_HELPER_START = re.compile(r"^local function (\w+)", re.MULTILINE)
+_LUA_COMMENT = re.compile(r"--[^\n]*")
+
+
+def _helpers_for(body: str) -> str:
+    """The part of _record.lua a script needs: its constants and the helpers it calls.
+
+    A script's helpers are created anew (one closure each) every time it runs,
+    whether it calls them or not: those it never calls are left out. A helper
+    is kept when its name is called in ``body`` or in a kept helper.
+    """
+    text = (lua_dir() / "_record.lua").read_text(encoding="utf-8")
+    starts = list(_HELPER_START.finditer(text))
+    head = text[: starts[0].start()] if starts else text
+    helpers = {
+        match.group(1): text[match.start() : (starts[i + 1].start() if i + 1 < len(starts) else len(text))]
+        for i, match in enumerate(starts)
+    }
+    needed: set[str] = set()
+    pending = [body]
+    while pending:
+        source = _LUA_COMMENT.sub("", pending.pop())
+        for name, helper in helpers.items():
+            if name not in needed and re.search(rf"\b{name}\(", source):
+                needed.add(name)
+                pending.append(helper)
+    return head + "".join(helper for name, helper in helpers.items() if name in needed)
+
+
 @cache
 def lua_source(name: str) -> str:
-    directory = lua_dir()
-    helpers = (directory / "_record.lua").read_text(encoding="utf-8")
-    return helpers + "\n" + (directory / f"{name}.lua").read_text(encoding="utf-8")
+    body = (lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
+    return _helpers_for(body) + "\n" + body
 
 
 ADMIT_ISSUE = "admit+issue"
@@ -72,34 +119,35 @@ ADMIT_ISSUE = "admit+issue"
 def admit_issue_source() -> str:
     """admit.lua then issue.lua as one script: a generate in one round trip instead of two.
 
-    KEYS[1] the client's limit record, KEYS[2..n] the token record keys;
-    ARGV[1..6] admit's, ARGV[7..10] issue's. Returns admit's refusal, or issue's
-    reply once admitted. Both files run unchanged, each as a function over its
-    own KEYS and ARGV. Only for standalone Redis (and Sentinel): on Cluster the
-    client's key and the token keys live in different slots.
+    KEYS[1..n-1] the token record keys, KEYS[n] the client's limit record;
+    ARGV[1..5] issue's (ARGV[5], the bucket, is left '' and filled in with
+    admit's reply), ARGV[6..11] admit's. Returns issue's refusal of its
+    arguments (before admit charges anything), admit's refusal, or issue's
+    reply. issue.lua runs unchanged on the script's own KEYS and ARGV, admit.lua
+    as a function over its own. Only for standalone Redis (and Sentinel): on
+    Cluster the client's key and the token keys live in different slots.
     """
     directory = lua_dir()
-    # The helpers go inside each function: some read ARGV, which must be that script's own.
-    helpers = (directory / "_record.lua").read_text(encoding="utf-8")
+    admit = (directory / "admit.lua").read_text(encoding="utf-8")
+    issue = (directory / "issue.lua").read_text(encoding="utf-8")
     return "\n".join(
         [
+            _helpers_for(admit + issue + "issue_refusal()"),
             "local function admit_script(KEYS, ARGV)",
-            helpers,
-            (directory / "admit.lua").read_text(encoding="utf-8"),
+            admit,
             "end",
-            "local function issue_script(KEYS, ARGV)",
-            helpers,
-            (directory / "issue.lua").read_text(encoding="utf-8"),
+            "local function issue_script()",
+            issue,
             "end",
-            # a dry run without keys: issue's argument checks, before admit charges anything
-            "local checked = issue_script({}, {ARGV[7], ARGV[8], ARGV[9], ARGV[10]})",
-            "if checked[1] ~= 'issued' then return checked end",
-            "local admitted = admit_script({KEYS[1]},",
-            "  {ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6]})",
+            "local refused = issue_refusal()",
+            "if refused then return refused end",
+            "local client = KEYS[#KEYS]",
+            "local admitted = admit_script({client},",
+            "  {ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11]})",
             "if admitted[1] ~= 'admitted' then return admitted end",
-            "local token_keys = {}",
-            "for i = 2, #KEYS do token_keys[i - 1] = KEYS[i] end",
-            "return issue_script(token_keys, {ARGV[7], ARGV[8], ARGV[9], ARGV[10]})",
+            "KEYS[#KEYS] = nil",
+            "ARGV[5] = admitted[2]",
+            "return issue_script()",
         ]
     )
 
@@ -165,6 +213,19 @@ def _keep(tokens: list[str], collided: set[int]) -> list[str]:
     return [token for i, token in enumerate(tokens) if i not in collided] if collided else tokens
 
 
+def _new_token(client_key: str, bucket: str) -> str:
+    """A fresh token; one counted in a client's cap (a bucket) carries the client's id."""
+    return counted_token(new_token(), client_key) if bucket else new_token()
+
+
+def _bucket(name: str, reply: Any) -> str:
+    """The bucket a consume, begin or revoke left for the caller to release ('' for none)."""
+    at = _BUCKET_AT.get(name)
+    if at is None or not isinstance(reply, list) or len(reply) <= at:
+        return ""
+    return records.text(reply[at])
+
+
 def _raise_first_error(replies: Sequence[Any]) -> None:
     for reply in replies:
         if isinstance(reply, Exception):
@@ -178,12 +239,13 @@ class IssueRequest:
     fingerprint: str | None
     ttl_seconds: int
 
-    def args(self) -> list[str]:
+    def args(self, bucket: str = "") -> list[str]:
         return [
             self.scope,
             records.opt(self.subject),
             records.opt(self.fingerprint),
             str(self.ttl_seconds * 1000),
+            bucket,
         ]
 
 
@@ -197,14 +259,33 @@ class _StoreBase:
     ) -> None:
         self.key_prefix = key_prefix
         self.result_ttl_seconds = result_ttl_seconds
+        self._cluster = False
         # Tests may control time for leases; in production Redis's clock decides.
         self._clock_ms = clock_ms
 
     def _now(self) -> str:
         return str(self._clock_ms()) if self._clock_ms else ""
 
+    def _limiter_now(self) -> str:
+        """The issuance limiter runs on the service's clock, not Redis's (docs/configuration.md).
+
+        Redis's TIME costs the limiter's script a sixth of its budget; the limits
+        only need instances whose clocks agree to within a second or so (NTP),
+        and a skew shifts them by no more than the skew.
+        """
+        return str(self._clock_ms() if self._clock_ms else int(time.time() * 1000))
+
     def key(self, token: str) -> str:
         return record_key(self.key_prefix, token)
+
+    def _keys(self, name: str, token: str) -> list[str]:
+        """KEYS of a per-token script: the record; for consume, begin and revoke also the
+        client's limit record if one counts the token (not on Cluster, where it lives in
+        another slot: see _release)."""
+        if name not in _BUCKET_AT:
+            return [self.key(token)]
+        client_key = None if self._cluster else client_key_of(self.key_prefix, token)
+        return [self.key(token), client_key] if client_key else [self.key(token)]
 
 
 def _send_and_read(conn: Any, command: tuple[Any, ...]) -> Any:
@@ -343,19 +424,43 @@ class TokenStore(_StoreBase):
     def _run(self, name: str, token: str, args: Sequence[str]) -> Any:
         # translate_errors(), as try/except: nothing to enter or exit when Redis answers
         try:
-            return self._call(name, [self.key(token)], args)
+            reply = self._call(name, self._keys(name, token), args)
         except Exception as exc:
             unavailable = _unavailable(exc)
             if unavailable is None:
                 raise
             raise unavailable from exc
+        if self._cluster:
+            self._release(name, token, reply)
+        return reply
+
+    def _release(self, name: str, token: str, reply: Any) -> None:
+        """Cluster: take the token out of its client's count, a second call in the client's slot.
+
+        The operation itself is done: a failure here must not turn its reply into
+        a 503 (a caller would retry a consume that happened). The token then
+        counts until its bucket ends, as an expired one does.
+        """
+        bucket = _bucket(name, reply)
+        client_key = client_key_of(self.key_prefix, token) if bucket else None
+        if client_key is None:
+            return
+        try:
+            self._call("release", [client_key], [bucket])
+        except Exception as exc:
+            if _unavailable(exc) is None:
+                raise
+            log.warning("a token's outstanding-cap slot was not released (Redis unavailable)")
 
     def issue(self, request: IssueRequest, count: int = 1) -> list[str]:
         """Issue ``count`` tokens in one round trip; returns the raw tokens (never stored)."""
+        return self._issue(request, count)
+
+    def _issue(self, request: IssueRequest, count: int, client_key: str = "", bucket: str = "") -> list[str]:
         issued: list[str] = []
-        args = request.args()
+        args = request.args(bucket)
         while len(issued) < count:
-            tokens = [new_token() for _ in range(count - len(issued))]
+            tokens = [_new_token(client_key, bucket) for _ in range(count - len(issued))]
             with translate_errors():
                 if len(tokens) == 1 or not self._cluster:
                     keys = [self.key(token) for token in tokens]
@@ -396,12 +501,15 @@ class TokenStore(_StoreBase):
         _raise_first_error(replies)
         return replies
 
-    def admit(self, client_key: str, limits: IssuanceLimits, count: int, ttl_seconds: int) -> None:
-        """Charge ``count`` tokens to a client's limits, or raise RateLimited and charge nothing."""
+    def admit(self, client_key: str, limits: IssuanceLimits, count: int, ttl_seconds: int) -> str:
+        """Charge ``count`` tokens to a client's limits, or raise RateLimited and charge nothing.
+
+        Returns the bucket the tokens are counted in ('' without a cap) for issue.
+        """
         limits.check_count(count, ttl_seconds)
         with translate_errors():
-            reply = self._call("admit", [client_key], limits.args(count, ttl_seconds, self._now()))
-        admit_reply(reply)
+            reply = self._call("admit", [client_key], limits.args(count, ttl_seconds, self._limiter_now()))
+        return admit_reply(reply)
 
     def admit_and_issue(
         self, client_key: str, limits: IssuanceLimits, request: IssueRequest, count: int = 1
@@ -412,12 +520,13 @@ class TokenStore(_StoreBase):
         and issues nothing. On Cluster it is the two calls.
         """
         if self._cluster:
-            self.admit(client_key, limits, count, request.ttl_seconds)
-            return self.issue(request, count)
+            bucket = self.admit(client_key, limits, count, request.ttl_seconds)
+            return self._issue(request, count, client_key, bucket)
         limits.check_count(count, request.ttl_seconds)
-        tokens = [new_token() for _ in range(count)]
-        keys = [client_key, *(self.key(token) for token in tokens)]
-        args = [*limits.args(count, request.ttl_seconds, self._now()), *request.args()]
+        counted = limits.max_outstanding > 0
+        tokens = [counted_token(new_token(), client_key) if counted else new_token() for _ in range(count)]
+        keys = [*(self.key(token) for token in tokens), client_key]
+        args = [*request.args(), *limits.args(count, request.ttl_seconds, self._limiter_now())]
         with translate_errors():
             reply = self._call(ADMIT_ISSUE, keys, args)
         if records.text(reply[0]) not in ("issued", "collision"):
@@ -425,7 +534,8 @@ class TokenStore(_StoreBase):
         issued = _keep(tokens, _collisions(reply))
         if len(issued) < count:
             # a digest collision (never seen in practice): the tokens are charged, draw the rest
-            issued += TokenStore.issue(self, request, count - len(issued))
+            # (uncounted: they stop counting when their bucket ends)
+            issued += TokenStore._issue(self, request, count - len(issued))
         return issued
 
     def consume(
@@ -537,7 +647,23 @@ class AsyncTokenStore(_StoreBase):
 
     async def _run(self, name: str, token: str, args: Sequence[str]) -> Any:
         with translate_errors():
-            return await self._call(name, [self.key(token)], args)
+            reply = await self._call(name, self._keys(name, token), args)
+        if self._cluster:
+            await self._release(name, token, reply)
+        return reply
+
+    async def _release(self, name: str, token: str, reply: Any) -> None:
+        """As TokenStore._release."""
+        bucket = _bucket(name, reply)
+        client_key = client_key_of(self.key_prefix, token) if bucket else None
+        if client_key is None:
+            return
+        try:
+            await self._call("release", [client_key], [bucket])
+        except Exception as exc:
+            if _unavailable(exc) is None:
+                raise
+            log.warning("a token's outstanding-cap slot was not released (Redis unavailable)")
 
     async def issue(self, request: IssueRequest, count: int = 1) -> list[str]:
         issued: list[str] = []

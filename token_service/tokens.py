@@ -17,6 +17,9 @@ import re
 import secrets
 
 TOKEN_BYTES = 32
+# secrets.token_urlsafe(TOKEN_BYTES): a token issued under an outstanding cap has its
+# client's id after these (token_service.limits)
+TOKEN_CHARS = 43
 MAX_TOKEN_CHARS = 128
 # Anything that could be one of our tokens (or a longer one a future version
 # issues); other strings are rejected before they reach Redis.

@@ -20,6 +20,7 @@ from tests.support.processes import RedisServer
 from tests.support.service import API_KEY, AUTH
 from token_service import create_app, store
 from token_service.client import Finished, TokenClient
+from token_service.limits import parse_limit_record
 from token_service.store import IssueRequest, TokenStore
 
 pytestmark = pytest.mark.real
@@ -159,15 +160,30 @@ def test_generate_with_issuance_limits_on_is_one_evalsha(
     app = create_app({"api_keys": API_KEY, "redis_url": redis_server.url, "rate_limit": "100/minute"})
     http = app.test_client()
     assert http.post("/token/generate", json={"scope": SCOPE}).status_code == 201  # warm
+    warm = http.post("/token/generate", json={"scope": SCOPE}).get_json()["token"]
+    assert http.post("/token/consume", json={"token": warm, "scope": SCOPE}, headers=AUTH).status_code == 200
     with commands_sent(redis_server) as seen:
         reply = http.post("/token/generate", json={"scope": SCOPE, "subject": "user-3"})
     assert reply.status_code == 201
     assert command_names(seen) == ["EVALSHA"]
     token = reply.get_json()["token"]
-    assert real_redis.get(TokenStore(real_redis).key(token)) == b"Ipayment.create\x1fuser-3"
-    client_records = [key for key in real_redis.scan_iter("ts:c:*")]
+    client_records = [key for key in real_redis.scan_iter("ts:l:*")]
     assert len(client_records) == 1  # and the client was charged
-    assert real_redis.hget(client_records[0], "t") is not None
+    tat, buckets = parse_limit_record(real_redis.get(client_records[0]) or b"")
+    assert tat is not None
+    # the record remembers the bucket its token is counted in (field 6)
+    record = real_redis.get(TokenStore(real_redis).key(token))
+    assert record is not None
+    bucket = record.split(b"\x1f")[-1]
+    assert record == b"Ipayment.create\x1fuser-3\x1f\x1f\x1f\x1f" + bucket
+    assert buckets == {int(bucket): 2}
+
+    # consuming that token takes it out of its bucket in the same single EVALSHA
+    consume = {"token": token, "scope": SCOPE, "subject": "user-3"}
+    with commands_sent(redis_server) as seen:
+        assert http.post("/token/consume", json=consume, headers=AUTH).status_code == 200
+    assert command_names(seen) == ["EVALSHA"]
+    assert parse_limit_record(real_redis.get(client_records[0]) or b"")[1] == {int(bucket): 1}
 
 
 def test_a_refused_generate_issues_nothing(redis_server: RedisServer, real_redis: redis.Redis) -> None:
@@ -191,4 +207,6 @@ def test_the_one_script_generate_checks_issue_arguments_as_issue_lua_does(real_r
     assert list(real_redis.scan_iter("ts:t:*")) == []
     tokens = token_store.admit_and_issue("ts:c:x", limits, IssueRequest(SCOPE, "user-1", None, 60), 3)
     assert len(tokens) == 3
-    assert [real_redis.get(token_store.key(t)) for t in tokens] == [b"Ipayment.create\x1fuser-1"] * 3
+    # counted in their client's bucket (field 6)
+    records = [real_redis.get(token_store.key(t)) or b"" for t in tokens]
+    assert {record.rsplit(b"\x1f", 1)[0] for record in records} == {b"Ipayment.create\x1fuser-1\x1f\x1f\x1f"}

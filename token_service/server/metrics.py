@@ -117,9 +117,9 @@ class MeteredStore(TokenStore):
             raise
         return result
 
-    def admit(self, client_key: str, limits: IssuanceLimits, count: int, ttl_seconds: int) -> None:
+    def admit(self, client_key: str, limits: IssuanceLimits, count: int, ttl_seconds: int) -> str:
         try:
-            super().admit(client_key, limits, count, ttl_seconds)
+            return super().admit(client_key, limits, count, ttl_seconds)
         except RateLimited as refused:
             RATE_LIMITED.labels("outstanding" if isinstance(refused, OutstandingCapReached) else "rate").inc()
             raise

@@ -1,0 +1,217 @@
+"""What generate and consume cost Redis, with the issuance limiter on: the Redis-side budget.
+
+    python -m benchmarks.limiter                 # ~1 min; prints a Markdown table
+    python -m benchmarks.limiter --quick         # seconds: checks the harness only
+
+One private redis-server (free port, no persistence), driven by
+``redis-benchmark`` (50 clients, no pipelining), runs in rounds, A B A B:
+
+- ``SET EX``: a key and value the size of a token record, the baseline of generate;
+- generate: the store's combined admit+issue script (one EVALSHA) for one client
+  whose limits are raised so that every call is admitted, charged and counted
+  (a rate limit, an outstanding cap, the token counted in a bucket);
+- a minimal GET/SET Lua script (the benchmark's hand-written consume), the
+  baseline of consume;
+- consume: ``lua/consume.lua`` on tokens counted by that client, so each consume
+  also takes its token out of the client's bucket (the release, KEYS[2]).
+
+Per row: requests per second (redis-benchmark) and Redis CPU per request
+(``INFO cpu``, user + system, over the run). The budget: generate at ≥ 0.67x the
+rate of ``SET EX`` (Redis CPU ≤ 1.5x), consume at ≥ 0.8x the GET/SET Lua. Each
+ratio is taken within a round, then the median over rounds. Consume keys are
+drawn at random from a pre-filled keyspace, as the baseline's are, so both meet
+the same share of already-used keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from benchmarks.baseline_app import CONSUME_LUA
+from benchmarks.procs import RedisServer, require
+from token_service.config import RateLimit
+from token_service.limits import IssuanceLimits
+from token_service.store import admit_issue_source, lua_source
+
+SCOPE = "payment.create"
+TTL_SECONDS = 900
+CLIENT = "ts:c:bench"
+# redis-benchmark replaces __rand_int__ with 12 digits: "ts:t:" + 12 + 10 = 27 chars,
+# the length of a real record key ("ts:t:" + 22 digest characters)
+TOKEN_KEY = "ts:t:__rand_int__abcdefghij"  # noqa: S105 (a key name)
+BUCKET = "4000000000"  # a bucket end far in the future, where every benchmark token is counted
+RECORD = f"I{SCOPE}\x1f\x1f\x1f\x1f\x1f{BUCKET}"  # an ISSUED record counted in BUCKET
+# the least any Lua generate does: one SET of the token record, nothing else
+FLOOR_LUA = "return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[4], 'NX')"
+FILL_LUA = """
+for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do
+  redis.call('SET', string.format(ARGV[3], i), ARGV[4], 'PX', 900000)
+end
+return 1
+"""
+
+
+@dataclass
+class Config:
+    quick: bool = False
+    rounds: int = 5
+    requests: int = 100_000
+    keyspace: int = 200_000
+
+    @classmethod
+    def quick_mode(cls) -> Config:
+        return cls(quick=True, rounds=1, requests=2000, keyspace=4000)
+
+
+def _cpu_seconds(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def _fill(client: redis.Redis, pattern: str, value: str, keyspace: int) -> None:
+    fill = client.register_script(FILL_LUA)
+    for start in range(0, keyspace, 20_000):
+        fill(args=[start, min(start + 20_000, keyspace) - 1, pattern, value])
+
+
+def run(config: Config) -> dict[str, Any]:
+    binary = require("redis-benchmark", "apt-get install redis-tools")
+    server = RedisServer().start()
+    try:
+        client = server.client()
+        generate_sha = client.script_load(admit_issue_source())
+        consume_sha = client.script_load(lua_source("consume"))
+        baseline_sha = client.script_load(CONSUME_LUA)
+        limits = IssuanceLimits(RateLimit(10**9, 1), 10**9)
+        # the service passes its own clock to the limiter (no TIME call in the script); a fixed
+        # "now" here costs the same and keeps every call in one bucket, as a steady client is
+        now_ms = str(int(time.time() * 1000))
+        issue_args = [SCOPE, "user-1", "", str(TTL_SECONDS * 1000), ""]
+        generate_args = [*issue_args, *limits.args(1, TTL_SECONDS, now_ms)]
+        base = [binary, "-h", "127.0.0.1", "-p", str(server.port), "-n", str(config.requests)]
+        base += ["-c", "50", "-r", str(config.keyspace), "--csv"]
+        issue_sha = client.script_load(lua_source("issue"))
+        floor_sha = client.script_load(FLOOR_LUA)
+        runs = {
+            "SET EX (token-record size)": ["set", TOKEN_KEY, RECORD, "EX", str(TTL_SECONDS)],
+            "Lua: one SET PX NX (the floor of any script)": [
+                "evalsha",
+                floor_sha,
+                "1",
+                TOKEN_KEY,
+                *issue_args,
+            ],
+            "issue.lua (generate, limits off)": ["evalsha", issue_sha, "1", TOKEN_KEY, *issue_args],
+            "generate: admit+issue, limits on": [
+                "evalsha",
+                generate_sha,
+                "2",
+                TOKEN_KEY,
+                CLIENT,
+                *generate_args,
+            ],
+            "GET/SET Lua (minimal consume)": ["evalsha", baseline_sha, "1", "bl:__rand_int__", SCOPE],
+            "consume.lua, releasing a counted token": [
+                "evalsha",
+                consume_sha,
+                "2",
+                "ct:__rand_int__",
+                CLIENT,
+                SCOPE,
+                "",
+                "",
+                "rid",
+                "",
+            ],
+        }
+        rounds: list[dict[str, dict[str, float]]] = []
+        for number in range(config.rounds):
+            client.flushall()
+            client.set(CLIENT, f"|{BUCKET}:{10**12}")
+            _fill(client, "bl:%012d", SCOPE, config.keyspace)
+            _fill(client, "ct:%012d", RECORD, config.keyspace)
+            order = list(runs) if number % 2 == 0 else list(reversed(runs))
+            measured: dict[str, dict[str, float]] = {}
+            for label in order:
+                client.config_resetstat()
+                before = _cpu_seconds(client)
+                done = subprocess.run(
+                    [*base, *runs[label]], capture_output=True, text=True, timeout=600, check=True
+                )
+                cpu = _cpu_seconds(client) - before
+                row = done.stdout.strip().splitlines()[-1].strip('"').split('","')
+                stats = client.info("commandstats")["cmdstat_" + runs[label][0]]
+                measured[label] = {
+                    "rps": float(row[1]),
+                    "cpu_us": cpu / config.requests * 1e6,
+                    "exec_us": float(stats["usec_per_call"]),
+                }
+            rounds.append(measured)
+        client.close()
+    finally:
+        server.stop()
+    labels = list(runs)
+
+    def ratio(a: str, b: str, key: str) -> float:
+        return statistics.median(r[a][key] / r[b][key] for r in rounds)
+
+    return {
+        "rounds": rounds,
+        "medians": {
+            label: {
+                key: statistics.median(r[label][key] for r in rounds) for key in ("rps", "cpu_us", "exec_us")
+            }
+            for label in labels
+        },
+        "budgets": {
+            "generate rate / SET EX rate (>= 0.67)": ratio(labels[3], labels[0], "rps"),
+            "generate Redis CPU / SET EX CPU (<= 1.5)": ratio(labels[3], labels[0], "cpu_us"),
+            "consume rate / GET-SET Lua rate (>= 0.8)": ratio(labels[5], labels[4], "rps"),
+            "consume Redis CPU / GET-SET Lua CPU (<= 1.25)": ratio(labels[5], labels[4], "cpu_us"),
+        },
+        "context": {
+            "one-SET Lua script CPU / SET EX CPU": ratio(labels[1], labels[0], "cpu_us"),
+            "issue.lua CPU / SET EX CPU": ratio(labels[2], labels[0], "cpu_us"),
+            "the limiter's own cost: admit+issue CPU / issue.lua CPU": ratio(labels[3], labels[2], "cpu_us"),
+        },
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        "| run | requests/s | Redis CPU per request (µs) | of which executing the command (µs) |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, row in result["medians"].items():
+        lines.append(f"| {label} | {row['rps']:,.0f} | {row['cpu_us']:.1f} | {row['exec_us']:.1f} |")
+    lines += ["", "| ratio (median of per-round ratios) | value |", "|---|---:|"]
+    for label, value in [*result["budgets"].items(), *result["context"].items()]:
+        lines.append(f"| {label} | {value:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.limiter", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a few seconds: checks the harness, no figures")
+    parser.add_argument("--json", action="store_true", help="print the raw result as JSON")
+    parser.add_argument("--rounds", type=int, default=None)
+    options = parser.parse_args(argv)
+    config = Config.quick_mode() if options.quick else Config()
+    if options.rounds:
+        config.rounds = options.rounds
+    result = run(config)
+    print(json.dumps(result, indent=2) if options.json else markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

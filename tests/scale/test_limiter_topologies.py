@@ -1,0 +1,79 @@
+"""The outstanding cap on every topology: a used or revoked token frees its slot at once.
+
+On standalone and Sentinel the release happens inside consume's, begin's and
+revoke's own script (the client's record is in its KEYS); on Cluster the
+client's record is in another slot, so the store releases it with a second
+call (lua/release.lua). The async store (the SDK's direct transport) does the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tests.conftest import AUTH
+from tests.scale.conftest import service_config
+from tests.support.topologies import Topology
+from token_service import create_app
+from token_service.connection import async_client_for
+from token_service.limits import client_key
+from token_service.store import AsyncTokenStore
+
+pytestmark = pytest.mark.real
+SCOPE = "payment.create"
+CAP = 3
+
+
+@pytest.fixture(scope="module")
+def capped_app(topology: Topology) -> Any:
+    return create_app(service_config(topology.url, rate_limit="1000/second", max_outstanding_per_subject=CAP))
+
+
+def fill(http: Any, addr: str) -> list[str]:
+    filled = http.post(
+        "/token/generate/batch",
+        json={"scope": SCOPE, "count": CAP, "ttl_seconds": 86400},
+        environ_base={"REMOTE_ADDR": addr},
+    )
+    assert filled.status_code == 201, filled.get_json()
+    assert (
+        http.post("/token/generate", json={"scope": SCOPE}, environ_base={"REMOTE_ADDR": addr}).status_code
+        == 429
+    )
+    return [entry["token"] for entry in filled.get_json()["tokens"]]
+
+
+@pytest.mark.parametrize("use", ["consume", "revoke", "begin"])
+def test_a_used_token_frees_its_slot(capped_app: Any, use: str) -> None:
+    http = capped_app.test_client()
+    addr = f"192.0.2.{['consume', 'revoke', 'begin'].index(use) + 10}"
+    tokens = fill(http, addr)
+    body = {"token": tokens[0]} if use == "revoke" else {"token": tokens[0], "scope": SCOPE}
+    assert http.post(f"/token/{use}", json=body, headers=AUTH).status_code == 200
+    again = http.post("/token/generate", json={"scope": SCOPE}, environ_base={"REMOTE_ADDR": addr})
+    assert again.status_code == 201
+    assert (
+        http.post("/token/generate", json={"scope": SCOPE}, environ_base={"REMOTE_ADDR": addr}).status_code
+        == 429
+    )
+
+
+def test_the_async_store_releases_too(capped_app: Any, topology: Topology) -> None:
+    http = capped_app.test_client()
+    tokens = fill(http, "192.0.2.50")
+
+    async def consume_and_revoke() -> None:
+        client = async_client_for(topology.url, timeout_seconds=5)
+        store = AsyncTokenStore(client)
+        await store.consume(tokens[0], SCOPE)
+        await store.revoke(tokens[1])
+        await client.aclose()
+
+    asyncio.run(consume_and_revoke())
+    batch = http.post(
+        "/token/generate/batch", json={"scope": SCOPE, "count": 2}, environ_base={"REMOTE_ADDR": "192.0.2.50"}
+    )
+    assert batch.status_code == 201
+    assert client_key("ts:", "addr:192.0.2.50").endswith(tokens[0][43:])
