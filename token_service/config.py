@@ -9,6 +9,7 @@ tests pass configuration in instead of patching the environment.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import re
 from collections.abc import Callable, Mapping
@@ -24,6 +25,7 @@ _YEAR_SECONDS = 365 * _DAY_SECONDS
 _HEX_DIGEST = re.compile(r"[0-9a-f]{64}\Z")
 _RATE = re.compile(r"(\d+)\s*/\s*(second|minute|hour|day)\Z")
 _PERIOD_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+_PERIOD_NAMES = {seconds: name for name, seconds in _PERIOD_SECONDS.items()}
 
 
 class ConfigError(ValueError):
@@ -36,7 +38,9 @@ class RateLimit:
     period_seconds: int
 
     def __str__(self) -> str:
-        return f"{self.limit}/{self.period_seconds}s"
+        """As the docs and TOKEN_SERVICE_RATE_LIMIT write it: ``60/minute``."""
+        period = _PERIOD_NAMES.get(self.period_seconds)
+        return f"{self.limit}/{period}" if period else f"{self.limit}/{self.period_seconds}s"
 
 
 def _int(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -74,6 +78,12 @@ def _api_key_digests(raw: str) -> tuple[str, ...]:
     """Keys are kept only as SHA-256 hex digests; ``sha256:<hex>`` entries are taken as given."""
     digests = []
     for entry in _list(raw):
+        if not (entry.isascii() and entry.isprintable()):
+            # HTTP header values arrive as Latin-1: a key with other characters could never match
+            raise ValueError(
+                "each key must be printable ASCII (HTTP headers carry no other text reliably); "
+                "a key with other characters could never authenticate"
+            )
         if entry.startswith("sha256:"):
             digest = entry.removeprefix("sha256:").lower()
             if not _HEX_DIGEST.match(digest):
@@ -261,6 +271,8 @@ class Settings:
     subject_header: str | None = field(default=None, metadata={"parse": _header_name})
     rate_limit: RateLimit | None = field(default=RateLimit(60, 60), metadata={"parse": _rate_limit})
     max_outstanding_per_subject: int = field(default=100, metadata={"parse": _int(0)})
+    # consume and begin without a request_id are refused (a retry of them cannot be made safe)
+    require_request_id: bool = field(default=False, metadata={"parse": _bool})
     trusted_proxy_hops: int = field(default=0, metadata={"parse": _int(0, 10)})
     max_body_bytes: int = field(default=65536, metadata={"parse": _int(256, 16 * 1024 * 1024)})
     # A request body not in within this many seconds is answered 408 (token_service/server/body.py).
@@ -314,12 +326,13 @@ class Settings:
             raise ConfigError(f"{PREFIX}ADMIN_KEYS: a key must not also be in {PREFIX}API_KEYS")
         if settings.default_ttl_seconds > settings.max_ttl_seconds:
             raise ConfigError(
-                f"{PREFIX}DEFAULT_TTL_SECONDS: must not exceed MAX_TTL_SECONDS ({settings.max_ttl_seconds})"
+                f"{PREFIX}DEFAULT_TTL_SECONDS: must not exceed "
+                f"{PREFIX}MAX_TTL_SECONDS ({settings.max_ttl_seconds})"
             )
         if settings.default_lease_seconds > settings.max_lease_seconds:
             raise ConfigError(
                 f"{PREFIX}DEFAULT_LEASE_SECONDS: must not exceed "
-                f"MAX_LEASE_SECONDS ({settings.max_lease_seconds})"
+                f"{PREFIX}MAX_LEASE_SECONDS ({settings.max_lease_seconds})"
             )
         return settings
 
@@ -336,10 +349,32 @@ class Settings:
                 text = _mask_url(value) or "(embedded in-memory store)"
             elif isinstance(value, tuple):
                 text = ",".join(value)
+            elif f.name == "rate_limit":
+                text = str(value) if value else "off"
             else:
                 text = "" if value is None else str(value)
             shown[PREFIX + f.name.upper()] = text
         return shown
+
+
+def variable_names() -> list[str]:
+    """Every TOKEN_SERVICE_* variable the service reads."""
+    return [PREFIX + f.name.upper() for f in dataclasses.fields(Settings) if f.metadata.get("env", True)]
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A message for each TOKEN_SERVICE_* variable that is set but is no setting (a typo is
+    otherwise ignored in silence, leaving the default in force), naming the closest valid name."""
+    known = variable_names()
+    messages = []
+    for name in sorted(environ):
+        if name.upper().startswith(PREFIX) and name not in known:
+            # compared without the prefix they all share, which would make anything look close
+            suffixes = [known_name.removeprefix(PREFIX) for known_name in known]
+            close = difflib.get_close_matches(name.upper().removeprefix(PREFIX), suffixes, n=1, cutoff=0.6)
+            hint = f" (did you mean {PREFIX}{close[0]}?)" if close else ""
+            messages.append(f"{name}: not a setting of token-service{hint}")
+    return messages
 
 
 def _parse(f: dataclasses.Field[Any], name: str, raw: str) -> Any:

@@ -51,6 +51,8 @@ SCRIPT_NAMES = (
 # Where consume, begin and revoke put the bucket a token still has to be released from
 # (Cluster only: elsewhere the script releases it itself, see release() in lua/_record.lua).
 _BUCKET_AT = {"consume": 2, "begin": 4, "revoke": 1}
+# readiness writes one small key that lives this long (store.ready)
+READY_PROBE_MS = 10_000
 
 # Errors that mean "Redis cannot answer now", as opposed to a bug in a script.
 _UNAVAILABLE: tuple[type[Exception], ...] = (
@@ -617,10 +619,14 @@ class TokenStore(_StoreBase):
         records.revoke_reply(self._run("revoke", token, []))
 
     def ready(self) -> None:
-        """Raise ServiceUnavailable unless Redis answers and every script is loaded.
+        """Raise ServiceUnavailable unless Redis answers, takes a write, and every script is loaded.
 
         Missing scripts (Redis restarted, SCRIPT FLUSH) are loaded again here, so a
-        readiness probe also warms the cache instead of waiting for a NOSCRIPT.
+        readiness probe also warms the cache instead of waiting for a NOSCRIPT. The
+        write (one small key that expires on its own) is refused whenever Redis
+        refuses the service's writes: maxmemory with noeviction (OOM), a failed RDB
+        save (MISCONF), a replica (READONLY), too few replicas (NOREPLICAS). On
+        Cluster it tests the master that owns the probe's slot.
         """
         with translate_errors():
             shas = [script.sha for script in self._scripts.values()]
@@ -628,6 +634,7 @@ class TokenStore(_StoreBase):
             for script, present in zip(self._scripts.values(), loaded, strict=True):
                 if not present:
                     self.client.script_load(script.script)
+            self.client.set(f"{self.key_prefix}readyz", "1", px=READY_PROBE_MS)
 
 
 class AsyncTokenStore(_StoreBase):

@@ -11,7 +11,7 @@ import math
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from flask import Blueprint, Response, request
 from marshmallow import Schema, ValidationError
@@ -77,6 +77,14 @@ def _finite_float(text: str) -> float:
 
 
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+def raise_request_id_required() -> NoReturn:
+    """TOKEN_SERVICE_REQUIRE_REQUEST_ID: a consume or begin that could not be retried safely."""
+    raise InvalidRequest(
+        "A request_id is required: without one, a retry after a lost reply cannot tell a win from a loss.",
+        {"request_id": ["Required (TOKEN_SERVICE_REQUIRE_REQUEST_ID is on); reuse it when you retry."]},
+    )
 
 
 def _load(schema: Schema, body: dict[str, Any]) -> dict[str, Any]:
@@ -170,6 +178,8 @@ class HotOperations:
 
     def consume(self, body: dict[str, Any]) -> dict[str, Any]:
         data = _load(self.consume_schema, body)
+        if data["request_id"] is None and self.settings.require_request_id:
+            raise_request_id_required()
         outcome = self.store.consume(
             _token(data), data["scope"], data["subject"], data["fingerprint"], data["request_id"]
         )
@@ -208,6 +218,8 @@ def make_blueprint(settings: Settings, store: TokenStore, hot: HotOperations) ->
 
     def begin() -> Reply:
         data = _load(begin_schema, _json_body())
+        if data["request_id"] is None and settings.require_request_id:
+            raise_request_id_required()
         outcome = store.begin(
             _token(data),
             data["scope"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 from flask import Flask
 from werkzeug.middleware.proxy_fix import ProxyFix
 
-from token_service.config import ConfigError, Settings
+from token_service.config import ConfigError, Settings, unknown_variables
 from token_service.connection import redis_client
 from token_service.server import (
     admin_api,
@@ -20,9 +21,17 @@ from token_service.server import (
     health,
     hot_path,
     metrics,
+    proxies,
     telemetry,
 )
 from token_service.server.responses import register_error_handlers
+
+log = logging.getLogger(__name__)
+
+NO_KEYS_WARNING = (
+    "TOKEN_SERVICE_API_KEYS is empty: every backend call (consume, begin, complete, fail, "
+    "inspect, revoke) is refused with 401 unauthorized. Set at least one service key."
+)
 
 
 def load_settings(config: Settings | Mapping[str, Any] | None) -> Settings:
@@ -53,8 +62,13 @@ def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
             prefix = "token-service: configuration error: " if isinstance(exc, ConfigError) else ""
             raise AppImportError(f"{prefix}{exc}") from None
         raise
+    if config is None:
+        for message in unknown_variables(os.environ):
+            log.warning("configuration: %s", message)
+    if not settings.api_keys and not settings.embedded:
+        log.warning(NO_KEYS_WARNING)
     # No implicit /static route: every route is declared (and documented in openapi.yaml).
-    app = Flask("token_service", static_folder=None)
+    app = proxies.DetectingFlask("token_service", static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     store = metrics.MeteredStore(
         redis_client(settings),
@@ -66,7 +80,12 @@ def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
     telemetry.install(app)
     hot = api.HotOperations(settings, store)
     app.register_blueprint(api.make_blueprint(settings, store, hot))
-    app.register_blueprint(health.make_blueprint(store, settings.drain_file))
+    # TRUSTED_PROXY_HOPS=0 and requests with X-Forwarded-For: a proxy nobody declared
+    detector = None if settings.trusted_proxy_hops else proxies.ForwardedForDetector()
+    app.detector = detector
+    app.register_blueprint(
+        health.make_blueprint(store, settings.drain_file, detector.warnings if detector else list)
+    )
     app.register_blueprint(metrics.make_blueprint())
     app.register_blueprint(admin_api.make_blueprint(settings, store.client))
     app.register_blueprint(frontend.make_blueprint())

@@ -9,7 +9,12 @@ import os
 import sys
 from collections.abc import Sequence
 
-from token_service.config import ConfigError, Settings
+from token_service.config import ConfigError, Settings, unknown_variables
+
+NO_KEYS_WARNING = (
+    "WARNING: TOKEN_SERVICE_API_KEYS is empty: every backend call (consume, begin, complete, fail, "
+    "inspect, revoke) will be refused with 401 unauthorized. Set at least one service key."
+)
 
 # --help is read in a terminal: plain text, not the docstring's markup.
 DESCRIPTION = (
@@ -19,11 +24,20 @@ DESCRIPTION = (
 
 
 def _settings_or_exit() -> Settings:
+    """The settings, or exit 2 naming each bad value and each unknown TOKEN_SERVICE_* variable."""
+    unknown = unknown_variables(os.environ)
+    for message in unknown:
+        print(f"token-service: configuration error: {message}", file=sys.stderr)
     try:
-        return Settings.from_env(os.environ)
+        settings = Settings.from_env(os.environ)
     except ConfigError as exc:
         print(f"token-service: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+    if unknown:
+        raise SystemExit(2)
+    if not settings.api_keys and not settings.embedded:
+        print(f"token-service: {NO_KEYS_WARNING}", file=sys.stderr)
+    return settings
 
 
 def serve(args: argparse.Namespace) -> int:

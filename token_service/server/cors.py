@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from flask import Flask
+from flask import Flask, Response, request
 from flask_cors import CORS
 
 from token_service.config import Settings
@@ -44,3 +44,12 @@ def install(app: Flask, settings: Settings) -> None:
         "vary_header": True,
     }
     CORS(app, resources={path: options for path in BROWSER_PATHS})
+
+    @app.after_request
+    def vary_on_origin(response: Response) -> Response:
+        # Every answer of a browser route depends on Origin (CORS headers for a listed one,
+        # none otherwise), the answers to requests without one too: say so, or a shared
+        # cache may hand the variant without CORS headers to a shop's page.
+        if any(path.match(request.path) for path in BROWSER_PATHS):
+            response.vary.add("Origin")
+        return response

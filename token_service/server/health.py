@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -23,7 +24,9 @@ def _openapi_text() -> str:
     return openapi_path().read_text(encoding="utf-8")
 
 
-def make_blueprint(store: TokenStore, drain_file: str = "") -> Blueprint:
+def make_blueprint(
+    store: TokenStore, drain_file: str = "", warnings: Callable[[], list[str]] = list
+) -> Blueprint:
     bp = Blueprint("ops", __name__)
 
     @bp.get("/healthz")
@@ -36,8 +39,10 @@ def make_blueprint(store: TokenStore, drain_file: str = "") -> Blueprint:
         # Draining for shutdown (or taken out by an operator): alive, but send nothing new here.
         if drain_file and os.path.exists(drain_file):
             return json_response({"status": "draining"}, 503, {"Retry-After": "5"})
-        store.ready()  # ServiceUnavailable → 503 store_unavailable
-        return json_response({"status": "ready"})
+        store.ready()  # ServiceUnavailable → 503 store_unavailable (unreachable, or refusing writes)
+        noticed = warnings()
+        # ready, but configured for another deployment than this one (e.g. a proxy it ignores)
+        return json_response({"status": "ready", "warnings": noticed} if noticed else {"status": "ready"})
 
     @bp.get("/openapi.yaml")
     def openapi() -> Response:

@@ -89,6 +89,9 @@ class HotPath:
                 headers = list(document_headers.items())
             headers.append(("Content-Length", str(len(document))))
             headers.append((telemetry.REQUEST_ID_HEADER, info.request_id))
+            if self.cors and route.browser:
+                # what flask-cors would answer a request with an Origin differs: say so to caches
+                headers.append(("Vary", "Origin"))
             start_response(_STATUS_LINES[status], headers)
             telemetry.record(
                 info,
