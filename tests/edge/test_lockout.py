@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import AUTH, service_env
 from tests.support.processes import Gunicorn, RedisServer
+from tests.support.service import AUTH, service_env
 
 SCOPE = "payment.create"
 CAP = 100

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import API_KEY, AUTH
 from tests.support.processes import RedisServer, wait_until
+from tests.support.service import API_KEY, AUTH
 from token_service import create_app
 from token_service.server.proxies import FORWARDED_WARNING
 

@@ -13,8 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import AUTH
-from tests.scale.conftest import service_config
+from tests.support.service import AUTH, service_config
 from tests.support.topologies import Topology
 from token_service import create_app
 from token_service.connection import async_client_for
