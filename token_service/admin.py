@@ -273,7 +273,14 @@ def _letters(state: str | None) -> frozenset[str] | None:
 
 def _cursor(text: str, nodes: int) -> tuple[int, int]:
     node, _, position = (text or "0").partition(".")
-    if not node.isdigit() or (position and not position.isdigit()) or int(node) >= max(nodes, 1):
+    # ASCII digits only (str.isdigit also takes "²"), within what SCAN's unsigned 64-bit cursor holds
+    digits = re.compile(r"[0-9]{1,20}\Z")
+    if (
+        not digits.match(node)
+        or (position and not digits.match(position))
+        or int(node) >= max(nodes, 1)
+        or int(position or 0) >= 2**64
+    ):
         raise InvalidRequest("The cursor is not one this walk handed out.", {"cursor": ["Unknown cursor."]})
     return int(node), int(position or 0)
 

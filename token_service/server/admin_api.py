@@ -48,7 +48,7 @@ def _number(name: str, default: int, high: int) -> int:
     raw = request.args.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or not 1 <= int(raw) <= high:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= high:
         raise InvalidRequest(f"Bad {name}.", {name: [f"A whole number from 1 to {high}."]})
     return int(raw)
 

@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _count(text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 10000:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 10000:
         raise argparse.ArgumentTypeError(f"{text!r} is not between 1 and 10000")
     return int(text)
 
