@@ -37,6 +37,7 @@ def http(service: Gunicorn, redis_server: RedisServer) -> Iterator[httpx.Client]
     redis_server.client().flushall()
     with httpx.Client(base_url=service.url, timeout=30) as client:
         yield client
+    redis_server.client().flushall()  # the session's server: leave no full cap behind
 
 
 def fill_the_cap(http: httpx.Client) -> list[str]:

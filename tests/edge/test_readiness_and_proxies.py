@@ -30,7 +30,9 @@ def own_redis() -> Iterator[RedisServer]:
 
 
 def app_on(server: RedisServer, **settings: Any) -> Any:
-    return create_app({"api_keys": API_KEY, "redis_url": server.url, "rate_limit": "off", **settings})
+    # no issuance limits: the session's redis-server is shared, and these tests are not about them
+    limits_off = {"rate_limit": "off", "max_outstanding_per_subject": 0}
+    return create_app({"api_keys": API_KEY, "redis_url": server.url, **limits_off, **settings})
 
 
 def test_readyz_fails_while_redis_is_out_of_memory_with_noeviction(own_redis: RedisServer) -> None:
