@@ -39,7 +39,7 @@ docs-build: install
 docs: install
 	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:$${DOCS_PORT:-8001}
 
-# The performance suite (about 5 minutes): writes benchmarks/RESULTS.md and results.png.
+# The performance suite (about 12 minutes): writes benchmarks/RESULTS.md and results.png.
 bench: install
 	$(BIN)/python -m benchmarks
 

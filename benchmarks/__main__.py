@@ -1,6 +1,6 @@
 """``python -m benchmarks [--quick] [--out DIR]``: run the suite, write RESULTS.md and the plot.
 
-The full run (about 5 minutes) writes ``benchmarks/RESULTS.md``,
+The full run (about 12 minutes) writes ``benchmarks/RESULTS.md``,
 ``benchmarks/results.json`` and ``benchmarks/results.png``. ``--quick`` runs
 every part for a second or so and writes to a temporary directory (or
 ``--out``): it proves the harness works end to end, and its figures mean
@@ -47,11 +47,11 @@ def run(config: suite.Config) -> dict[str, Any]:
         if not config.quick:
             log("warm-up")
             for endpoint in ("generate", "consume"):
-                for target in ("service", "baseline"):
+                for target in servers.by_name:
                     runner.run(target, endpoint, config.peak_connections, 1)
         results["peak"] = {}
         for endpoint in ("generate", "consume"):
-            log(f"{endpoint}: service vs baseline, {config.rounds} rounds")
+            log(f"{endpoint}: service, baselines and worker classes, {config.rounds} rounds")
             results["peak"][endpoint] = suite.compare_peak(runner, config, endpoint)
             log(f"  ratio {results['peak'][endpoint]['ratio']:.2f}")
         log(f"concurrency curve {config.concurrencies}")

@@ -145,7 +145,7 @@ def test_a_body_that_does_not_arrive_in_time_is_408_problem_json(
             id="header-too-large",
         ),
         pytest.param(
-            b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, id="request-line-too-long"
+            b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", (414, 400), id="request-line-too-long"
         ),
         pytest.param(
             b"POST /token/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -184,3 +184,39 @@ def test_connections_are_kept_alive(service: tuple[Gunicorn, RedisServer]) -> No
             reply = read_reply(sock)
             assert reply.status == 200
             assert reply.headers["connection"] == "keep-alive"
+
+
+def answers_after(sock: socket.socket, seconds: float = 3.0) -> bytes:
+    """What the server still sends on the connection (until it closes it, or ``seconds`` pass)."""
+    sock.settimeout(seconds)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return received
+
+
+def test_after_a_408_the_connection_carries_no_other_request(service: tuple[Gunicorn, RedisServer]) -> None:
+    server, _ = service
+    head = request_bytes("POST", "/token/generate", None, {**JSON, "Transfer-Encoding": "chunked"})
+    with connect(address(server)) as sock:
+        sock.sendall(head + b"40\r\n" + b'{"scope": "x"')  # a chunk that never completes
+        assert_problem(read_reply(sock, BODY_TIMEOUT_SECONDS + 10), 408, "request_timeout")
+        # the rest of that chunk, then a request hidden in the body: never answered
+        sock.sendall(b" " * 51 + b"}\r\n0\r\n\r\n" + request_bytes("GET", "/healthz"))
+        assert b"HTTP/1.1" not in answers_after(sock)
+
+
+def test_after_a_chunked_413_the_connection_carries_no_other_request(
+    service: tuple[Gunicorn, RedisServer],
+) -> None:
+    server, _ = service
+    raw = request_bytes(
+        "POST", "/token/generate", chunked(b" " * (LIMIT + 10)), {**JSON, "Transfer-Encoding": "chunked"}
+    )
+    with connect(address(server)) as sock:
+        sock.sendall(raw + request_bytes("GET", "/healthz"))
+        assert_problem(read_reply(sock), 413, "payload_too_large")
+        assert b"HTTP/1.1" not in answers_after(sock)
