@@ -75,6 +75,8 @@ SCOPES = st.sampled_from(["payment.create", "order:submit"])
 SUBJECTS = st.sampled_from([None, "alice", "bob"])
 FINGERPRINTS = st.sampled_from([None, "fp-1", "fp-2"])
 REQUEST_IDS = st.sampled_from([None, "req-a", "req-b", "req-c"])
+# keyed operations' records (functions.py): names no generate ever issues
+KEYED_NAMES = st.sampled_from(["op:order-1", "op:order-2"])
 # None: present the token's own binding; a tuple: present that (often a mismatch)
 # (three times in four the token's own, which shrinks best)
 BINDINGS = st.tuples(st.integers(0, 3), st.tuples(SCOPES, SUBJECTS, FINGERPRINTS)).map(
@@ -310,13 +312,57 @@ class TokenStateMachine(RuleBasedStateMachine):
         token, _, request_id, binding = lease
         return self._begin(token, binding, request_id, lease_ticks)
 
-    def _begin(self, token: str, binding: Binding, request_id: str | None, lease_ticks: int) -> Any:
+    @rule(
+        target=leases,
+        name=KEYED_NAMES,
+        scope=SCOPES,
+        fingerprint=FINGERPRINTS,
+        request_id=REQUEST_IDS,
+        lease_ticks=st.integers(1, 4),
+        claim_ticks=st.integers(1, 4),
+    )
+    def begin_keyed(
+        self,
+        name: str,
+        scope: str,
+        fingerprint: str | None,
+        request_id: str | None,
+        lease_ticks: int,
+        claim_ticks: int,
+    ) -> Any:
+        """A keyed operation's begin (no token issued, no subject): an absent record is claimed."""
+        self.bindings.setdefault(name, (scope, None, fingerprint))  # aged by time_passes like tokens
+        claim_ms = claim_ticks * TICK_MS
+        if self.model.live(name) is None:
+            # absent (or expired): claimed afresh, a new operation with nothing won yet
+            self.model.generate(name, scope, None, fingerprint, claim_ms)
+            self.wins_per_token[name] = 0
+            self.live_lease[name] = None
+
+        def call(lease_seconds: int) -> Any:
+            claim_seconds = claim_ms // 1000
+            return self.store.begin_keyed(
+                name, scope, fingerprint, request_id or "", lease_seconds, claim_seconds
+            )
+
+        return self._begin(name, (scope, None, fingerprint), request_id, lease_ticks, call)
+
+    def _begin(
+        self,
+        token: str,
+        binding: Binding,
+        request_id: str | None,
+        lease_ticks: int,
+        keyed: Callable[[int], Any] | None = None,
+    ) -> Any:
         scope, subject, fingerprint = binding
         lease_ms = lease_ticks * TICK_MS
         before = self._raw(token)
         expected = self.model.begin(token, scope, subject, fingerprint, request_id, lease_ms)
         actual = outcome(
-            lambda: self.store.begin(token, scope, subject, fingerprint, request_id, lease_ms // 1000)
+            (lambda: keyed(lease_ms // 1000))
+            if keyed
+            else (lambda: self.store.begin(token, scope, subject, fingerprint, request_id, lease_ms // 1000))
         )
         if expected[0] == "started" and expected[2] is None:
             # a new lease: its id is the store's to choose, but it must be fresh
