@@ -16,7 +16,7 @@ from token_service.client._fingerprint import (
     fields_fingerprint,
     fingerprint,
     fingerprint_request,
-    request_fingerprint,
+    http_fingerprint,
 )
 from token_service.client.durable import request_fingerprint as durable_fingerprint
 
@@ -50,19 +50,19 @@ def test_key_order_and_whitespace_do_not_change_a_json_fingerprint(
     rng = random.Random(seed)
     compact = json.dumps(document, separators=(",", ":")).encode()
     spaced = json.dumps(shuffled(document, rng), indent=rng.choice([None, 1, 4]), ensure_ascii=False).encode()
-    assert request_fingerprint("POST", "/orders", "", compact, JSON) == request_fingerprint(
+    assert http_fingerprint("POST", "/orders", "", compact, JSON) == http_fingerprint(
         "post", "/orders", "", spaced, "application/json; charset=utf-8"
     )
 
 
 def test_a_different_value_method_path_or_query_is_a_different_fingerprint() -> None:
-    base = request_fingerprint("POST", "/orders", "a=1", b'{"amount": 100}', JSON)
-    assert base != request_fingerprint("POST", "/orders", "a=1", b'{"amount": 101}', JSON)
-    assert base != request_fingerprint("PATCH", "/orders", "a=1", b'{"amount": 100}', JSON)
-    assert base != request_fingerprint("POST", "/order", "a=1", b'{"amount": 100}', JSON)
-    assert base != request_fingerprint("POST", "/orders", "a=2", b'{"amount": 100}', JSON)
+    base = http_fingerprint("POST", "/orders", "a=1", b'{"amount": 100}', JSON)
+    assert base != http_fingerprint("POST", "/orders", "a=1", b'{"amount": 101}', JSON)
+    assert base != http_fingerprint("PATCH", "/orders", "a=1", b'{"amount": 100}', JSON)
+    assert base != http_fingerprint("POST", "/order", "a=1", b'{"amount": 100}', JSON)
+    assert base != http_fingerprint("POST", "/orders", "a=2", b'{"amount": 100}', JSON)
     # the number 1 and the text "1" are different requests
-    assert request_fingerprint("POST", "/", "", b'{"a": 1}', JSON) != request_fingerprint(
+    assert http_fingerprint("POST", "/", "", b'{"a": 1}', JSON) != http_fingerprint(
         "POST", "/", "", b'{"a": "1"}', JSON
     )
 
@@ -75,7 +75,7 @@ def test_other_bodies_count_by_their_bytes() -> None:
     assert "sha256" in body_identity(b'{"a": ', JSON)
     assert "sha256" in body_identity(b"[" * 100_000, JSON)
     # JSON not declared as JSON is bytes too: spacing matters then
-    assert request_fingerprint("POST", "/", "", b'{"a":1}', "text/plain") != request_fingerprint(
+    assert http_fingerprint("POST", "/", "", b'{"a":1}', "text/plain") != http_fingerprint(
         "POST", "/", "", b'{"a": 1}', "text/plain"
     )
     assert body_identity(b"{}", "application/merge-patch+json") == {"json": {}}
@@ -86,10 +86,10 @@ def test_chosen_fields_ignore_the_rest_of_the_body() -> None:
     first = b'{"amount": 100, "order": {"id": "o-1", "note": "first"}, "sent_at": 1}'
     retry = b'{"sent_at": 2, "order": {"note": "again", "id": "o-1"}, "amount": 100}'
     other = b'{"amount": 100, "order": {"id": "o-2"}}'
-    assert request_fingerprint("POST", "/", "", first, JSON, fields=fields) == request_fingerprint(
+    assert http_fingerprint("POST", "/", "", first, JSON, fields=fields) == http_fingerprint(
         "POST", "/", "", retry, JSON, fields=fields
     )
-    assert request_fingerprint("POST", "/", "", first, JSON, fields=fields) != request_fingerprint(
+    assert http_fingerprint("POST", "/", "", first, JSON, fields=fields) != http_fingerprint(
         "POST", "/", "", other, JSON, fields=fields
     )
     # a missing field is not the same as null
@@ -121,4 +121,4 @@ def test_durable_fingerprints_stored_before_still_match() -> None:
     parts = ({"amount_cents": 100, "currency": "EUR"}, "order-1", 3)
     expected = "f4a970875dadaaea3039329c34b7a4a5ca96a9aa0ffa3ecc39dcd45ced029652"
     assert durable_fingerprint(*parts) == fingerprint(*parts) == expected
-    assert len(request_fingerprint("POST", "/", "", b"")) == 64  # fits every store's fingerprint field
+    assert len(http_fingerprint("POST", "/", "", b"")) == 64  # fits every store's fingerprint field

@@ -37,6 +37,7 @@ RUN_ELSEWHERE = {
     "docs/sdk.md": "tests/client/test_sdk_docs.py",
     "docs/integrations/flask.md": "tests/client/test_sdk_docs.py",
     "docs/integrations/wsgi-middleware.md": "tests/client/test_sdk_docs.py",
+    "docs/integrations/asgi.md": "tests/client/test_asgi_docs.py",
     "docs/frontend.md": "tests/frontend/test_docs_snippets.py",
     "docs/configuration.md": "tests/docs/test_pages_without_code.py",
     "docs/operations.md": "tests/ops/test_operations_docs.py",

@@ -7,7 +7,9 @@ Errors are the classes of :mod:`token_service.errors`, one per error code.
 
 This package does not import Flask. The Flask view decorator lives in
 :mod:`token_service.client.flask` (``require_token``) and the WSGI
-``Idempotency-Key`` middleware in :mod:`token_service.client.idempotency`.
+``Idempotency-Key`` middleware in :mod:`token_service.client.idempotency`
+(its ASGI twin in :mod:`token_service.client.asgi`). ``fingerprint`` is the one
+fingerprint function of every guard (``http_fingerprint`` for an HTTP request).
 ``idempotent`` / ``keyed_guard`` run any function at most once per key
 (:mod:`token_service.client.functions`), no token needed.
 """
@@ -35,7 +37,8 @@ from token_service.tokens import new_request_id
 
 from ._client import AsyncTokenClient, TokenClient
 from ._direct import DirectLimits
-from ._fingerprint import fields_fingerprint
+from ._fingerprint import RequestFacts, fields_fingerprint, fingerprint, http_fingerprint
+from ._response import StoredResponse, default_store_status
 from ._results import dump_result, load_result
 from ._telemetry import Telemetry
 from ._types import (
@@ -69,9 +72,11 @@ __all__ = [
     "RateLimited",
     "Renewed",
     "Replayed",
+    "RequestFacts",
     "RetryPolicy",
     "ServiceUnavailable",
     "Started",
+    "StoredResponse",
     "Telemetry",
     "TokenClient",
     "TokenError",
@@ -82,10 +87,13 @@ __all__ = [
     "TokenMismatch",
     "TokenUsed",
     "Unauthorized",
+    "default_store_status",
     "describe_error",
     "dump_result",
     "fields_fingerprint",
+    "fingerprint",
     "guarded",
+    "http_fingerprint",
     "idempotent",
     "keyed_guard",
     "load_result",

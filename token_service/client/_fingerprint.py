@@ -36,8 +36,8 @@ __all__ = [
     "fields_fingerprint",
     "fingerprint",
     "fingerprint_request",
+    "http_fingerprint",
     "is_json_type",
-    "request_fingerprint",
 ]
 
 _MISSING = {"missing": True}
@@ -114,7 +114,7 @@ class RequestFacts:
 FingerprintSpec = Sequence[str] | Callable[[RequestFacts], Any] | None
 
 
-def request_fingerprint(
+def http_fingerprint(
     method: str,
     path: str,
     query: str = "",
@@ -143,6 +143,6 @@ def fingerprint_request(facts: RequestFacts, spec: FingerprintSpec = None) -> st
         return fingerprint(spec(facts))
     if isinstance(spec, str):
         raise TypeError("fields must be a sequence of names, not one string")
-    return request_fingerprint(
+    return http_fingerprint(
         facts.method, facts.path, facts.query, facts.body, facts.content_type, fields=spec
     )
