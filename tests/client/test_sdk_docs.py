@@ -9,6 +9,7 @@ import redis
 from tests.support.docs import code_blocks, run_python
 from tests.support.processes import Gunicorn, RedisServer
 from tests.support.service import API_KEY
+from token_service.client import TokenClient
 
 pytestmark = pytest.mark.real
 
@@ -33,7 +34,13 @@ def test_the_examples_run(
     monkeypatch.setenv("TOKEN_SERVICE_API_KEY", API_KEY)
     monkeypatch.setenv("TOKEN_SERVICE_REDIS_URL", redis_server.url)
     namespace: dict[str, object] = {"__name__": "docs_examples"}
-    printed = "".join(run_python(block, namespace) for block in code_blocks(page))
+    try:
+        printed = "".join(run_python(block, namespace) for block in code_blocks(page))
+    finally:
+        # the examples' clients live as long as a program would: close them before the next test
+        for value in namespace.values():
+            if isinstance(value, redis.Redis | TokenClient):
+                value.close()
     if page == "docs/sdk.md":
         assert "duplicate refused" in printed
     assert real_redis.keys("ts:*")  # they really ran against this Redis
