@@ -22,6 +22,7 @@ and the outcome, never a token, a credential or an Idempotency-Key.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import re
@@ -40,7 +41,7 @@ from token_service.client._idempotency_store import digest as idempotency_digest
 from token_service.client._response import StoredResponse
 from token_service.errors import InvalidRequest, TokenError
 from token_service.store import lua_source, translate_errors
-from token_service.tokens import new_lease_id
+from token_service.tokens import is_plain_text, new_lease_id
 
 audit_log = logging.getLogger("token_service.audit")
 
@@ -285,6 +286,19 @@ def _cursor(text: str, nodes: int) -> tuple[int, int]:
     return int(node), int(position or 0)
 
 
+@contextlib.contextmanager
+def _invalid_cursor() -> Iterator[None]:
+    """Redis's own "invalid cursor" reply to SCAN is the caller's bad input: a 400, never a 500."""
+    try:
+        yield
+    except redis_errors.ResponseError as exc:
+        if "invalid cursor" not in str(exc).lower():
+            raise
+        raise InvalidRequest(
+            "The cursor is not one this walk handed out.", {"cursor": ["Unknown cursor."]}
+        ) from exc
+
+
 class Admin:
     """The operators' actions on one Redis (standalone, Sentinel master or Cluster).
 
@@ -318,6 +332,11 @@ class Admin:
 
     def idempotency_ref(self, identity: str, idempotency_key: str) -> str:
         """The ref of an Idempotency-Key record: what the middleware's key is made of."""
+        for name, value in (("identity", identity), ("idempotency_key", idempotency_key)):
+            if not value or not is_plain_text(value):
+                raise InvalidRequest(
+                    f"Bad {name}.", {name: ["Not empty; no control characters or lone surrogates."]}
+                )
         # as IdempotencyStore.key: 128 bits of the digest of both
         return idempotency_digest(identity, idempotency_key)[:FULL_REF_CHARS]
 
@@ -456,7 +475,7 @@ class Admin:
         found: list[Record] = []
         scanned = 0
         steps = 0
-        with translate_errors():
+        with translate_errors(), _invalid_cursor():
             while steps < self.MAX_SCAN_STEPS_PER_PAGE and len(found) < limit:
                 steps += 1
                 position, keys = nodes[node][1].scan(position, match=pattern, count=count, _type="string")

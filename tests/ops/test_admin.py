@@ -178,6 +178,21 @@ def test_a_cursor_not_handed_out_is_refused(admin: Admin) -> None:
             admin.list(Filter(), cursor)
 
 
+def test_redis_refusing_a_cursor_is_a_bad_request(admin: Admin, monkeypatch: pytest.MonkeyPatch) -> None:
+    # past the format check (as a server would be whose SCAN reads fewer bits): Redis's own reply
+    monkeypatch.setattr("token_service.admin._cursor", lambda text, nodes: (0, 2**64))
+    with pytest.raises(InvalidRequest, match="cursor"):
+        admin.list(Filter(), "0.1")
+
+
+@pytest.mark.parametrize(
+    ("identity", "key"), [("\ud800", "k"), ("a\x00b", "k"), ("alice", "k\udcff"), ("alice", "k\n"), ("", "k")]
+)
+def test_an_identity_or_key_that_is_not_plain_text_is_refused(admin: Admin, identity: str, key: str) -> None:
+    with pytest.raises(InvalidRequest):
+        admin.show_idempotency(identity, key)
+
+
 def _orders_app(redis_any: Any, **options: Any) -> Flask:
     app = Flask(__name__)
     app.config["gate"] = threading.Event()

@@ -141,6 +141,9 @@ def test_an_idempotency_key_is_looked_up_with_a_post(http: Any, redis_any: Any) 
         ("get", "/admin/records?cursor=0.99999999999999999999999", None),
         ("get", "/admin/records?count=0", None),
         ("get", "/admin/records?count=%C2%B2", None),
+        ("get", "/admin/records?limit=%C2%B2", None),
+        ("get", "/admin/records?cursor=%C2%B2", None),
+        ("get", "/admin/records?cursor=0.%C2%B2", None),
         ("get", "/admin/records?limit=" + "9" * 40, None),
         ("get", "/admin/records?count=99999", None),
         ("get", "/admin/records?lease_expired=maybe", None),
@@ -151,6 +154,10 @@ def test_an_idempotency_key_is_looked_up_with_a_post(http: Any, redis_any: Any) 
         ("post", "/admin/idempotency/lookup", {"identity": "x", "idempotency_key": 5}),
         ("post", "/admin/idempotency/lookup", {"identity": "x", "idempotency_key": "k", "more": 1}),
         ("post", "/admin/idempotency/lookup", [1]),
+        ("post", "/admin/idempotency/lookup", {"identity": "\ud800", "idempotency_key": "k"}),
+        ("post", "/admin/idempotency/lookup", {"identity": "Bearer a\u0000", "idempotency_key": "k"}),
+        ("post", "/admin/idempotency/lookup", {"identity": "Bearer a", "idempotency_key": "\udfff"}),
+        ("post", "/admin/idempotency/lookup", {"identity": "Bearer a", "idempotency_key": "k\u001b[2J"}),
     ],
 )
 def test_bad_input_is_a_400_problem(http: Any, method: str, path: str, body: Any) -> None:

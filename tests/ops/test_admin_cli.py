@@ -144,9 +144,33 @@ def test_reconcile_with_a_handler_module(topology: Any, client: Any, tmp_path: P
 
 
 def test_usage_errors_exit_2_without_a_traceback(ops_standalone: Standalone) -> None:
-    for args in (["show"], ["show", "*"], ["reconcile", "--handler", "nope"], ["list", "--cursor", "zz"]):
+    for args in (
+        ["show"],
+        ["show", "*"],
+        ["reconcile", "--handler", "nope"],
+        ["list", "--cursor", "zz"],
+        ["list", "--cursor", "²"],
+        ["list", "--cursor", "0.²"],
+        ["list", "--cursor", "0.99999999999999999999999"],
+        ["list", "--count", "²"],
+        ["show", "--idempotency-key", "k", "--identity", "a\x01b"],
+        ["show", "--idempotency-key", "k", "--identity", os.fsdecode(b"\xff")],  # argv not UTF-8
+    ):
         status, _, _ = admin_cli(ops_standalone.url, *args)
         assert status == 2, args
+    # an identity on stdin that is not UTF-8
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOKEN_SERVICE_")}
+    done = subprocess.run(
+        [*CLI, "show", "--idempotency-key", "k", "--identity", "-"],
+        env={**env, "TOKEN_SERVICE_REDIS_URL": ops_standalone.url, "PYTHONPATH": str(REPO_ROOT)},
+        input=b"\xed\xa0\x80\n",
+        capture_output=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
+    assert done.returncode == 2, done.stderr
+    assert b"Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     done = subprocess.run(
         [*CLI, "list"],
         env={"PATH": os.environ["PATH"]},

@@ -21,6 +21,7 @@ from token_service.errors import InvalidRequest, Unauthorized
 from token_service.server.api import parse_json_object
 from token_service.server.auth import check_service_key
 from token_service.server.responses import json_response
+from token_service.tokens import is_plain_text
 
 MAX_IDENTITY_CHARS = 4096
 
@@ -131,12 +132,20 @@ def make_blueprint(settings: Settings, client: Any) -> Blueprint:
         body = parse_json_object(request.get_data(cache=False))
         identity, key = body.get("identity"), body.get("idempotency_key")
         errors = {}
-        if not isinstance(identity, str) or not 1 <= len(identity) <= MAX_IDENTITY_CHARS:
+        # no control characters or lone surrogates: "\ud800" cannot even be hashed (was a 500)
+        if (
+            not isinstance(identity, str)
+            or not 1 <= len(identity) <= MAX_IDENTITY_CHARS
+            or not is_plain_text(identity)
+        ):
             errors["identity"] = [
-                f"1-{MAX_IDENTITY_CHARS} characters: what the middleware's identity() returned."
+                f"1-{MAX_IDENTITY_CHARS} characters, no control characters: "
+                "what the middleware's identity() returned."
             ]
-        if not isinstance(key, str) or not 1 <= len(key) <= 255:
-            errors["idempotency_key"] = ["1-255 characters: the Idempotency-Key without its quotes."]
+        if not isinstance(key, str) or not 1 <= len(key) <= 255 or not is_plain_text(key):
+            errors["idempotency_key"] = [
+                "1-255 characters, no control characters: the Idempotency-Key without its quotes."
+            ]
         if set(body) - {"identity", "idempotency_key"}:
             errors["body"] = ["Only identity and idempotency_key."]
         if errors:

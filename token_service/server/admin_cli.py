@@ -53,7 +53,12 @@ class _UsageError(Exception):
 
 def _identity(text: str) -> str:
     # "-": read it from stdin, so a credential stays out of the shell history and of ps
-    return sys.stdin.readline().rstrip("\r\n") if text == "-" else text
+    if text != "-":
+        return text
+    try:
+        return sys.stdin.readline().rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise _UsageError("the identity read from stdin is not UTF-8") from None
 
 
 def show(args: argparse.Namespace) -> int:
