@@ -122,3 +122,17 @@ def test_durable_fingerprints_stored_before_still_match() -> None:
     expected = "f4a970875dadaaea3039329c34b7a4a5ca96a9aa0ffa3ecc39dcd45ced029652"
     assert durable_fingerprint(*parts) == fingerprint(*parts) == expected
     assert len(http_fingerprint("POST", "/", "", b"")) == 64  # fits every store's fingerprint field
+
+
+def test_a_deeply_nested_document_never_raises() -> None:
+    import sys
+
+    def nested(depth: int) -> str:
+        return http_fingerprint("POST", "/", "", b"[" * depth + b"]" * depth, JSON)
+
+    def deep_in_the_stack(frames: int) -> str:
+        return nested(990) if frames == 0 else deep_in_the_stack(frames - 1)
+
+    assert len(nested(990)) == 64
+    # as if called under a framework's many frames, close to the recursion limit
+    assert len(deep_in_the_stack(sys.getrecursionlimit() - 100)) == 64
