@@ -13,6 +13,8 @@ import httpx
 import pytest
 import redis
 import redis.asyncio
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from tests.client.conftest import inproc_app
 from tests.support.processes import RedisServer
@@ -304,7 +306,8 @@ def test_a_keyed_record_cannot_be_reached_as_a_token(client: TokenClient, raw: A
 
 
 def test_redis_down_fails_closed() -> None:
-    unreachable = redis.Redis(port=1, socket_connect_timeout=0.2)
+    # no retries of redis-py's own (its default backs off for seconds): the SDK's are enough here
+    unreachable = redis.Redis(port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
     calls = Calls()
     with TokenClient.from_redis(unreachable, retry=FAST_RETRY) as down:
 
