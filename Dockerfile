@@ -6,9 +6,13 @@
 FROM python:3.12-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md openapi.yaml ./
+COPY requirements/server.lock ./requirements/server.lock
 COPY lua ./lua
+COPY frontend/token-client.js ./frontend/token-client.js
 COPY token_service ./token_service
-RUN pip wheel --no-cache-dir --wheel-dir /wheels ".[server]"
+# the dependencies exactly as locked (versions and hashes), then the service itself
+RUN pip wheel --no-cache-dir --require-hashes --wheel-dir /wheels -r requirements/server.lock \
+ && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # --- runtime: slim, no compiler, no source tree, no root ---
 FROM python:3.12-slim AS runtime

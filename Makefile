@@ -1,7 +1,8 @@
 # The two commands of the README:
 #   make run    — the service on http://127.0.0.1:8000 (embedded store unless TOKEN_SERVICE_REDIS_URL is set)
 #   make test   — lint, type-check, the docs build and the whole test suite (fakeredis and real redis-server)
-# Both create .venv and install the project into it on first use.
+# Both create .venv and install the project into it on first use, from requirements/dev.lock
+# (make lock refreshes it after a change to pyproject.toml's dependencies).
 
 PYTHON ?= python3
 VENV := .venv
@@ -11,15 +12,28 @@ export NO_MKDOCS_2_WARNING := 1
 # A development key so the curl walk-through works out of the box; set your own in production.
 export TOKEN_SERVICE_API_KEYS ?= dev-service-key-change-me
 
-.PHONY: run test lint docs-build docs install clean bench
+.PHONY: run test lint docs-build docs install lock clean bench
 
-$(BIN)/token-service: pyproject.toml
+# Installs are reproducible: the pinned, hashed dependencies of requirements/dev.lock
+# first, then the project itself without resolving anything. A lock older than
+# pyproject.toml's dependencies stops here, saying so; `make lock` writes a new one.
+LOCK := requirements/dev.lock
+
+$(BIN)/token-service: pyproject.toml $(LOCK)
+	$(PYTHON) requirements/lock.py check
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet --require-hashes -r $(LOCK)
+	$(BIN)/pip install --quiet --no-deps -e .
 	touch $@
 
 install: $(BIN)/token-service
+
+# After changing dependencies in pyproject.toml: resolve again (uv, over the network),
+# then commit requirements/*.lock. The Dockerfile installs from requirements/server.lock.
+lock:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m uv --version >/dev/null 2>&1 || $(BIN)/pip install --quiet uv
+	$(BIN)/python requirements/lock.py write
 
 run: install
 	$(BIN)/token-service serve --host $${HOST:-127.0.0.1} --port $${PORT:-8000}

@@ -71,7 +71,7 @@ def test_blocks_run_elsewhere_name_a_test_that_reads_them() -> None:
         assert page in (REPO_ROOT / test).read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("page", ["docs/index.md", "docs/http-api.md", "docs/security.md", "docs/testing.md"])
+@pytest.mark.parametrize("page", ["docs/index.md", "docs/http-api.md", "docs/security.md"])
 def test_pages_with_no_code(page: str) -> None:
     assert code_blocks(page) == []
 
@@ -138,17 +138,29 @@ def make_run() -> Iterator[str]:
         log.unlink(missing_ok=True)
 
 
-def test_make_test_is_a_target() -> None:
-    # `make test` is what CI runs (.ci/run); here only that the README's line is a real target.
+def make_dry_run(command: str) -> str:
     dry_run = subprocess.run(
-        [*make_command("test").split(), "--dry-run", f"VENV={sys.prefix}"],
+        [*command.split(), "--dry-run", f"VENV={sys.prefix}"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert dry_run.returncode == 0, dry_run.stderr
-    assert "pytest" in dry_run.stdout
+    return dry_run.stdout
+
+
+def test_make_test_is_a_target() -> None:
+    # `make test` is what CI runs (.ci/run); here only that the README's line is a real target.
+    assert "pytest" in make_dry_run(make_command("test"))
+
+
+def test_the_testing_pages_make_lock_is_a_target() -> None:
+    # `make lock` resolves over the network and rewrites the locks: tests/test_lock.py checks
+    # the locks it wrote; here, that the page's command is the target that writes them.
+    [block] = code_blocks("docs/testing.md")
+    assert block.code.strip() == "make lock"
+    assert "requirements/lock.py write" in make_dry_run(block.code.strip())
 
 
 @pytest.mark.slow
