@@ -214,7 +214,8 @@ def test_the_quickstart_runs_make_run_on_redis(redis_server: RedisServer) -> Non
             headers={"Authorization": "Bearer a-long-random-service-key"},
         )
         assert consumed.json() == {"outcome": "consumed", "replayed": False}
-        assert redis_server.client().keys("ts:t:*")  # on that Redis, not the embedded store
+        with redis_server.client() as check:
+            assert check.keys("ts:t:*")  # on that Redis, not the embedded store
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)

@@ -91,8 +91,12 @@ class RedisServer:
             *self.extra_args,
         ]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: self.client(socket_timeout=0.5).ping(), what=f"redis-server on {self.port}")
+        wait_until(self._ping, what=f"redis-server on {self.port}")
         return self
+
+    def _ping(self) -> bool:
+        with self.client(socket_timeout=0.5) as client:  # closed: no socket left for the GC to warn about
+            return bool(client.ping())
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.process and self.process.poll() is None:
