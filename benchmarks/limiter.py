@@ -32,12 +32,14 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import redis
 
 from benchmarks.baseline_app import CONSUME_LUA
 from benchmarks.procs import RedisServer, require
+from benchmarks.report import replace_section
 from token_service.config import RateLimit
 from token_service.limits import IssuanceLimits
 from token_service.store import admit_issue_source, lua_source
@@ -204,12 +206,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few seconds: checks the harness, no figures")
     parser.add_argument("--json", action="store_true", help="print the raw result as JSON")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument(
+        "--write",
+        action="store_true",
+        help="put the table into benchmarks/RESULTS.md (its 'limiter' section; the suite keeps it)",
+    )
     options = parser.parse_args(argv)
     config = Config.quick_mode() if options.quick else Config()
     if options.rounds:
         config.rounds = options.rounds
     result = run(config)
     print(json.dumps(result, indent=2) if options.json else markdown(result))
+    if options.write and not config.quick:
+        path = Path(__file__).resolve().parent / "RESULTS.md"
+        text = path.read_text()
+        # the table is refreshed; the section's prose (what the figures say) is kept as written
+        start = text.find("| run | requests/s | Redis CPU")
+        end = text.find("\n\nWhat this says:", start)
+        if start != -1 and end != -1:
+            path.write_text(text[:start] + markdown(result) + text[end:])
+        else:
+            path.write_text(
+                replace_section(
+                    text, "limiter", "## Issuance limiter: Redis-side cost\n\n" + markdown(result)
+                )
+            )
     return 0
 
 

@@ -576,5 +576,34 @@ def write(results: dict[str, Any], out_dir: Path) -> Path:
     (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     plot(results, out_dir / PLOT_NAME)
     path = out_dir / "RESULTS.md"
-    path.write_text(markdown(results))
+    # sections other entry points own (benchmarks.limiter) survive a run of the suite
+    kept = kept_sections(path.read_text()) if path.exists() else ""
+    path.write_text(markdown(results) + kept)
     return path
+
+
+KEPT_START = "<!-- section: "
+KEPT_END = "<!-- end of section -->"
+
+
+def kept_sections(text: str) -> str:
+    """The marked sections of a previous RESULTS.md (``<!-- section: name -->`` … end)."""
+    kept = []
+    start = text.find(KEPT_START)
+    while start != -1:
+        end = text.find(KEPT_END, start)
+        if end == -1:
+            break
+        kept.append(text[start : end + len(KEPT_END)])
+        start = text.find(KEPT_START, end)
+    return "".join("\n" + section + "\n" for section in kept)
+
+
+def replace_section(text: str, name: str, body: str) -> str:
+    """``text`` with the marked section ``name`` replaced by ``body`` (appended if absent)."""
+    block = f"{KEPT_START}{name} -->\n{body.strip()}\n{KEPT_END}"
+    start = text.find(f"{KEPT_START}{name} -->")
+    if start == -1:
+        return text.rstrip("\n") + "\n\n" + block + "\n"
+    end = text.find(KEPT_END, start) + len(KEPT_END)
+    return text[:start] + block + text[end:]

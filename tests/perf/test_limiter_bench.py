@@ -21,3 +21,16 @@ def test_quick_run_measures_every_row() -> None:
     table = limiter.markdown(result)
     assert "generate rate / SET EX rate (>= 0.67)" in table
     assert all(value > 0 for value in result["budgets"].values())
+
+
+def test_the_suite_keeps_the_limiter_section_of_results_md() -> None:
+    from benchmarks.report import kept_sections, replace_section
+
+    previous = replace_section("# Benchmark results\n\nold figures\n", "limiter", "## Limiter\n\n| a | b |")
+    assert (
+        kept_sections(previous)
+        == "\n<!-- section: limiter -->\n## Limiter\n\n| a | b |\n<!-- end of section -->\n"
+    )
+    refreshed = replace_section(previous, "limiter", "## Limiter\n\n| c | d |")
+    assert "| a | b |" not in refreshed
+    assert refreshed.count("<!-- section: limiter -->") == 1
