@@ -243,3 +243,26 @@ def test_redis_down_fails_closed_with_503(redis_server: RedisServer, real_redis:
     finally:
         process.terminate()
         process.wait(timeout=20)
+
+
+def test_a_client_that_leaves_mid_stream_leaves_the_work_recorded(server: Server) -> None:
+    headers = {"Idempotency-Key": '"gone"', "Authorization": ALICE, "Content-Type": "application/json"}
+    body = b'{"stream": 2000, "chunk": 65536}'  # 131 MB: far from done when the client leaves
+    with (
+        httpx.Client(timeout=30) as client,
+        client.stream("POST", server.url + "/orders", content=body, headers=headers) as response,
+    ):
+        assert response.status_code == 200
+        next(response.iter_raw())
+    answers: list[httpx.Response] = []
+
+    def settled() -> bool:
+        answers.append(httpx.post(server.url + "/orders", content=body, headers=headers, timeout=30))
+        return answers[-1].status_code != 409
+
+    wait_until(settled, 60, what="the abandoned request to be recorded")
+    replay = answers[-1]
+    assert replay.status_code == 200
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert int(replay.headers["Idempotent-Body-Omitted"]) > 0
+    assert server.runs == 1

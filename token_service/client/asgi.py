@@ -23,6 +23,7 @@ Pure ASGI: importing this module needs neither Starlette nor FastAPI nor Django.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
@@ -214,6 +215,7 @@ class _Relay:
         self.recorder: Recorder | None = None
         self.hold: AbstractAsyncContextManager[Any] | None = None
         self.settled = False
+        self.client_gone = False
 
     async def run(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def relay(message: Message) -> None:
@@ -237,15 +239,26 @@ class _Relay:
                 await send(message)
             except BaseException:
                 # the client is gone: the app did its work, record what went out
+                self.client_gone = True
                 await self._settle(failed=False)
                 raise
+
+        async def watch() -> Message:
+            received = await receive()
+            if received["type"] == "http.disconnect":
+                self.client_gone = True
+            return received
 
         self.hold = self.core.ahold(self.store, self.attempt)
         await self.hold.__aenter__()
         try:
-            await self.app(scope, receive, relay)
+            await self.app(scope, watch, relay)
+        except asyncio.CancelledError:
+            # cancelled (the client left, the server stops): a started response did its work
+            await self._settle(failed=False)
+            raise
         except BaseException:
-            await self._settle(failed=True)
+            await self._settle(failed=not self.client_gone)
             raise
         await self._settle(failed=False)
 
@@ -255,9 +268,21 @@ class _Relay:
         self.settled = True
         if failed and self.recorder is not None:
             self.recorder.failed = True
+        # In a task of its own: a cancelled request (anyio cancels every later await in its
+        # scope) must still stop renewing and store or free its key, never leave it held.
+        task = asyncio.ensure_future(self._finish())
+        _SETTLING.add(task)
+        task.add_done_callback(_SETTLING.discard)
+        await asyncio.shield(task)
+
+    async def _finish(self) -> None:
         try:
             # renewal stops first: no renewal may race the store or release
             if self.hold is not None:
                 await self.hold.__aexit__(None, None, None)
         finally:
             await self.core.asettle(self.store, self.attempt, self.recorder)
+
+
+# settling tasks a cancelled request left running (a reference keeps them from being collected)
+_SETTLING: set[asyncio.Task[None]] = set()
