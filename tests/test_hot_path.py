@@ -23,7 +23,7 @@ from werkzeug.test import EnvironBuilder
 from tests.support.processes import free_port
 from tests.support.service import API_KEY, AUTH
 from token_service import create_app
-from token_service.server import hot_path, request_context
+from token_service.server import connections, hot_path, request_context
 from token_service.server.logs import RequestIdFilter
 from token_service.server.metrics import TOKEN_REF_CHARS
 from token_service.store import IssueRequest, TokenStore
@@ -47,17 +47,21 @@ class Paths:
         self.config = {"api_keys": API_KEY, "redis_client": client, **config}
         self.hot = create_app(self.config)
         self.flask = create_app(self.config)
-        middleware = self.flask.wsgi_app
+        # outermost FinishBody (both keep it), then the hot path: the Flask-only twin skips the latter
+        finish = self.flask.wsgi_app
+        assert isinstance(finish, connections.FinishBody)
+        middleware = finish.app
         assert isinstance(middleware, hot_path.HotPath)
-        self.flask.wsgi_app = middleware.app  # type: ignore[method-assign]
+        finish.app = middleware.app
         self.handed_on = 0
-        inner = self.hot.wsgi_app.app  # type: ignore[attr-defined]
+        hot = self.hot.wsgi_app.app  # type: ignore[attr-defined]
+        inner = hot.app
 
         def counting(environ: Any, start_response: Any) -> Any:
             self.handed_on += 1
             return inner(environ, start_response)
 
-        self.hot.wsgi_app.app = counting  # type: ignore[attr-defined]
+        hot.app = counting
 
     def run(self, scenario: Scenario) -> tuple[Any, Any]:
         """(hot reply, Flask reply) of the scenario, each on an empty Redis."""

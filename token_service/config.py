@@ -277,6 +277,9 @@ class Settings:
     max_body_bytes: int = field(default=65536, metadata={"parse": _int(256, 16 * 1024 * 1024)})
     # A request body not in within this many seconds is answered 408 (token_service/server/body.py).
     body_timeout_seconds: float = field(default=10.0, metadata={"parse": _float(0.1)})
+    # A reply the client has not taken within this many seconds closes its connection (a slow
+    # reader would otherwise hold a worker's connection slot; token_service/server/connections.py).
+    send_timeout_seconds: float = field(default=15.0, metadata={"parse": _float(0.1)})
     max_result_bytes: int = field(default=defaults.MAX_RESULT_BYTES, metadata={"parse": _int(2)})
     redis_timeout_seconds: float = field(default=2.0, metadata={"parse": _float(0.01)})
     cors_max_age_seconds: int = field(default=600, metadata={"parse": _int(0, 86400)})

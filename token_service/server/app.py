@@ -15,6 +15,7 @@ from token_service.connection import redis_client
 from token_service.server import (
     admin_api,
     api,
+    connections,
     cors,
     embedded,
     frontend,
@@ -99,4 +100,8 @@ def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
         app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
             app.wsgi_app, x_for=settings.trusted_proxy_hops, x_proto=settings.trusted_proxy_hops
         )
+    # outermost: a body nobody read is read here, or the connection closed after the reply
+    app.wsgi_app = connections.FinishBody(  # type: ignore[method-assign]
+        app.wsgi_app, settings.max_body_bytes, settings.body_timeout_seconds
+    )
     return app

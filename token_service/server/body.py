@@ -35,6 +35,11 @@ if TYPE_CHECKING:
 
 TOO_LARGE = "The request body is over the configured limit."
 ENDED_EARLY = "The request body ended early."
+# What became of the body, in the environ: READ whole, or FAILED (refused, cut off, late).
+# server/connections.py reads an unread body itself and closes the connection after a failed one.
+BODY_STATE = "token_service.body"
+READ = "read"
+FAILED = "failed"
 
 
 class RequestTimeout(TokenError):
@@ -51,11 +56,28 @@ def has_body(environ: WSGIEnvironment) -> bool:
 
 def read_body(environ: WSGIEnvironment, max_bytes: int, timeout_seconds: float) -> bytes:
     """The whole body of the request, or PayloadTooLarge (413), InvalidRequest (400), RequestTimeout (408)."""
+    try:
+        raw = _read_body(environ, max_bytes, timeout_seconds)
+    except TokenError:
+        environ[BODY_STATE] = FAILED
+        raise
+    environ[BODY_STATE] = READ
+    return raw
+
+
+def _read_body(environ: WSGIEnvironment, max_bytes: int, timeout_seconds: float) -> bytes:
     stream = environ["wsgi.input"]
     text = environ.get("CONTENT_LENGTH", "")
+    coding = environ.get("HTTP_TRANSFER_ENCODING")
+    # gunicorn refuses codings it does not know, but passes "gzip, chunked" on de-chunked only:
+    # such a body is not the JSON it would be parsed as
+    if coding is not None and coding.strip().lower() != "chunked":
+        raise InvalidRequest(
+            "Only the chunked transfer coding is supported.", {"body": ["Unsupported transfer coding."]}
+        )
     # gunicorn refuses a request with both (and any coding but chunked): the length is then absent
     length: int | None = None
-    if text and "HTTP_TRANSFER_ENCODING" not in environ:
+    if text and coding is None:
         if not (text.isascii() and text.isdigit()):
             raise InvalidRequest("The Content-Length header is not a number.", {"body": ["Bad length."]})
         length = int(text)
@@ -178,13 +200,18 @@ class GuardedInput(io.RawIOBase):
             )
             if key in environ
         }
+        self._environ = environ
         self._max_bytes = max_bytes
         self._timeout_seconds = timeout_seconds
         self._buffer: io.BytesIO | None = None
 
     def _body(self) -> io.BytesIO:
         if self._buffer is None:
-            self._buffer = io.BytesIO(read_body(self._request, self._max_bytes, self._timeout_seconds))
+            try:
+                raw = read_body(self._request, self._max_bytes, self._timeout_seconds)
+            finally:
+                self._environ[BODY_STATE] = self._request.get(BODY_STATE, FAILED)
+            self._buffer = io.BytesIO(raw)
         return self._buffer
 
     def readable(self) -> bool:

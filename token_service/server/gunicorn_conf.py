@@ -18,7 +18,10 @@ Every choice here can be overridden the usual gunicorn ways (command line,
   head (gunicorn's gevent worker reads every head, the first one too, under
   it): a client that has not sent its head by then is disconnected.
   TOKEN_SERVICE_BODY_TIMEOUT_SECONDS (default 10) is the body's
-  (token_service/server/body.py: 408 problem+json).
+  (token_service/server/body.py: 408 problem+json), and
+  TOKEN_SERVICE_SEND_TIMEOUT_SECONDS (default 15) the reply's: a client
+  that does not read its replies is disconnected
+  (token_service/server/connections.py).
 - **Errors before the app.** gunicorn's own error replies (a request it
   cannot parse, a header too large, a worker timeout) are problem+json, not
   its HTML pages (``post_fork``, token_service/server/gunicorn_errors.py).
@@ -121,9 +124,11 @@ def when_ready(server: Any) -> None:
 
 
 def post_fork(server: Any, worker: Any) -> None:
-    from token_service.server import gunicorn_errors
+    from token_service.server import connections, gunicorn_errors
 
     gunicorn_errors.install()
+    if type(worker).__name__ == "GeventWorker":  # the default; other classes keep gunicorn's handling
+        connections.install(worker, _settings.send_timeout_seconds)
 
 
 def child_exit(server: Any, worker: Any) -> None:

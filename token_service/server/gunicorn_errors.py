@@ -26,9 +26,12 @@ def write_problem(sock: Any, status_int: int, reason: str, mesg: str) -> None:
     """``gunicorn.util.write_error``'s signature (every gunicorn release since 19), writing problem+json."""
     from gunicorn import util
 
+    from token_service.server.connections import error_kind
+
     client_error = status_int < 500 or status_int == 501  # 501: a transfer coding gunicorn does not speak
     if client_error:
-        detail = mesg[:_MAX_DETAIL_CHARS] or reason
+        # the kind of error only: gunicorn's message quotes the request's bytes (a token, maybe)
+        detail = error_kind(mesg)[:_MAX_DETAIL_CHARS] or reason
         status, headers, body = problems.problem(status_int, "invalid_request", reason, detail)
     else:
         status, headers, body = problems.internal_error()

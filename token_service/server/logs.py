@@ -109,7 +109,10 @@ def logging_config(level: str = "INFO") -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"request_id": {"()": "token_service.server.logs.RequestIdFilter"}},
+        "filters": {
+            "request_id": {"()": "token_service.server.logs.RequestIdFilter"},
+            "redact_gunicorn": {"()": "token_service.server.connections.RedactGunicornErrors"},
+        },
         "formatters": {
             "json": {
                 "()": "token_service.server.logs.JsonFormatter",
@@ -121,7 +124,12 @@ def logging_config(level: str = "INFO") -> dict[str, Any]:
         "root": {"level": level, "handlers": ["json"]},
         "loggers": {
             # gunicorn's own loggers: same handler, no second copy through the root
-            "gunicorn.error": {"level": level, "handlers": ["json"], "propagate": False},
+            "gunicorn.error": {
+                "level": level,
+                "handlers": ["json"],
+                "filters": ["redact_gunicorn"],
+                "propagate": False,
+            },
             "gunicorn.access": {"level": "WARNING", "handlers": [], "propagate": False},
         },
     }

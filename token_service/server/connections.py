@@ -1,0 +1,127 @@
+"""Client connections under gevent workers: a deadline for sending, and no draining of a body nobody read.
+
+Two gaps the request-side deadlines (``keepalive`` for the head,
+``TOKEN_SERVICE_BODY_TIMEOUT_SECONDS`` for the body) leave open:
+
+- **Slow readers.** A client that never reads its replies (a zero TCP
+  window) would hold its greenlet and its slot of ``worker_connections``
+  for as long as it likes: a gevent socket without a timeout waits forever
+  in ``sendall``. Each client socket gets ``TOKEN_SERVICE_SEND_TIMEOUT_SECONDS``
+  as its timeout (gevent's ``sendall`` treats it as a deadline for the whole
+  reply), after which the connection is closed.
+- **Replies before the body.** Some replies are decided before the body is
+  read (401 without a service key, 404, 405, 415) or after reading failed
+  (408, 413, bad framing). gunicorn would then read the rest of the body
+  itself to reach the next request on the connection, and on bad framing
+  log the raw bytes (a token among them) and write a second reply.
+  :class:`FinishBody` reads an unread body itself, within the size limit
+  and the deadline, and marks the connection to be closed when that fails
+  or the body was refused; :func:`install` makes gunicorn close it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from token_service.errors import TokenError
+from token_service.server import body
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
+
+log = logging.getLogger(__name__)
+
+# Set by FinishBody during a request, read by the worker once the reply is written (same greenlet).
+_close_after_reply: ContextVar[bool] = ContextVar("close_after_reply", default=False)
+
+
+class FinishBody:
+    """WSGI middleware: a body is read whole, or the connection is closed after the reply."""
+
+    def __init__(self, app: WSGIApplication, max_body_bytes: int, timeout_seconds: float) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.timeout_seconds = timeout_seconds
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        reply = self.app(environ, start_response)
+        if body.has_body(environ):
+            state = environ.get(body.BODY_STATE)
+            if state is None:  # answered without reading it
+                state = self._finish(environ)
+            if state != body.READ:
+                _close_after_reply.set(True)
+        return reply
+
+    def _finish(self, environ: WSGIEnvironment) -> str:
+        try:
+            stream = environ["wsgi.input"]
+            if isinstance(stream, body.GuardedInput):
+                stream.read()
+            else:
+                body.read_body(environ, self.max_body_bytes, self.timeout_seconds)
+        except TokenError:
+            return body.FAILED
+        return body.READ
+
+
+def install(worker: Any, send_timeout_seconds: float) -> None:
+    """In a gevent worker (``post_fork``): a send deadline on every client socket; close when asked."""
+    handle_request = worker.handle_request
+
+    def handle_request_with_deadline(listener_name: Any, req: Any, sock: Any, addr: Any) -> Any:
+        # Set per request: gunicorn's handle() makes the socket blocking (no timeout) when it
+        # accepts it. Longer than the head and body deadlines, which fire first while reading.
+        sock.settimeout(send_timeout_seconds)
+        token = _close_after_reply.set(False)
+        try:
+            result = handle_request(listener_name, req, sock, addr)
+            if _close_after_reply.get():
+                # gunicorn's keep-alive loop ends on StopIteration and closes the socket
+                raise StopIteration("the request body was not read whole")
+            return result
+        finally:
+            _close_after_reply.reset(token)
+
+    worker.handle_request = handle_request_with_deadline
+
+
+class RedactGunicornErrors(logging.Filter):
+    """gunicorn's error log without the request's own bytes, and slow readers in one line.
+
+    gunicorn logs ``Invalid request from ip=...: <what it could not parse>``,
+    quoting the raw header line or chunk -- which may hold a token. Only the
+    kind of error is kept. A client that did not take its reply within the
+    send deadline is logged as a warning without a traceback.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message.startswith("Invalid request from "):
+            record.msg = redact_invalid_request(message)
+            record.args = ()
+        elif message == "Socket error processing request." and record.exc_info:
+            error = record.exc_info[1]
+            if isinstance(error, TimeoutError):
+                record.msg = "A client did not take its reply within the send deadline: connection closed."
+                record.levelno, record.levelname = logging.WARNING, "WARNING"
+                record.exc_info = None
+                record.exc_text = None
+        return True
+
+
+def redact_invalid_request(message: str) -> str:
+    """``Invalid request from ip=1.2.3.4: Invalid HTTP Header: 'X <tok>'`` → ``... Invalid HTTP Header``."""
+    head, _, detail = message.partition(": ")
+    return f"{head}: {error_kind(detail)}"
+
+
+def error_kind(detail: str) -> str:
+    """The words before the first quote or colon: the kind of error, none of the client's bytes."""
+    cut = min(
+        (i for i in (detail.find("'"), detail.find('"'), detail.find(":")) if i >= 0), default=len(detail)
+    )
+    return detail[:cut].strip() or "Invalid request"
