@@ -15,6 +15,7 @@ import httpx
 import pytest
 import redis
 
+from tests.support.cut_short import post_cut_short
 from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -103,6 +104,18 @@ def test_first_request_runs_and_a_repeat_is_replayed(server: Server) -> None:
     # reordered keys and other whitespace are the same request
     assert server.post(b'{ "item" : "book" }').headers["Idempotent-Replayed"] == "true"
     assert server.runs == 1
+
+
+def test_a_body_cut_short_runs_nothing_and_leaves_the_key_free(server: Server) -> None:
+    head = {"Idempotency-Key": '"cut-short"', "Authorization": ALICE, "Content-Type": "application/json"}
+    body = json.dumps({"sku": "A", "note": "0123456789"}).encode()
+    before = server.runs
+    # 10 of the declared bytes, then FIN: uvicorn hands the app http.disconnect (no one reads a reply)
+    post_cut_short(server.url, "/orders", head, body[:10], len(body))
+    retry = httpx.post(server.url + "/orders", content=body, headers=head, timeout=30)
+    assert retry.status_code == 201, retry.text  # not 409 or 422 idempotency_key_mismatch
+    assert retry.json()["note"] == "0123456789"
+    assert server.runs == before + 1
 
 
 def test_the_error_table(server: Server) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import httpx
 import pytest
 import redis
 
+from tests.support.cut_short import post_cut_short
 from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -107,3 +109,26 @@ def test_a_send_file_view_runs_once_and_never_answers_500(orders_url: str, real_
         assert replay.headers["Idempotent-Body-Omitted"] == str(len(report))
         assert replay.headers["Content-Type"] == "application/pdf"
     assert int(real_redis.get("reports:runs") or 0) == 1
+
+
+def test_a_body_cut_short_is_a_400_and_leaves_the_key_free(orders_url: str, real_redis: redis.Redis) -> None:
+    head = {
+        "Idempotency-Key": '"cut-short"',
+        "Authorization": "Bearer client-a",
+        "Content-Type": "application/json",
+    }
+    body = json.dumps({"sku": "A", "note": "0123456789"}).encode()
+    runs = int(real_redis.get("orders:runs") or 0)
+    status, headers, content = post_cut_short(orders_url, "/orders", head, body[:10], len(body))
+    assert status == 400, content
+    assert headers["content-type"] == "application/problem+json"
+    problem = json.loads(content)
+    assert problem["code"] == "invalid_request"
+    assert "ended before its Content-Length" in problem["detail"]
+    assert int(real_redis.get("orders:runs") or 0) == runs  # the app never ran on the partial body
+    assert real_redis.keys("ts:ik:*") == []  # and the key was not claimed
+    # the client's retry with the whole body and the same key runs (not 422 idempotency_key_mismatch)
+    retry = httpx.post(orders_url + "/orders", content=body, headers=head, timeout=10)
+    assert retry.status_code == 201, retry.text
+    assert retry.json()["note"] == "0123456789"
+    assert int(real_redis.get("orders:runs") or 0) == runs + 1

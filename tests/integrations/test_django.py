@@ -4,6 +4,7 @@ under gunicorn (WSGI) and under uvicorn (Django's ASGI handler), on a real redis
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import sys
 import threading
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ import pytest
 import redis
 
 from tests.integrations.servers import AppServer
+from tests.support.cut_short import post_cut_short
 from tests.support.processes import RedisServer
 from token_service.client import TokenClient
 from token_service.client._fingerprint import fields_fingerprint
@@ -190,6 +192,27 @@ def test_middleware_error_table(server: AppServer, real_redis: Any) -> None:
     assert "Idempotent-Replayed" not in retry.headers
     # a path outside PATHS is not guarded at all
     assert httpx.get(server.url + "/healthz").status_code == 200
+
+
+def test_middleware_a_body_cut_short_runs_nothing(server: AppServer, real_redis: Any) -> None:
+    head = {
+        "Idempotency-Key": f'"cut-short-{server.port}"',
+        "Authorization": "Bearer alice",
+        "Content-Type": "application/json",
+    }
+    body = json.dumps({"sku": "A1", "note": "0123456789"}).encode()
+    before = runs(real_redis, "orders")
+    status, headers, content = post_cut_short(server.url, "/api/orders", head, body[:10], len(body))
+    if "gunicorn" in server.command:
+        assert status == 400, content
+        assert headers["content-type"].startswith("application/problem+json")
+        assert json.loads(content)["code"] == "invalid_request"
+    else:  # Django's ASGI handler drops a request whose client left: no answer
+        assert status in (None, 400), content
+    retry = httpx.post(server.url + "/api/orders", content=body, headers=head, timeout=60)
+    assert retry.status_code == 201, retry.text  # not 422 idempotency_key_mismatch
+    assert retry.json()["body"] == {"sku": "A1", "note": "0123456789"}
+    assert runs(real_redis, "orders") == before + 1
 
 
 def test_the_example_runs_with_one_command(redis_server: RedisServer) -> None:

@@ -275,6 +275,10 @@ class IdempotencyCore:
     def too_large(self) -> Answer:
         return self.problem(PayloadTooLarge("The request body is over the limit."))
 
+    def truncated(self) -> Answer:
+        """The body ended before its Content-Length: a 400, and the key stays unclaimed."""
+        return self.problem(InvalidRequest("The body ended before its Content-Length."))
+
     def attempt(
         self,
         store: IdempotencyStore | AsyncIdempotencyStore,

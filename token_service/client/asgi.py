@@ -140,7 +140,12 @@ class IdempotencyMiddleware:
         if isinstance(screened, Answer):
             await send_answer(send, screened)
             return
-        body = await self._read_body(receive, headers)
+        try:
+            body = await self._read_body(receive, headers)
+        except _BodyEndedEarly:
+            # the client left before its whole body came: neither claim the key nor run the app on it
+            await send_answer(send, core.truncated())
+            return
         if body is None:
             await send_answer(send, core.too_large())
             return
@@ -163,7 +168,10 @@ class IdempotencyMiddleware:
         await _Relay(self, attempt).run(scope, _replay_body(body, receive), send)
 
     async def _read_body(self, receive: Receive, headers: dict[str, str]) -> bytes | None:
-        """The whole body, or None when over ``max_body_bytes`` (nothing more is read then)."""
+        """The whole body, or None when over ``max_body_bytes`` (nothing more is read then).
+
+        :class:`_BodyEndedEarly` when the client disconnects before the last body
+        message, or the body is shorter than its Content-Length."""
         limit = self.core.max_body_bytes
         declared = headers.get("content-length", "").strip()
         if declared.isdigit() and int(declared) > limit:
@@ -173,7 +181,7 @@ class IdempotencyMiddleware:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                break
+                raise _BodyEndedEarly
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
@@ -181,7 +189,13 @@ class IdempotencyMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
+        if declared.isdigit() and size < int(declared):
+            raise _BodyEndedEarly
         return b"".join(chunks)
+
+
+class _BodyEndedEarly(Exception):
+    """The request body ended before it was whole (see ``_read_body``)."""
 
 
 def _replay_body(body: bytes, receive: Receive) -> Receive:

@@ -232,9 +232,15 @@ class IdempotencyKeyMiddleware:
         declared = request.META.get("CONTENT_LENGTH") or "0"
         if declared.isdigit() and int(declared) > core.max_body_bytes:
             return core.too_large()
-        body = request.body  # read once; the view reads it again from Django's cache
+        try:
+            body = request.body  # read once; the view reads it again from Django's cache
+        except OSError:  # UnreadablePostError: the client went away mid-body
+            return core.truncated()
         if len(body) > core.max_body_bytes:
             return core.too_large()
+        if declared.isdigit() and len(body) < int(declared):
+            # the client sent less than it declared (then closed): neither claim the key nor run the view
+            return core.truncated()
         store = self.async_store if self.is_async else self.store
         return core.attempt(store, self.identity(request), screened, _facts(request, body))
 

@@ -162,7 +162,11 @@ class IdempotencyMiddleware:
             return self.app(environ, start_response)
         if isinstance(screened, Answer):
             return _send(start_response, screened)
-        body = self._read_body(environ)
+        try:
+            body = self._read_body(environ)
+        except _BodyEndedEarly:
+            # less than the declared Content-Length came: neither claim the key nor run the app on it
+            return _send(start_response, core.truncated())
         if body is None:
             return _send(start_response, core.too_large())
         attempt = core.attempt(self.store, self.identity(environ), screened, _facts(environ, body))
@@ -174,7 +178,9 @@ class IdempotencyMiddleware:
         return _Relay(self, attempt).run(environ, start_response)
 
     def _read_body(self, environ: WSGIEnvironment) -> bytes | None:
-        """The whole body (None when over the limit); the app gets a fresh stream of it."""
+        """The whole body (None when over the limit); the app gets a fresh stream of it.
+
+        :class:`_BodyEndedEarly` when the stream ends before CONTENT_LENGTH."""
         limit = self.core.max_body_bytes
         stream = environ.get("wsgi.input")
         try:
@@ -186,9 +192,12 @@ class IdempotencyMiddleware:
         if stream is None:
             body = b""
         elif length:
-            body = stream.read(length)
+            body = _read_exactly(stream, length)
         elif environ.get("wsgi.input_terminated"):
-            body = stream.read(limit + 1)
+            try:
+                body = stream.read(limit + 1)
+            except OSError as exc:  # a chunked body cut off before its last chunk
+                raise _BodyEndedEarly from exc
             if len(body) > limit:
                 return None
         else:
@@ -196,6 +205,27 @@ class IdempotencyMiddleware:
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
         return body
+
+
+class _BodyEndedEarly(Exception):
+    """The request body ended before its Content-Length (the client sent less, then closed)."""
+
+
+def _read_exactly(stream: Any, length: int) -> bytes:
+    """``length`` bytes of ``stream``; :class:`_BodyEndedEarly` when it ends (or breaks) before them."""
+    chunks: list[bytes] = []
+    left = length
+    try:
+        while left > 0:
+            # a read may return less than asked; only an empty one is the end
+            chunk = stream.read(left)
+            if not chunk:
+                raise _BodyEndedEarly
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:  # the client went away mid-body (gunicorn's NoMoreData is an IOError)
+        raise _BodyEndedEarly from exc
+    return b"".join(chunks)
 
 
 class _Relay:
