@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -14,6 +15,7 @@ import httpx
 import pytest
 import redis
 
+from tests.support import raw_http
 from tests.support.cut_short import post_cut_short
 from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
 
@@ -132,3 +134,22 @@ def test_a_body_cut_short_is_a_400_and_leaves_the_key_free(orders_url: str, real
     assert retry.status_code == 201, retry.text
     assert retry.json()["note"] == "0123456789"
     assert int(real_redis.get("orders:runs") or 0) == runs + 1
+
+
+def test_a_chunked_body_cut_short_is_a_400_too(orders_url: str, real_redis: redis.Redis) -> None:
+    host, _, port = orders_url.removeprefix("http://").partition(":")
+    head = (
+        b"POST /orders HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n"
+        b'Idempotency-Key: "chunks-cut-short"\r\nAuthorization: Bearer client-a\r\n'
+        b"Content-Type: application/json\r\n\r\n"
+    )
+    runs = int(real_redis.get("orders:runs") or 0)
+    with raw_http.connect((host, int(port)), timeout=30) as sock:
+        sock.sendall(head + b'20\r\n{"sku": "A"')  # a chunk of 32 bytes, 12 sent, then FIN
+        sock.shutdown(socket.SHUT_WR)
+        reply = raw_http.read_reply(sock, 30)
+    assert reply.status == 400, reply.body
+    assert reply.headers["content-type"] == "application/problem+json"
+    assert reply.json()["code"] == "invalid_request"
+    assert int(real_redis.get("orders:runs") or 0) == runs
+    assert real_redis.keys("ts:ik:*") == []
