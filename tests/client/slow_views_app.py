@@ -1,8 +1,9 @@
 """Views slower than their lease, for gunicorn in tests (``tests.client.slow_views_app:app``).
 
-``POST /reports`` is a ``@require_token`` view and ``POST /exports`` sits behind the
-Idempotency-Key middleware; both take ``SLOW_VIEW_SECONDS`` (3 s) under a 1 s lease / lock
-and count their runs in Redis, so a test can tell whether a duplicate ran them again.
+``POST /reports`` is a ``@require_token`` view (``POST /orders`` a quick one) and
+``POST /exports`` sits behind the Idempotency-Key middleware; both slow ones take
+``SLOW_VIEW_SECONDS`` (3 s) under a 1 s lease / lock and count their runs in Redis,
+so a test can tell whether a duplicate ran them again.
 """
 
 from __future__ import annotations
@@ -30,6 +31,16 @@ def build_report() -> Any:
     run = store.incr("reports:runs")
     time.sleep(SLOW_VIEW_SECONDS)
     return {"run": run}, 201
+
+
+@app.post("/orders")
+@require_token(tokens, "order.place")
+def place_order() -> Any:
+    """Quick: counts its runs and what body it saw (a test cuts the body short)."""
+    from flask import request
+
+    store.incr("orders:runs")
+    return {"bytes": len(request.get_data())}, 201
 
 
 @app.post("/exports")

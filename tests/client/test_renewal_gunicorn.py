@@ -109,3 +109,30 @@ def test_idempotency_key_request_slower_than_its_lock_runs_once(
     assert (replay.status_code, replay.headers["Idempotent-Replayed"]) == (201, "true")
     assert replay.json() == first.json() == {"run": 1}
     assert int(real_redis.get("exports:runs") or 0) == 1
+
+
+def test_require_token_refuses_a_body_cut_short_and_keeps_the_token(
+    slow_app_url: str, real_redis: redis.Redis
+) -> None:
+    """gunicorn ends ``wsgi.input`` at the client's FIN: the view would see part of the body."""
+    from tests.support.cut_short import post_cut_short
+
+    client = TokenClient.from_redis(real_redis)
+    token = client.generate("order.place").token
+    body = b'{"order": "A-1", "amount": 1000}'
+    status, headers, content = post_cut_short(
+        slow_app_url,
+        "/orders",
+        {"Idempotency-Token": token, "Content-Type": "application/json"},
+        body[:10],
+        declared=len(body),
+    )
+    assert status == 400, content
+    assert headers["content-type"] == "application/problem+json"
+    assert real_redis.get("orders:runs") is None  # the view never ran
+    # the token was not used: the whole request still goes through, once
+    whole = httpx.post(
+        slow_app_url + "/orders", content=body, headers={"Idempotency-Token": token}, timeout=30
+    )
+    assert whole.status_code == 201, whole.text
+    assert whole.json() == {"bytes": len(body)}

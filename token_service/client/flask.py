@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from flask import Request, Response, g, make_response, request
+from werkzeug.exceptions import ClientDisconnected
 
 from token_service import defaults
 from token_service.errors import InvalidRequest, ServiceUnavailable, TokenError, Unauthorized
@@ -163,6 +164,22 @@ def current_guard() -> Guard | None:
     return guard
 
 
+def _body_ended_early() -> bool:
+    """A body shorter than its Content-Length: the client sent part of it, then closed.
+
+    gunicorn ends ``wsgi.input`` at the client's end of stream, so Werkzeug then
+    returns the short body without an error: the view would run on part of the
+    request and use the token up. Read here (and cached for the view) before the token is touched.
+    """
+    declared = request.content_length
+    if not declared:
+        return False
+    try:
+        return len(request.get_data(cache=True)) < declared
+    except (OSError, ClientDisconnected):
+        return True
+
+
 def _request_fingerprint(spec: Callable[[Request], str | None] | Sequence[str] | None) -> str | None:
     if spec is None:
         return None
@@ -216,6 +233,12 @@ def require_token(
             if not token:
                 return problem_response(
                     InvalidRequest(f"The {header} header is required.", {header: ["Missing."]})
+                )
+            if _body_ended_early():
+                return problem_response(
+                    InvalidRequest(
+                        "The request body ended before its Content-Length.", {"body": ["Incomplete."]}
+                    )
                 )
             guard = client.guard(
                 token,
