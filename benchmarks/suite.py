@@ -233,12 +233,17 @@ PAIRS = (
 
 
 def _round_orders(names: list[str], rounds: int) -> list[list[str]]:
-    """Each round's order: rotated by one every round, reversed every other one (A B C, C B A ...)."""
+    """Each round's order: rotated by one every round, reversed every other one (A B C, C B A ...).
+
+    Two targets are only rotated (A B, B A, ...): rotating and reversing a pair gives it back
+    unchanged, and the same one would always run first.
+    """
     orders = []
     for round_number in range(rounds):
         shift = round_number % len(names)
         order = names[shift:] + names[:shift]
-        orders.append(order if round_number % 2 == 0 else order[::-1])
+        reverse = round_number % 2 == 1 and len(names) > 2
+        orders.append(order[::-1] if reverse else order)
     return orders
 
 

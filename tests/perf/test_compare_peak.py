@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from benchmarks import suite
@@ -14,6 +15,8 @@ class FakeRunner:
     def __init__(self, rates: list[dict[str, float]]) -> None:
         self.rates = rates
         self.calls: list[str] = []
+        # the targets this runner has servers for (compare_peak skips the others)
+        self.servers = SimpleNamespace(by_name={name: None for name in rates[0]})
 
     def run(self, target: str, endpoint: str, connections: int, seconds: float) -> WrkResult:
         round_number = sum(1 for t in self.calls if t == target)
