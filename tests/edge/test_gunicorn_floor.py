@@ -118,7 +118,7 @@ def test_serve_runs_on_the_oldest_allowed_gunicorn_and_gevent(
     finally:
         server.terminate()
         server.wait(timeout=30)
-    assert server.returncode == 0
+    assert server.returncode == 0, log.read_text()[-3000:]
     lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     assert any("gevent" in str(line.get("message")) for line in lines if line["logger"] == "gunicorn.error")
     assert not [line for line in lines if line["logger"] == "gunicorn.access"]

@@ -112,6 +112,47 @@ def test_a_scrape_waits_for_a_fold_in_progress(tmp_path: Path) -> None:
         pass
 
 
+def test_a_worker_exit_during_another_workers_fold_is_folded_too(tmp_path: Path) -> None:
+    """gunicorn before 24 calls child_exit inside its SIGCHLD handler, so a second exit can
+    interrupt the first fold. The nested call must neither re-enter the fold (it would wait
+    forever on the lock its own process holds) nor fail, and both workers' counts must land."""
+    for increments in ({"a": 2}, {"b": 3}):
+        _write_samples(tmp_path, increments)
+    first, second = sorted(int(f.stem.split("_")[1]) for f in tmp_path.glob("counter_*.db"))
+    script = textwrap.dedent(
+        f"""
+        import types
+        from token_service.server import gunicorn_conf, metric_files
+
+        fold = metric_files.fold_dead_worker
+        server = types.SimpleNamespace(log=None)
+
+        def fold_then_interrupt(pid, directory):
+            if pid == {first}:  # the second worker exits while the first one's files are locked
+                with metric_files._flock(directory / metric_files.LOCK_FILE, metric_files.fcntl.LOCK_EX):
+                    gunicorn_conf.child_exit(server, types.SimpleNamespace(pid={second}))
+            fold(pid, directory)
+
+        gunicorn_conf.fold_dead_worker = fold_then_interrupt
+        gunicorn_conf.child_exit(server, types.SimpleNamespace(pid={first}))
+        print("done")
+        """
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("TOKEN_SERVICE_")},
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "done"
+    assert sorted(f.name for f in tmp_path.glob("counter_*.db")) == ["counter_archive.db"]
+    after = _scrape(tmp_path)
+    assert counter(after, "folded_issued_total", scope="a") == 2
+    assert counter(after, "folded_issued_total", scope="b") == 3
+
+
 @pytest.fixture
 def churned_service(tmp_path: Path) -> Iterator[tuple[Gunicorn, Path]]:
     redis_server = RedisServer().start()

@@ -93,6 +93,14 @@ if _own_metrics_dir:
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="token-service-metrics-", dir=_tmp_root)
 _metrics_dir = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
 
+# Imported here, once PROMETHEUS_MULTIPROC_DIR is set (prometheus_client picks its
+# value class at import), and not inside child_exit: on gunicorn before 24 that hook
+# runs in a signal handler, where a second worker's exit interrupted the first import
+# and the nested one failed on the half-initialised module (the master exited 1).
+from prometheus_client import multiprocess  # noqa: E402
+
+from token_service.server.metric_files import fold_dead_worker  # noqa: E402
+
 # --- draining: a flag file the workers' /readyz looks at --------------------------
 if not _settings.drain_file:
     os.environ["TOKEN_SERVICE_DRAIN_FILE"] = str(_metrics_dir / "draining")
@@ -131,14 +139,31 @@ def post_fork(server: Any, worker: Any) -> None:
         connections.install(worker, _settings.send_timeout_seconds)
 
 
+# Worker pids whose metric files still have to be folded. gunicorn before 24 reaps
+# workers inside its SIGCHLD handler, so a second worker's exit can interrupt the
+# fold of the first one: the nested call only queues its pid (folding there would
+# wait forever on the file lock its own process holds), and the outer call folds it.
+_dead_workers: list[int] = []
+_folding = False
+
+
 def child_exit(server: Any, worker: Any) -> None:
-    from prometheus_client import multiprocess
-
-    from token_service.server.metric_files import fold_dead_worker
-
-    multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
-    # its counts move to the archive files, so the directory does not grow with every restart
-    fold_dead_worker(worker.pid, _metrics_dir)
+    global _folding
+    _dead_workers.append(worker.pid)
+    if _folding:
+        return
+    _folding = True
+    try:
+        while _dead_workers:
+            pid = _dead_workers.pop(0)
+            try:
+                multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+                # its counts move to the archive files, so the directory does not grow with every restart
+                fold_dead_worker(pid, _metrics_dir)
+            except OSError:
+                server.log.exception("could not fold the metric files of worker %d", pid)
+    finally:
+        _folding = False
 
 
 def on_exit(server: Any) -> None:
