@@ -141,16 +141,17 @@ def test_the_error_table(server: Server) -> None:
 
 def test_a_repeat_while_the_first_runs_is_409_with_retry_after(server: Server) -> None:
     results: list[httpx.Response] = []
-    slow = threading.Thread(target=lambda: results.append(server.post({"sleep": 2}, key='"slow"')))
+    # 5 s: the repeat must land while the first still runs, however slowly this process notices its start
+    slow = threading.Thread(target=lambda: results.append(server.post({"sleep": 5}, key='"slow"')))
     slow.start()
     wait_until(lambda: server.runs == 1, 10, what="the first request to start")
-    busy = server.post({"sleep": 2}, key='"slow"')
+    busy = server.post({"sleep": 5}, key='"slow"')
     slow.join()
     assert busy.status_code == 409
     assert busy.json()["code"] == "idempotency_key_in_use"
     assert 1 <= int(busy.headers["Retry-After"]) <= 30
     assert results[0].status_code == 201
-    assert server.post({"sleep": 2}, key='"slow"').headers["Idempotent-Replayed"] == "true"
+    assert server.post({"sleep": 5}, key='"slow"').headers["Idempotent-Replayed"] == "true"
     assert server.runs == 1
 
 

@@ -1,7 +1,9 @@
-"""The ASGI Idempotency-Key middleware on a real uvicorn: a 3 s request under a 1 s lock runs once.
+"""The ASGI Idempotency-Key middleware on a real uvicorn: a 6 s request under a 1 s lock runs once.
 
 Its claim is renewed while the app runs (``core.ahold``), so the duplicates at
-1.5 s and 2.5 s get 409 instead of running the app again.
+1.5 s and 2.5 s get 409 instead of running the app again. The request lasts 6 s so
+that they still land while it runs when the test process is slow to notice its
+start (a 3 s request left 0.5 s and failed once at load 18).
 """
 
 from __future__ import annotations
@@ -27,16 +29,16 @@ def test_a_request_slower_than_its_lock_runs_once(
     try:
         server = Server(url, real_redis)
         first: list[httpx.Response] = []
-        thread = threading.Thread(target=lambda: first.append(server.post({"sleep": 3})))
+        thread = threading.Thread(target=lambda: first.append(server.post({"sleep": 6})))
         thread.start()
         wait_until(lambda: server.runs == 1, 30, interval_seconds=0.005, what="the app to start")
         started = time.monotonic()
         for at in (1.5, 2.5):
             time.sleep(max(0.0, started + at - time.monotonic()))
-            assert server.post({"sleep": 3}).status_code == 409
+            assert server.post({"sleep": 6}).status_code == 409
         thread.join(30)
         assert first[0].status_code == 201
-        replay = server.post({"sleep": 3})
+        replay = server.post({"sleep": 6})
         assert replay.headers["Idempotent-Replayed"] == "true"
         assert replay.json() == first[0].json()
         assert server.runs == 1
