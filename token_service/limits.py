@@ -87,14 +87,14 @@ def client_key(key_prefix: str, identity: str) -> str:
     return f"{key_prefix}{_CLIENT_INFIX}{base64.urlsafe_b64encode(raw).rstrip(b'=').decode('ascii')}"
 
 
-def counted_token(token: str, client_key: str) -> str:
-    """A new token, marked as counted in this client's outstanding cap.
+def client_tag(client_key: str) -> str:
+    """What a token counted in this client's outstanding cap carries after its random part.
 
-    Left as it is for a key not made by :func:`client_key` (a test's ``"ts:c:x"``):
-    such a token is never released early, it counts until its bucket ends.
+    '' for a key not made by :func:`client_key` (a test's ``"ts:c:x"``): such a
+    client's tokens are never released early, they count until their bucket ends.
     """
     tag = client_key.rpartition(_CLIENT_INFIX)[2]
-    return token + tag if len(tag) == CLIENT_ID_CHARS else token
+    return tag if len(tag) == CLIENT_ID_CHARS else ""
 
 
 def client_key_of(key_prefix: str, token: str) -> str | None:

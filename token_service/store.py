@@ -30,9 +30,9 @@ from redis import exceptions as redis_errors
 
 from token_service import defaults, records
 from token_service.errors import ServiceUnavailable
-from token_service.limits import IssuanceLimits, admit_reply, client_key_of, counted_token
+from token_service.limits import IssuanceLimits, admit_reply, client_key_of, client_tag
 from token_service.resources import shipped
-from token_service.tokens import new_lease_id, new_request_id, new_token, record_key
+from token_service.tokens import new_lease_id, new_request_id, new_tokens, record_key, record_keys
 
 log = logging.getLogger(__name__)
 
@@ -213,11 +213,6 @@ def _collisions_each(replies: Sequence[Any]) -> set[int]:
 def _keep(tokens: list[str], collided: set[int]) -> list[str]:
     # a 128-bit digest collision is astronomically unlikely; the caller draws again if it happens
     return [token for i, token in enumerate(tokens) if i not in collided] if collided else tokens
-
-
-def _new_token(client_key: str, bucket: str) -> str:
-    """A fresh token; one counted in a client's cap (a bucket) carries the client's id."""
-    return counted_token(new_token(), client_key) if bucket else new_token()
 
 
 def _bucket(name: str, reply: Any) -> str:
@@ -461,20 +456,22 @@ class TokenStore(_StoreBase):
     def _issue(self, request: IssueRequest, count: int, client_key: str = "", bucket: str = "") -> list[str]:
         issued: list[str] = []
         args = request.args(bucket)
+        # a token counted in a client's cap (a bucket) carries the client's id
+        suffix = client_tag(client_key) if bucket else ""
         while len(issued) < count:
-            tokens = [_new_token(client_key, bucket) for _ in range(count - len(issued))]
+            tokens = new_tokens(count - len(issued), suffix)
             with translate_errors():
                 if len(tokens) == 1 or not self._cluster:
-                    keys = [self.key(token) for token in tokens]
+                    keys = record_keys(self.key_prefix, tokens)
                     collided = _collisions(self._call("issue", keys, args))
                 else:
                     collided = _collisions_each(self._issue_pipelined(tokens, args))
             issued += _keep(tokens, collided)
         return issued
 
-    def _issue_pipelined(self, tokens: Sequence[str], args: Sequence[str]) -> list[Any]:
+    def _issue_pipelined(self, tokens: list[str], args: Sequence[str]) -> list[Any]:
         script = self._scripts["issue"]
-        keys = [self.key(token) for token in tokens]
+        keys = record_keys(self.key_prefix, tokens)
 
         # EVALSHA is sent by command name: redis-py's ClusterPipeline refuses its
         # evalsha() method but routes the command by its key like any other, and a
@@ -525,9 +522,9 @@ class TokenStore(_StoreBase):
             bucket = self.admit(client_key, limits, count, request.ttl_seconds)
             return self._issue(request, count, client_key, bucket)
         limits.check_count(count, request.ttl_seconds)
-        counted = limits.max_outstanding > 0
-        tokens = [counted_token(new_token(), client_key) if counted else new_token() for _ in range(count)]
-        keys = [*(self.key(token) for token in tokens), client_key]
+        tokens = new_tokens(count, client_tag(client_key) if limits.max_outstanding > 0 else "")
+        keys = record_keys(self.key_prefix, tokens)
+        keys.append(client_key)
         args = [*request.args(), *limits.args(count, request.ttl_seconds, self._limiter_now())]
         with translate_errors():
             reply = self._call(ADMIT_ISSUE, keys, args)
@@ -676,19 +673,19 @@ class AsyncTokenStore(_StoreBase):
         issued: list[str] = []
         args = request.args()
         while len(issued) < count:
-            tokens = [new_token() for _ in range(count - len(issued))]
+            tokens = new_tokens(count - len(issued))
             with translate_errors():
                 if len(tokens) == 1 or not self._cluster:
-                    keys = [self.key(token) for token in tokens]
+                    keys = record_keys(self.key_prefix, tokens)
                     collided = _collisions(await self._call("issue", keys, args))
                 else:
                     collided = _collisions_each(await self._issue_pipelined(tokens, args))
             issued += _keep(tokens, collided)
         return issued
 
-    async def _issue_pipelined(self, tokens: Sequence[str], args: Sequence[str]) -> list[Any]:
+    async def _issue_pipelined(self, tokens: list[str], args: Sequence[str]) -> list[Any]:
         script = self._scripts["issue"]
-        keys = [self.key(token) for token in tokens]
+        keys = record_keys(self.key_prefix, tokens)
 
         async def send(indexes: Sequence[int], command: str, body: str) -> list[Any]:
             pipe = self.client.pipeline(transaction=False)

@@ -40,6 +40,24 @@ def new_token() -> str:
     return secrets.token_urlsafe(TOKEN_BYTES)
 
 
+def new_tokens(count: int, suffix: str = "") -> list[str]:
+    """``count`` tokens as :func:`new_token` makes them, each followed by ``suffix``.
+
+    Each is still its own 32 bytes of ``secrets.token_bytes`` (the OS CSPRNG),
+    taken from one read of ``32 * count`` bytes: a batch of 1000 otherwise
+    spends about half of its token-making CPU in 1000 ``urandom`` calls and
+    their wrappers. base64url of 32 bytes is 43 characters and one "=" of
+    padding, which is cut as ``token_urlsafe`` cuts it.
+    """
+    raw = secrets.token_bytes(TOKEN_BYTES * count)
+    b2a, urlsafe = _b2a_base64, _URLSAFE
+    return [
+        b2a(raw[start : start + TOKEN_BYTES], newline=False)[:TOKEN_CHARS].translate(urlsafe).decode("ascii")
+        + suffix
+        for start in range(0, TOKEN_BYTES * count, TOKEN_BYTES)
+    ]
+
+
 def new_lease_id() -> str:
     return secrets.token_urlsafe(16)
 
@@ -79,6 +97,19 @@ def token_digest(token: str) -> str:
 
 def record_key(key_prefix: str, token: str) -> str:
     return f"{key_prefix}t:{token_digest(token)}"  # digest_key, inlined: once per token operation
+
+
+def record_keys(key_prefix: str, tokens: list[str]) -> list[str]:
+    """:func:`record_key` of each token: a batch's keys, token_digest inlined in one loop."""
+    prefix = f"{key_prefix}t:"
+    sha256, b2a, urlsafe = _sha256, _b2a_base64, _URLSAFE
+    return [
+        prefix
+        + b2a(sha256(token.encode("ascii")).digest()[:_KEY_DIGEST_BYTES], newline=False)[:_DIGEST_CHARS]
+        .translate(urlsafe)
+        .decode("ascii")
+        for token in tokens
+    ]
 
 
 def digest_key(key_prefix: str, digest: str) -> str:

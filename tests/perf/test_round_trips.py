@@ -131,7 +131,7 @@ def test_batch_issue_draws_again_for_a_digest_that_exists(
     token_store = TokenStore(real_redis)
     taken = token_store.issue(IssueRequest("other.scope", None, None, 60))[0]
     draws: Iterator[str] = iter([taken, "fresh-token-aaaaaaaaaaaaaaaa", "fresh-token-bbbbbbbbbbbbbbbb"])
-    monkeypatch.setattr(store, "new_token", lambda: next(draws))
+    monkeypatch.setattr(store, "new_tokens", lambda count, suffix="": [next(draws) for _ in range(count)])
 
     tokens = token_store.issue(IssueRequest(SCOPE, None, None, 60), 2)
 
