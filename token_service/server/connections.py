@@ -17,6 +17,12 @@ Two gaps the request-side deadlines (``keepalive`` for the head,
   :class:`FinishBody` reads an unread body itself, within the size limit
   and the deadline, and marks the connection to be closed when that fails
   or the body was refused; :func:`install` makes gunicorn close it.
+
+And one cost: gunicorn writes a reply's head and its body with two
+``sendall`` calls, two TCP segments. On loopback or a LAN each costs the
+worker a system call and the kernel's whole send path, about a tenth of the
+CPU of a token request (docs/performance.md). :class:`HeadWithBody` holds
+the head back and sends it with the body.
 """
 
 from __future__ import annotations
@@ -77,8 +83,12 @@ def install(worker: Any, send_timeout_seconds: float) -> None:
         # accepts it. Longer than the head and body deadlines, which fire first while reading.
         sock.settimeout(send_timeout_seconds)
         token = _close_after_reply.set(False)
+        joined = HeadWithBody(sock)
         try:
-            result = handle_request(listener_name, req, sock, addr)
+            try:
+                result = handle_request(listener_name, req, joined, addr)
+            finally:
+                joined.flush()  # a reply without a body (HEAD, 204, 304): its head alone
             if _close_after_reply.get():
                 # gunicorn's keep-alive loop ends on StopIteration and closes the socket
                 raise StopIteration("the request body was not read whole")
@@ -87,6 +97,74 @@ def install(worker: Any, send_timeout_seconds: float) -> None:
             _close_after_reply.reset(token)
 
     worker.handle_request = handle_request_with_deadline
+
+
+class HeadWithBody:
+    """A client socket, for one request, whose first ``sendall`` waits for the next one.
+
+    gunicorn's Response sends the head (status line and headers) with one
+    ``sendall`` and then each piece of the body with another; the head is
+    held here and goes out in the same ``sendall`` as the first piece of the
+    body -- or, if nothing follows, when the request is over (:meth:`flush`).
+    Whatever else gunicorn does with the socket sees the bytes in the order
+    it wrote them, sent in the socket's mode at the time of writing: any
+    other way of sending, closing it or changing its timeout sends the held
+    head first. Everything else is the socket's own.
+    """
+
+    __slots__ = ("_first", "_held", "_sock")
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self._held: bytes | None = None
+        self._first = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+    def sendall(self, data: bytes, flags: int = 0) -> None:
+        if self._first and not flags:
+            self._first = False
+            self._held = bytes(data)
+            return
+        self._first = False
+        held = self._held
+        if held is not None:
+            self._held = None
+            data = held + data
+        self._sock.sendall(data, flags)
+
+    def flush(self) -> None:
+        """Send the held head, if any."""
+        self._first = False
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._sock.sendall(held)
+
+    def send(self, data: bytes, flags: int = 0) -> int:
+        self.flush()
+        return int(self._sock.send(data, flags))
+
+    def sendfile(self, file: Any, offset: int = 0, count: int | None = None) -> int:
+        self.flush()
+        return int(self._sock.sendfile(file, offset, count))
+
+    def settimeout(self, value: float | None) -> None:
+        self.flush()
+        self._sock.settimeout(value)
+
+    def setblocking(self, flag: bool) -> None:
+        self.flush()
+        self._sock.setblocking(flag)
+
+    def shutdown(self, how: int) -> None:
+        self.flush()
+        self._sock.shutdown(how)
+
+    def close(self) -> None:
+        self.flush()
+        self._sock.close()
 
 
 class RedactGunicornErrors(logging.Filter):
