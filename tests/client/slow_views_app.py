@@ -1,15 +1,17 @@
 """Views slower than their lease, for gunicorn in tests (``tests.client.slow_views_app:app``).
 
 ``POST /reports`` is a ``@require_token`` view (``POST /orders`` a quick one) and
-``POST /exports`` sits behind the Idempotency-Key middleware; both slow ones take
-``SLOW_VIEW_SECONDS`` (3 s) under a 1 s lease / lock and count their runs in Redis,
-so a test can tell whether a duplicate ran them again.
+``POST /exports`` sits behind the Idempotency-Key middleware; both slow ones run
+under a 2 s lease / lock and count their runs in Redis, so a test can tell
+whether a duplicate ran them again. Their first run lasts until the test pushes
+``<name>:release`` (after its duplicates), not a fixed time, so the duplicates
+land while it runs however slowly a loaded machine sends them; a later run
+returns at once.
 """
 
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 import redis
@@ -19,17 +21,18 @@ from token_service.client import TokenClient
 from token_service.client.flask import require_token
 from token_service.client.idempotency import IdempotencyMiddleware
 
-SLOW_VIEW_SECONDS = 3.0
+LEASE_SECONDS = 2  # 1 s left the renewer 0.67 s to renew in, too little on a loaded CI machine
+RELEASE_TIMEOUT_SECONDS = 30  # a first run the test never releases (it failed first) still ends
 store = redis.Redis.from_url(os.environ["TEST_REDIS_URL"])
 tokens = TokenClient.from_redis(store)
 app = Flask(__name__)
 
 
 @app.post("/reports")
-@require_token(tokens, "report.build", lease_seconds=1)
+@require_token(tokens, "report.build", lease_seconds=LEASE_SECONDS)
 def build_report() -> Any:
     run = store.incr("reports:runs")
-    time.sleep(SLOW_VIEW_SECONDS)
+    _first_waits_for_release(run, "reports:release")
     return {"run": run}, 201
 
 
@@ -46,8 +49,13 @@ def place_order() -> Any:
 @app.post("/exports")
 def export() -> Any:
     run = store.incr("exports:runs")
-    time.sleep(SLOW_VIEW_SECONDS)
+    _first_waits_for_release(run, "exports:release")
     return {"run": run}, 201
+
+
+def _first_waits_for_release(run: int, release_key: str) -> None:
+    if run == 1:
+        store.blpop([release_key], timeout=RELEASE_TIMEOUT_SECONDS)
 
 
 @app.get("/healthz")
@@ -56,5 +64,8 @@ def healthz() -> Any:
 
 
 app.wsgi_app = IdempotencyMiddleware(  # type: ignore[method-assign]
-    app.wsgi_app, store, lock_seconds=1, applies=lambda environ: environ.get("PATH_INFO") == "/exports"
+    app.wsgi_app,
+    store,
+    lock_seconds=LEASE_SECONDS,
+    applies=lambda environ: environ.get("PATH_INFO") == "/exports",
 )

@@ -1,15 +1,23 @@
 """Lease renewal: a guarded call slower than its lease still runs once.
 
 ``renew`` on every transport, then the guards against a real redis-server: a
-3 s body under a 1 s lease with duplicates at 1.5 s and 2.5 s runs once (and
+body under a 2 s lease with duplicates at 2.5 s and 4.5 s runs once (and
 without renewal it runs twice: the control), a lease lost anyway is reported
 and its result never stored over the winner's, and a killed process stops
 renewing so its lease runs out as it always did.
+
+The slow body runs until the test releases it after its duplicates, so they
+land while it runs however slowly this process sends them (a 3 s body left the
+duplicate at 2.5 s half a second). The lease is 2 s, not 1 s: the renewer must
+renew within two thirds of a lease of its last renewal, and on a loaded CI
+machine 0.67 s of thread and redis-server scheduling was too little; 1.33 s is
+what a 2 s lease leaves.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,8 +40,9 @@ from token_service.client._telemetry import Telemetry
 from token_service.store import TokenStore
 
 SCOPE = "report.build"
-BODY_SECONDS = 3.0
-DUPLICATES_AT = (1.5, 2.5)  # seconds after the body started: past the first 1 s lease, and past two
+LEASE_SECONDS = 2
+DUPLICATES_AT = (2.5, 4.5)  # seconds after the body started: past the first 2 s lease, and past two
+RELEASE_TIMEOUT_SECONDS = 30  # a body the test never releases (it failed first) still ends
 
 
 def test_renew_on_every_transport(sdk: Sdk) -> None:
@@ -67,32 +76,38 @@ async def test_async_renew_on_every_transport(async_sdk: Sdk) -> None:
 
 
 class SlowBody:
-    """A body that counts its runs and takes BODY_SECONDS; ``started`` is set when the first run begins."""
+    """A body that counts its runs; ``started`` is set when the first run begins, which then runs
+    until ``release`` is set (any later run returns at once)."""
 
     def __init__(self) -> None:
         self.runs = 0
         self.started = threading.Event()
         self.started_at = 0.0
+        self.release = threading.Event()
 
     def __call__(self, label: str) -> dict[str, Any]:
         self.runs += 1
         if not self.started.is_set():
             self.started_at = time.monotonic()
             self.started.set()
-        time.sleep(BODY_SECONDS)
+            self.release.wait(RELEASE_TIMEOUT_SECONDS)
         return {"built_by": label}
 
 
 def _duplicates(client: TokenClient, token: str, body: SlowBody, **options: Any) -> list[Any]:
-    """Send the duplicates at DUPLICATES_AT after the first run started; what each got."""
+    """Send the duplicates at DUPLICATES_AT after the first run started, then release it; what each got."""
     assert body.started.wait(30)
     answers: list[Any] = []
-    for at in DUPLICATES_AT:
-        time.sleep(max(0.0, body.started_at + at - time.monotonic()))
-        try:
-            answers.append(client.guard(token, SCOPE, lease_seconds=1, **options).run(body, f"dup@{at}"))
-        except TokenInProgress as exc:
-            answers.append(exc)
+    try:
+        for at in DUPLICATES_AT:
+            time.sleep(max(0.0, body.started_at + at - time.monotonic()))
+            guard = client.guard(token, SCOPE, lease_seconds=LEASE_SECONDS, **options)
+            try:
+                answers.append(guard.run(body, f"dup@{at}"))
+            except TokenInProgress as exc:
+                answers.append(exc)
+    finally:
+        body.release.set()
     return answers
 
 
@@ -104,7 +119,9 @@ def test_a_body_slower_than_its_lease_runs_once(real_redis: redis.Redis) -> None
     body = SlowBody()
     first: list[Any] = []
     holder = threading.Thread(
-        target=lambda: first.append(client.guard(token, SCOPE, lease_seconds=1).run(body, "first"))
+        target=lambda: first.append(
+            client.guard(token, SCOPE, lease_seconds=LEASE_SECONDS).run(body, "first")
+        )
     )
     holder.start()
     answers = _duplicates(client, token, body)
@@ -113,7 +130,7 @@ def test_a_body_slower_than_its_lease_runs_once(real_redis: redis.Redis) -> None
     assert all(isinstance(answer, TokenInProgress) for answer in answers), answers
     assert first == [{"built_by": "first"}]
     # once it finished, a duplicate gets the stored result without running
-    assert client.guard(token, SCOPE, lease_seconds=1).run(body, "late") == {"built_by": "first"}
+    assert client.guard(token, SCOPE, lease_seconds=LEASE_SECONDS).run(body, "late") == {"built_by": "first"}
     assert body.runs == 1
     assert not [t for t in threading.enumerate() if t.name == "token-lease-renewer"], (
         "a renewer outlived its guard"
@@ -125,8 +142,9 @@ def test_a_body_slower_than_its_lease_runs_once(real_redis: redis.Redis) -> None
 def test_without_renewal_the_duplicate_runs_and_the_stale_result_is_not_stored(
     real_redis: redis.Redis,
 ) -> None:
-    """The control: renew=False is the old behaviour. The duplicate at 1.5 s takes the expired lease and
-    runs too; the first finishes later and its complete is fenced (LeaseLost): the winner's result stays."""
+    """The control: renew=False is the old behaviour. The duplicate at 2.5 s takes the expired lease and
+    runs too; the first finishes later (released after) and its complete is fenced (LeaseLost): the
+    winner's result stays."""
     client = TokenClient.from_redis(real_redis)
     token = client.generate(SCOPE).token
     body = SlowBody()
@@ -134,7 +152,8 @@ def test_without_renewal_the_duplicate_runs_and_the_stale_result_is_not_stored(
 
     def hold() -> None:
         try:
-            first.append(client.guard(token, SCOPE, lease_seconds=1, renew=False).run(body, "first"))
+            guard = client.guard(token, SCOPE, lease_seconds=LEASE_SECONDS, renew=False)
+            first.append(guard.run(body, "first"))
         except LeaseLost as exc:
             first.append(exc)
 
@@ -142,7 +161,10 @@ def test_without_renewal_the_duplicate_runs_and_the_stale_result_is_not_stored(
     holder.start()
     assert body.started.wait(30)
     time.sleep(max(0.0, body.started_at + DUPLICATES_AT[0] - time.monotonic()))
-    second = client.guard(token, SCOPE, lease_seconds=10, renew=False).run(body, "second")
+    try:
+        second = client.guard(token, SCOPE, lease_seconds=10, renew=False).run(body, "second")
+    finally:
+        body.release.set()
     holder.join(30)
     assert body.runs == 2
     assert isinstance(first[0], LeaseLost)
@@ -204,23 +226,29 @@ async def test_async_body_slower_than_its_lease_runs_once(
     token = (await client.generate(SCOPE)).token
     runs = 0
     started = asyncio.Event()
+    release = asyncio.Event()  # the first run lasts until its duplicates were sent
 
     async def build(label: str) -> dict[str, str]:
         nonlocal runs
         runs += 1
-        started.set()
-        await asyncio.sleep(BODY_SECONDS)
+        if not started.is_set():
+            started.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(release.wait(), RELEASE_TIMEOUT_SECONDS)
         return {"built_by": label}
 
-    first = asyncio.create_task(client.guard(token, SCOPE, lease_seconds=1).run(build, "first"))
+    first = asyncio.create_task(client.guard(token, SCOPE, lease_seconds=LEASE_SECONDS).run(build, "first"))
     await asyncio.wait_for(started.wait(), 30)
     began = time.monotonic()
     refused = 0
-    for at in DUPLICATES_AT:
-        await asyncio.sleep(max(0.0, began + at - time.monotonic()))
-        with pytest.raises(TokenInProgress):
-            await client.guard(token, SCOPE, lease_seconds=1).run(build, f"dup@{at}")
-        refused += 1
+    try:
+        for at in DUPLICATES_AT:
+            await asyncio.sleep(max(0.0, began + at - time.monotonic()))
+            with pytest.raises(TokenInProgress):
+                await client.guard(token, SCOPE, lease_seconds=LEASE_SECONDS).run(build, f"dup@{at}")
+            refused += 1
+    finally:
+        release.set()
     assert await asyncio.wait_for(first, 30) == {"built_by": "first"}
     assert (runs, refused) == (1, 2)
     with pytest.raises(Replayed):
@@ -245,7 +273,7 @@ def test_a_killed_holder_stops_renewing_and_its_lease_runs_out(
         def forever():
             print("running", flush=True)
             time.sleep(3600)
-        client.guard(sys.argv[1], {SCOPE!r}, lease_seconds=1).run(forever)
+        client.guard(sys.argv[1], {SCOPE!r}, lease_seconds={LEASE_SECONDS}).run(forever)
         """
     )
     process = subprocess.Popen(
@@ -254,14 +282,16 @@ def test_a_killed_holder_stops_renewing_and_its_lease_runs_out(
     try:
         assert process.stdout is not None
         assert process.stdout.readline().strip() == "running"
-        time.sleep(2.5)  # well past its 1 s lease: renewed, so still held
+        time.sleep(LEASE_SECONDS + 1)  # well past its lease (taken before "running"): renewed, so still held
         with pytest.raises(TokenInProgress):
             client.begin(token, SCOPE)
         os.kill(process.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         process.wait(10)
-        started = wait_until(lambda: _try_begin(client, token), 10, what="the dead holder's lease to run out")
-        assert time.monotonic() - killed_at < 5  # a 1 s lease, renewed at most ~1 s before the kill
+        started = wait_until(lambda: _try_begin(client, token), 30, what="the dead holder's lease to run out")
+        # the 2 s lease runs out at most 2 s after the kill; 15 s leaves a loaded machine room and still
+        # tells it from a renewal that pushed the lease out to the 30 s default
+        assert time.monotonic() - killed_at < 15
         client.complete(token, started.lease_id, "done by the second")
     finally:
         if process.poll() is None:
@@ -283,17 +313,25 @@ def _try_begin(client: TokenClient, token: str) -> Any:
 
 def test_a_renewer_starts_its_thread_only_once_its_first_renewal_is_due() -> None:
     calls: list[int] = []
-    fast = LeaseRenewer(lambda: calls.append(1), 0.2).start()
+    # 1 s, not less: a loaded machine may pause this thread between start and stop, and a renewal
+    # that fell due meanwhile would be right to run
+    fast = LeaseRenewer(lambda: calls.append(1), 1.0).start()
     fast.stop()  # the work ended before its first renewal: no thread, no renewal
-    time.sleep(0.5)
-    assert calls == []
+    # the starter wakes its renewers in the order they fall due: once this later one has renewed,
+    # the stopped one's turn came and went
+    probe = LeaseRenewer(lambda: calls.append(2), 1.0).start()
+    wait_until(lambda: 2 in calls, 30, what="a renewal due after the stopped one's")
+    probe.stop()
+    assert 1 not in calls
     assert fast._thread is None
-    slow = LeaseRenewer(lambda: calls.append(2), 0.05).start()
-    wait_until(lambda: len(calls) >= 3, what="three renewals")
+    slow = LeaseRenewer(lambda: calls.append(3), 0.05).start()
+    wait_until(lambda: calls.count(3) >= 3, what="three renewals")
     slow.stop()
-    renewed = len(calls)
+    assert slow._thread is not None
+    assert not slow._thread.is_alive()  # stopped means stopped
+    renewed = calls.count(3)
     time.sleep(0.3)
-    assert len(calls) == renewed  # stopped means stopped
+    assert calls.count(3) == renewed
     assert slow.renewals == renewed
 
 
@@ -305,7 +343,10 @@ def test_a_lost_lease_stops_the_renewer_and_is_reported_once() -> None:
 
     renewer = LeaseRenewer(refused, 0.05, on_lost=reported.append).start()
     wait_until(lambda: reported, what="the loss")
-    time.sleep(0.3)
+    # its thread ends after reporting: nothing is left that could report again
+    wait_until(
+        lambda: renewer._thread is not None and not renewer._thread.is_alive(), what="the renewer to end"
+    )
     assert len(reported) == 1
     assert renewer.lost is reported[0]
     renewer.stop()

@@ -1,11 +1,12 @@
-"""Under real gunicorn: views three times slower than their lease run once.
+"""Under real gunicorn: views that outlast two of their leases run once.
 
-``@require_token(..., lease_seconds=1)`` and the Idempotency-Key middleware
-(``lock_seconds=1``) around 3 s views (tests/client/slow_views_app.py), with
-duplicates at 1.5 s and 2.5 s on other worker processes: the lease (lock) is
+``@require_token(..., lease_seconds=2)`` and the Idempotency-Key middleware
+(``lock_seconds=2``) around slow views (tests/client/slow_views_app.py), with
+duplicates at 2.5 s and 4.5 s on other worker processes: the lease (lock) is
 renewed while the view runs, so each duplicate is refused with 409 instead of
 running the view again, and once it finished a duplicate gets the stored
-response.
+response. The view runs until the test releases it after the duplicates (a 3 s
+view left the one at 2.5 s half a second on a loaded machine).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from token_service.client import TokenClient
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
-DUPLICATES_AT = (1.5, 2.5)
+DUPLICATES_AT = (2.5, 4.5)  # past the first 2 s lease, and past two
 
 
 @pytest.fixture
@@ -53,7 +54,7 @@ def slow_app_url(redis_server: RedisServer, real_redis: redis.Redis) -> Iterator
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 30, what="gunicorn")
+        wait_until(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 60, what="gunicorn")
         yield url
     finally:
         process.terminate()
@@ -61,9 +62,10 @@ def slow_app_url(redis_server: RedisServer, real_redis: redis.Redis) -> Iterator
 
 
 def _first_and_duplicates(
-    url: str, headers: dict[str, str], counter: str, store: redis.Redis
+    url: str, headers: dict[str, str], name: str, store: redis.Redis
 ) -> tuple[Any, list[Any]]:
-    """The first request, then the duplicates at DUPLICATES_AT after its view started (it counts itself)."""
+    """The first request, then the duplicates at DUPLICATES_AT after its view started (it counts itself
+    in ``<name>:runs``), then the view's release (``<name>:release``)."""
     first: list[httpx.Response] = []
 
     def send_first() -> None:
@@ -71,12 +73,15 @@ def _first_and_duplicates(
 
     thread = threading.Thread(target=send_first)
     thread.start()
-    wait_until(lambda: store.get(counter), 30, interval_seconds=0.005, what="the view to start")
+    wait_until(lambda: store.get(f"{name}:runs"), 30, interval_seconds=0.005, what="the view to start")
     started = time.monotonic()
     duplicates = []
-    for at in DUPLICATES_AT:
-        time.sleep(max(0.0, started + at - time.monotonic()))
-        duplicates.append(httpx.post(url, json={"n": 1}, headers=headers, timeout=30))
+    try:
+        for at in DUPLICATES_AT:
+            time.sleep(max(0.0, started + at - time.monotonic()))
+            duplicates.append(httpx.post(url, json={"n": 1}, headers=headers, timeout=30))
+    finally:
+        store.rpush(f"{name}:release", "go")
     thread.join(30)
     return first[0], duplicates
 
@@ -86,7 +91,7 @@ def test_require_token_view_slower_than_its_lease_runs_once(
 ) -> None:
     token = TokenClient.from_redis(real_redis).generate("report.build").token
     headers = {"Idempotency-Token": token}
-    first, duplicates = _first_and_duplicates(slow_app_url + "/reports", headers, "reports:runs", real_redis)
+    first, duplicates = _first_and_duplicates(slow_app_url + "/reports", headers, "reports", real_redis)
     assert first.status_code == 201, first.text
     for duplicate in duplicates:
         assert duplicate.status_code == 409, duplicate.text
@@ -101,7 +106,7 @@ def test_idempotency_key_request_slower_than_its_lock_runs_once(
     slow_app_url: str, real_redis: redis.Redis
 ) -> None:
     headers = {"Idempotency-Key": '"export-1"', "Authorization": "Bearer client-a"}
-    first, duplicates = _first_and_duplicates(slow_app_url + "/exports", headers, "exports:runs", real_redis)
+    first, duplicates = _first_and_duplicates(slow_app_url + "/exports", headers, "exports", real_redis)
     assert first.status_code == 201, first.text
     for duplicate in duplicates:
         assert duplicate.status_code == 409, duplicate.text
