@@ -86,7 +86,7 @@ def embedded_service() -> Iterator[tuple[str, subprocess.Popen[str]]]:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(
-            lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 20, what="token-service serve"
+            lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 60, what="token-service serve"
         )
         yield url, process
     finally:

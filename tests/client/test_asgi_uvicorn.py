@@ -68,7 +68,7 @@ def start_uvicorn(app: str, redis_url: str, **env: str) -> tuple[subprocess.Pope
             return False
 
     try:
-        wait_until(up, 30, what="uvicorn")
+        wait_until(up, 60, what="uvicorn")
     except BaseException:
         process.kill()
         raise
@@ -144,7 +144,7 @@ def test_a_repeat_while_the_first_runs_is_409_with_retry_after(server: Server) -
     # 5 s: the repeat must land while the first still runs, however slowly this process notices its start
     slow = threading.Thread(target=lambda: results.append(server.post({"sleep": 5}, key='"slow"')))
     slow.start()
-    wait_until(lambda: server.runs == 1, 10, what="the first request to start")
+    wait_until(lambda: server.runs == 1, 30, what="the first request to start")
     busy = server.post({"sleep": 5}, key='"slow"')
     slow.join()
     assert busy.status_code == 409

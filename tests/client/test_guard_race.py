@@ -67,7 +67,7 @@ def test_threads_and_processes_run_the_body_once(
         for _ in range(PROCESSES)
     ]
     wait_until(
-        lambda: int(real_redis.get("race:ready") or 0) == PROCESSES, timeout_seconds=30, what="processes"
+        lambda: int(real_redis.get("race:ready") or 0) == PROCESSES, timeout_seconds=60, what="processes"
     )
 
     barrier = threading.Barrier(THREADS + 1)

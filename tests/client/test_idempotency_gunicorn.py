@@ -43,7 +43,7 @@ def orders_url(redis_server: RedisServer, real_redis: redis.Redis) -> Iterator[s
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 20, what="gunicorn")
+        wait_until(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 60, what="gunicorn")
         yield url
     finally:
         process.terminate()

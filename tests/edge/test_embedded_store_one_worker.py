@@ -72,7 +72,7 @@ def test_one_worker_serves_every_request_from_one_store() -> None:
     process = gunicorn("-w", "1", port=port)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 30, what="gunicorn")
+        wait_until(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 60, what="gunicorn")
         auth = {"Authorization": f"Bearer {DEV_KEY}"}
         for _ in range(10):
             token = httpx.post(url + "/token/generate", json={"scope": "s"}).json()["token"]

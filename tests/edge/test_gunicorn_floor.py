@@ -100,7 +100,7 @@ def test_serve_runs_on_the_oldest_allowed_gunicorn_and_gevent(
         )
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 30, what="serve")
+        wait_until(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 60, what="serve")
         address = ("127.0.0.1", port)
         with connect(address) as sock:  # kept alive: three requests, one connection
             for _ in range(3):

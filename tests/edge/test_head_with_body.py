@@ -118,7 +118,7 @@ def served(redis_server: RedisServer, tmp_path: Path) -> Iterator[tuple[str, int
     try:
         wait_until(
             lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200,
-            timeout_seconds=30,
+            timeout_seconds=60,
             what="token-service serve",
         )
         yield ("127.0.0.1", port)

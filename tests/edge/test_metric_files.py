@@ -193,10 +193,10 @@ def test_scope_labels_and_files_stay_bounded_across_worker_restarts(
             os.kill(victim, signal.SIGKILL)
             wait_until(
                 lambda victim=victim: victim not in children(master) and len(children(master)) == 2,
-                timeout_seconds=30,
+                timeout_seconds=60,
                 what="a replacement worker",
             )
-        wait_until(lambda: http.get("/healthz").status_code == 200, timeout_seconds=30, what="service")
+        wait_until(lambda: http.get("/healthz").status_code == 200, timeout_seconds=60, what="service")
         text = http.get("/metrics").text
 
     scopes = set()

@@ -102,7 +102,7 @@ http {{
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(
             lambda: exchange(self.address, request_bytes("GET", "/healthz"), 1).status == 200,
-            20,
+            60,
             what="nginx",
         )
         return self
@@ -188,9 +188,9 @@ def test_replies_and_request_ids_pass_through_unchanged(stack: Stack) -> None:
     reply = exchange(proxied, request_bytes("GET", "/healthz"))
     request_id = reply.headers["x-request-id"]
     assert len(request_id) == 32
-    wait_until(lambda: f"rid={request_id}" in stack.nginx.access_log(), 10, what="nginx's access line")
+    wait_until(lambda: f"rid={request_id}" in stack.nginx.access_log(), 30, what="nginx's access line")
     wait_until(
-        lambda: f'"request_id": "{request_id}"' in stack.service.log(), 10, what="the service's access line"
+        lambda: f'"request_id": "{request_id}"' in stack.service.log(), 30, what="the service's access line"
     )
 
 

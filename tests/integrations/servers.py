@@ -52,7 +52,7 @@ class AppServer:
             return httpx.get(self.url + self.health_path, timeout=1).status_code == 200
 
         try:
-            wait_until(up, timeout_seconds=30, what=" ".join(self.command))
+            wait_until(up, timeout_seconds=60, what=" ".join(self.command))
         except BaseException:
             self.stop()
             raise

@@ -42,8 +42,11 @@ def redis_server_binary() -> str:
 
 
 def wait_until(
-    predicate, timeout_seconds: float = 10.0, interval_seconds: float = 0.02, what: str = "condition"
+    predicate, timeout_seconds: float = 30.0, interval_seconds: float = 0.02, what: str = "condition"
 ):  # type: ignore[no-untyped-def]
+    # 30 s by default: on a loaded CI machine (load 10-18 on 2 cores) starting a process or reaching
+    # a state can take many seconds; the wait ends as soon as the condition holds, so only a test
+    # that fails anyway pays for the length
     deadline = time.monotonic() + timeout_seconds
     last_error: Exception | None = None
     while time.monotonic() < deadline:
@@ -148,7 +151,7 @@ class Gunicorn:
                 raise RuntimeError(f"gunicorn exited: {self.log()}")
             return httpx.get(self.url + "/healthz", timeout=1).status_code == 200
 
-        wait_until(up, timeout_seconds=20, what="gunicorn")
+        wait_until(up, timeout_seconds=60, what="gunicorn")
         return self
 
     def log(self) -> str:
