@@ -9,6 +9,7 @@ connection, timeouts, a connection dropped before the reply) become
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -85,8 +86,10 @@ def error_from_response(response: httpx.Response) -> TokenError:
     return cls(detail)
 
 
-def _drop_none(body: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in body.items() if value is not None}
+def _encode(body: dict[str, Any]) -> bytes:
+    """The JSON body without its None fields, byte for byte what httpx's ``json=`` would send."""
+    present = {key: value for key, value in body.items() if value is not None}
+    return json.dumps(present, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
 
 
 def _issued(item: dict[str, Any]) -> IssuedToken:
@@ -130,7 +133,8 @@ def _info(body: dict[str, Any]) -> TokenInfo:
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
-    headers = {"Accept": "application/json, application/problem+json"}
+    # Every request is a POST of a JSON body (encoded by _encode, so httpx does not add the type).
+    headers = {"Accept": "application/json, application/problem+json", "Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     return headers
@@ -138,6 +142,22 @@ def _headers(api_key: str | None) -> dict[str, str]:
 
 def _limits(max_connections: int) -> httpx.Limits:
     return httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+
+
+class _Urls(dict[str, httpx.URL]):
+    """Each API path joined to the client's ``base_url`` once, by httpx's own rule.
+
+    httpx parses and merges a relative URL on every request (the largest part
+    of building one); an absolute :class:`httpx.URL` is used as it is.
+    """
+
+    def __init__(self, http: httpx.Client | httpx.AsyncClient) -> None:
+        super().__init__()
+        self._http = http
+
+    def __missing__(self, path: str) -> httpx.URL:
+        url = self[path] = self._http.build_request("POST", path).url
+        return url
 
 
 def _answer(response: httpx.Response) -> Any:
@@ -165,10 +185,11 @@ class HttpTransport:
             limits=_limits(max_connections),
             transport=transport,
         )
+        self._urls = _Urls(self.http)
 
     def _post(self, path: str, body: dict[str, Any]) -> Any:
         try:
-            response = self.http.post(path, json=_drop_none(body))
+            response = self.http.post(self._urls[path], content=_encode(body))
         except _TRANSIENT as exc:
             raise ServiceUnavailable(f"No reply from the token service: {type(exc).__name__}.") from exc
         return _answer(response)
@@ -255,10 +276,11 @@ class AsyncHttpTransport:
             limits=_limits(max_connections),
             transport=transport,
         )
+        self._urls = _Urls(self.http)
 
     async def _post(self, path: str, body: dict[str, Any]) -> Any:
         try:
-            response = await self.http.post(path, json=_drop_none(body))
+            response = await self.http.post(self._urls[path], content=_encode(body))
         except _TRANSIENT as exc:
             raise ServiceUnavailable(f"No reply from the token service: {type(exc).__name__}.") from exc
         return _answer(response)
