@@ -8,18 +8,21 @@ from typing import Any
 from tests.support.service import AUTH
 
 SCOPE = "payment.create"
+LEASE_SECONDS = 2
 
 
 def test_a_crashed_holder_is_taken_over_after_its_lease(client: Any) -> None:
     token = client.post("/token/generate", json={"scope": SCOPE}).json["token"]
+    # 2 s, not 1 s: the busy check below must land within the lease, and a loaded CI machine can
+    # stall this process for most of a second between two requests
     crashed = client.post(
-        "/token/begin", json={"token": token, "scope": SCOPE, "lease_seconds": 1}, headers=AUTH
+        "/token/begin", json={"token": token, "scope": SCOPE, "lease_seconds": LEASE_SECONDS}, headers=AUTH
     )
     assert crashed.status_code == 200
     busy = client.post("/token/begin", json={"token": token, "scope": SCOPE}, headers=AUTH)
     assert busy.json["code"] == "token_in_progress"
 
-    time.sleep(1.1)  # the holder never comes back
+    time.sleep(LEASE_SECONDS + 0.1)  # the holder never comes back
     assert client.post("/token/inspect", json={"token": token}, headers=AUTH).json["state"] == "ISSUED"
     taker = client.post(
         "/token/begin", json={"token": token, "scope": SCOPE, "lease_seconds": 30}, headers=AUTH

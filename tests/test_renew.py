@@ -101,7 +101,7 @@ def test_bad_arguments_are_refused_before_any_write(
 
 def test_http_renew(client: Any) -> None:
     token = generate(client)["token"]
-    started = post(client, "/token/begin", {"token": token, "scope": SCOPE, "lease_seconds": 5}).json
+    started = post(client, "/token/begin", {"token": token, "scope": SCOPE, "lease_seconds": 60}).json
     response = post(
         client, "/token/renew", {"token": token, "lease_id": started["lease_id"], "lease_seconds": 600}
     )

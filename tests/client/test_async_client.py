@@ -150,17 +150,21 @@ async def test_async_guard_releases_or_records_failures(async_sdk: Sdk) -> None:
 async def test_async_guarded_decorator_and_waiting(async_sdk: Sdk) -> None:
     client: AsyncTokenClient = async_sdk.client
     calls = []
+    running = asyncio.Event()
 
     @client.guarded(SCOPE)
     async def ship(order: str, token: str) -> str:
         calls.append(order)
+        running.set()
         await asyncio.sleep(0.2)
         return f"shipped {order}"
 
     token = (await client.generate(SCOPE)).token
     # the second caller finds the first in flight and waits for its result
     first = asyncio.create_task(ship("o-1", token))
-    await asyncio.sleep(0.05)
+    # its body runs (a fixed 0.05 s could pass before its begin came back on a loaded machine,
+    # and the second caller would take the token first)
+    await asyncio.wait_for(running.wait(), 30)
     waiter = client.guard(token, SCOPE, wait_seconds=10)
     assert await waiter.run(ship, "o-2", token) == "shipped o-1"
     assert await first == "shipped o-1"

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from flask import Flask, Response, request
 
+from tests.support.processes import wait_until
 from token_service.client._idempotency_store import Claimed, IdempotencyStore
 from token_service.client._response import StoredResponse
 from token_service.client.idempotency import IdempotencyMiddleware
@@ -135,9 +136,7 @@ def test_a_concurrent_repeat_gets_409_with_retry_after(redis_client: Any) -> Non
     first = threading.Thread(target=lambda: answers.append(post(app, {"item": "book"})))
     first.start()
     try:
-        deadline = time.monotonic() + 5
-        while not app.config["runs"] and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: app.config["runs"], what="the first request to run")
         busy = post(app, {"item": "book"})
         assert busy.status_code == 409
         assert busy.get_json()["code"] == "idempotency_key_in_use"
@@ -406,9 +405,7 @@ def test_duplicates_that_wait_all_get_the_first_response(redis_client: Any) -> N
     threads = [threading.Thread(target=send) for _ in range(6)]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 10
-    while not app.config["runs"] and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: app.config["runs"], what="the first request to run")
     time.sleep(0.2)  # the others are polling by now (or arrive later: the same answer either way)
     gate.set()
     for thread in threads:

@@ -48,7 +48,7 @@ RELEASE_TIMEOUT_SECONDS = 30  # a body the test never releases (it failed first)
 def test_renew_on_every_transport(sdk: Sdk) -> None:
     client: TokenClient = sdk.client
     token = client.generate(SCOPE).token
-    started = client.begin(token, SCOPE, lease_seconds=5)
+    started = client.begin(token, SCOPE, lease_seconds=60)
     assert not hasattr(started, "result")
     lease_id = started.lease_id  # type: ignore[union-attr]
     renewed = client.renew(token, lease_id, lease_seconds=600)
@@ -64,7 +64,7 @@ def test_renew_on_every_transport(sdk: Sdk) -> None:
 async def test_async_renew_on_every_transport(async_sdk: Sdk) -> None:
     client: AsyncTokenClient = async_sdk.client
     token = (await client.generate(SCOPE)).token
-    started = await client.begin(token, SCOPE, lease_seconds=5)
+    started = await client.begin(token, SCOPE, lease_seconds=60)
     lease_id = started.lease_id  # type: ignore[union-attr]
     renewed = await client.renew(token, lease_id, lease_seconds=600)
     assert 590_000 < renewed.lease_expires_ms - time.time() * 1000 <= 601_000

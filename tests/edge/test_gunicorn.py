@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -123,13 +124,17 @@ def test_metrics_count_every_request_once_across_workers(service: tuple[Gunicorn
 def test_log_lines_are_json_with_request_ids_and_no_tokens(service: tuple[Gunicorn, Path]) -> None:
     server, _ = service
     tokens, request_ids = drive(server.url, 10)
-    time.sleep(0.2)  # let the workers' last writes land
-    lines = [line for line in server.log().splitlines() if line.strip()]
-    records = [json.loads(line) for line in lines]  # every line is one JSON object
 
+    def logged() -> tuple[list[str], list[dict[str, Any]]] | None:
+        lines = [line for line in server.log().splitlines() if line.strip()]
+        records = [json.loads(line) for line in lines]  # every line is one JSON object
+        access = [r for r in records if r.get("logger") == "token_service.access"]
+        return (lines, records) if set(request_ids) <= {r["request_id"] for r in access} else None
+
+    # a worker may write its access line after the client has its reply (a fixed 0.2 s was too short
+    # on a loaded machine)
+    lines, records = wait_until(logged, what="every request's access line")
     access = [r for r in records if r.get("logger") == "token_service.access"]
-    logged_ids = {r["request_id"] for r in access}
-    assert set(request_ids) <= logged_ids
     assert all({"method", "route", "status", "duration_ms"} <= set(r) for r in access)
     assert any(r.get("logger") == "gunicorn.error" for r in records)  # gunicorn speaks JSON too
     log_text = "\n".join(lines)

@@ -19,7 +19,7 @@ class Reply:
         return json.loads(self.body)
 
 
-def connect(address: tuple[str, int], source: str | None = None, timeout: float = 10.0) -> socket.socket:
+def connect(address: tuple[str, int], source: str | None = None, timeout: float = 30.0) -> socket.socket:
     """A connection, from ``source`` (another loopback address, e.g. 127.0.0.2) when given."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -50,8 +50,11 @@ def chunked(body: bytes, size: int = 4096) -> bytes:
     return b"".join(parts) + b"0\r\n\r\n"
 
 
-def read_reply(sock: socket.socket, deadline_seconds: float = 10.0) -> Reply:
-    """One response (Content-Length framed, as the service and gunicorn answer); raises on timeout/EOF."""
+def read_reply(sock: socket.socket, deadline_seconds: float = 30.0) -> Reply:
+    """One response (Content-Length framed, as the service and gunicorn answer); raises on timeout/EOF.
+
+    30 s by default (as ``connect``): a loaded CI machine can take seconds to answer; a reply that
+    comes sooner ends the wait."""
     deadline = time.monotonic() + deadline_seconds
     data = b""
     while b"\r\n\r\n" not in data:
@@ -80,7 +83,7 @@ def _recv(sock: socket.socket, deadline: float) -> bytes:
 
 
 def exchange(
-    address: tuple[str, int], raw: bytes, deadline_seconds: float = 10.0, source: str | None = None
+    address: tuple[str, int], raw: bytes, deadline_seconds: float = 30.0, source: str | None = None
 ) -> Reply:
     with connect(address, source, deadline_seconds) as sock:
         sock.sendall(raw)
