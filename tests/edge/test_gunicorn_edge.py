@@ -164,6 +164,9 @@ def test_a_body_that_does_not_arrive_in_time_is_408_problem_json(
             400,
             id="two-lengths",
         ),
+        # refused by gunicorn's own parser, accepted by gunicorn_h1c 0.6.9 (http_parser in gunicorn_conf)
+        pytest.param(b"GET /healthz HTTP/1.1\nHost: x\n\n", 400, id="bare-lf"),
+        pytest.param(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n", 400, id="obs-fold"),
     ],
 )
 def test_gunicorns_own_error_replies_are_problem_json(

@@ -22,6 +22,13 @@ Every choice here can be overridden the usual gunicorn ways (command line,
   TOKEN_SERVICE_SEND_TIMEOUT_SECONDS (default 15) the reply's: a client
   that does not read its replies is disconnected
   (token_service/server/connections.py).
+- **gunicorn's own request parser** (``http_parser`` "python"), even where
+  gunicorn_h1c (``gunicorn[fast]``) is installed, which gunicorn >= 25
+  would otherwise pick: its release at hand (0.6.9) accepts a bare LF as a
+  line end and obsolete line folding, both of which gunicorn's parser refuses
+  (400) -- room for a proxy in front and the service to read one request two
+  ways. It would save about a tenth of the CPU of a token request
+  (docs/performance.md).
 - **Errors before the app.** gunicorn's own error replies (a request it
   cannot parse, a header too large, a worker timeout) are problem+json, not
   its HTML pages (``post_fork``, token_service/server/gunicorn_errors.py).
@@ -72,6 +79,9 @@ graceful_timeout = 10
 keepalive = 5
 _SHM = "/dev/shm"  # noqa: S108 — gunicorn heartbeat files, not user data
 worker_tmp_dir = _SHM if os.path.isdir(_SHM) else None
+
+# Unknown to gunicorn < 25, which ignores it and has only this parser.
+http_parser = "python"
 
 # No control socket (gunicorn >= 25): every instance of a user would share
 # $HOME/.gunicorn/gunicorn.ctl, and it is one more way to steer the master.
