@@ -33,12 +33,14 @@ from token_service.store import IssueRequest, TokenStore
 pytestmark = pytest.mark.real
 
 SCOPE = "payment.create"
-# Keeps Redis busy (answering nobody) for one second.
-HOG_ONE_SECOND = """
+# Keeps Redis busy (answering nobody) for three seconds: a call with a 0.2 s timeout and its retry
+# both run out inside it with seconds to spare on a loaded machine (one second left only ~0.5 s).
+# Under Redis's 5 s busy-reply threshold, so the others wait instead of hearing BUSY.
+HOG_THREE_SECONDS = """
 local start = redis.call('TIME')
 while true do
   local now = redis.call('TIME')
-  if (now[1] - start[1]) * 1000000 + (now[2] - start[2]) > 1000000 then return 1 end
+  if (now[1] - start[1]) * 1000000 + (now[2] - start[2]) > 3000000 then return 1 end
 end
 """
 
@@ -113,13 +115,16 @@ def test_a_late_reply_is_never_read_as_the_next_commands(redis_server: RedisServ
     warm(store)
     first, second = issue(store), issue(store)
     admin = redis_server.client()
-    # Redis stalls for longer than the client waits, twice over (the call and its retry)
-    stall = threading.Thread(target=lambda: admin.eval(HOG_ONE_SECOND, 0))
-    stall.start()
+    # Redis stalls for longer than the client waits, twice over (the call and its retry). The stall is
+    # sent from this thread, before the consume, so Redis reads it first (a thread left to send it
+    # could be slower than a fixed pause on a loaded machine, and the consume would just succeed).
+    hog = admin.connection_pool.get_connection()
+    hog.send_command("EVAL", HOG_THREE_SECONDS, 0)
     time.sleep(0.1)
     with pytest.raises(ServiceUnavailable):
         store.consume(first, SCOPE)  # sent, maybe run after the stall: the caller is told "unknown"
-    stall.join()
+    assert hog.read_response() == 1
+    admin.connection_pool.release(hog)
     # every later call reads its own reply, never the stalled consume's
     assert store.inspect(second).state == "ISSUED"
     assert store.consume(second, SCOPE).replayed is False

@@ -36,6 +36,11 @@ from token_service.tokens import record_key
 pytestmark = pytest.mark.real
 SCOPE = "payment.create"
 RETRY = RetryPolicy(attempts=3, backoff_seconds=0.01, max_backoff_seconds=0.05)
+# How long a call waits for its reply: a swallowed reply ("hang") costs this much, and a reply that
+# was not swallowed must always come sooner, through the proxy, on a loaded CI machine (0.5 s for
+# Redis and 1 s for HTTP did not leave that much room).
+REDIS_TIMEOUT_SECONDS = 2.0
+HTTP_TIMEOUT_SECONDS = 3.0
 
 
 @pytest.fixture
@@ -46,7 +51,9 @@ def redis_proxy(redis_server: RedisServer, real_redis: redis.Redis) -> Iterator[
 
 def without_inner_retry(proxy: FaultProxy) -> redis.Redis:
     """A client whose redis-py layer does not retry: the SDK's RetryPolicy is what is tested."""
-    return redis.Redis(host="127.0.0.1", port=proxy.port, socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    return redis.Redis(
+        host="127.0.0.1", port=proxy.port, socket_timeout=REDIS_TIMEOUT_SECONDS, retry=Retry(NoBackoff(), 0)
+    )
 
 
 def script_sha(name: str, client: redis.Redis) -> bytes:
@@ -102,7 +109,10 @@ async def test_async_direct_consume_whose_reply_is_lost(
     redis_proxy: FaultProxy, real_redis: redis.Redis
 ) -> None:
     async_redis = redis.asyncio.Redis(
-        host="127.0.0.1", port=redis_proxy.port, socket_timeout=0.5, retry=AsyncRetry(NoBackoff(), 0)
+        host="127.0.0.1",
+        port=redis_proxy.port,
+        socket_timeout=REDIS_TIMEOUT_SECONDS,
+        retry=AsyncRetry(NoBackoff(), 0),
     )
     client = AsyncTokenClient.from_redis(async_redis, retry=RETRY)
     async with client:
@@ -125,7 +135,9 @@ def http_proxy(gunicorn: Gunicorn, real_redis: redis.Redis) -> Iterator[FaultPro
 def test_http_consume_whose_reply_is_lost_is_reported_as_the_win(
     http_proxy: FaultProxy, gunicorn: Gunicorn, then: Literal["reset", "hang"]
 ) -> None:
-    client = TokenClient(f"http://127.0.0.1:{http_proxy.port}", API_KEY, timeout=1.0, retry=RETRY)
+    client = TokenClient(
+        f"http://127.0.0.1:{http_proxy.port}", API_KEY, timeout=HTTP_TIMEOUT_SECONDS, retry=RETRY
+    )
     other = TokenClient(gunicorn.url, API_KEY)
     with client, other:
         token = client.generate(SCOPE).token
@@ -137,7 +149,9 @@ def test_http_consume_whose_reply_is_lost_is_reported_as_the_win(
 
 
 def test_http_begin_whose_reply_is_lost_keeps_one_lease(http_proxy: FaultProxy, gunicorn: Gunicorn) -> None:
-    client = TokenClient(f"http://127.0.0.1:{http_proxy.port}", API_KEY, timeout=1.0, retry=RETRY)
+    client = TokenClient(
+        f"http://127.0.0.1:{http_proxy.port}", API_KEY, timeout=HTTP_TIMEOUT_SECONDS, retry=RETRY
+    )
     with client:
         token = client.generate(SCOPE).token
         http_proxy.drop_replies(1, match=b"POST /token/begin")
@@ -150,7 +164,9 @@ def test_http_begin_whose_reply_is_lost_keeps_one_lease(http_proxy: FaultProxy, 
 async def test_async_client_from_a_url_survives_a_lost_reply(
     redis_proxy: FaultProxy, real_redis: redis.Redis
 ) -> None:
-    client = AsyncTokenClient.from_redis(f"redis://127.0.0.1:{redis_proxy.port}/0", timeout=0.5, retry=RETRY)
+    client = AsyncTokenClient.from_redis(
+        f"redis://127.0.0.1:{redis_proxy.port}/0", timeout=REDIS_TIMEOUT_SECONDS, retry=RETRY
+    )
     async with client:
         token = (await client.generate(SCOPE)).token
         redis_proxy.drop_replies(1, match=script_sha("consume", real_redis))

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.load import ConsumeLoad, Tally, flask_post
-from tests.support.processes import RedisServer
+from tests.support.processes import RedisServer, wait_until
 from tests.support.service import AUTH, service_config
 from tests.support.tcp_proxy import FaultProxy, Mode
 from tests.support.topologies import ClusterTopology, SentinelTopology, Standalone, Topology
@@ -127,6 +127,8 @@ def test_connection_resets_and_lost_replies_under_load(proxied_app: tuple[Any, F
     proxy.wait_for("replies_dropped", 10)
     with proxy.fault(Mode.RESET):  # Redis unreachable for a while: 503s
         time.sleep(0.4)
+        # until the load saw it: on a loaded machine its threads may not run at all in 0.4 s
+        wait_until(lambda: load.tally.statuses[503] > 0, what="a 503 while Redis is unreachable")
     healed = time.monotonic()
     recovery_seconds = load.wait_for_success_after(healed)
     load.wait_for_tokens(len(tokens))
@@ -168,6 +170,8 @@ def test_redis_killed_and_restarted_under_load() -> None:
         server.kill()  # kill -9, mid-load
         killed = time.monotonic()
         time.sleep(0.5)
+        # until the load saw it: on a loaded machine its threads may not run at all in 0.5 s
+        wait_until(lambda: load.tally.statuses[503] > 0, what="a 503 while Redis is down")
         server.start()  # same port, same dir: the AOF is replayed
         restarted = time.monotonic()
         recovery_seconds = load.wait_for_success_after(restarted)
@@ -290,6 +294,8 @@ def test_cluster_master_killed_and_restarted_under_load() -> None:
         victim.kill()  # kill -9 one of three masters (no replicas): its slots have no owner
         killed = time.monotonic()
         time.sleep(1.5)
+        # until the load saw it: on a loaded machine its threads may not reach the dead slots in 1.5 s
+        wait_until(lambda: load.tally.statuses[503] > 0, what="a 503 while a master is down")
         victim.start()  # same port, dir and nodes.conf: it rejoins with its slots and its AOF
         cluster.wait_healthy()
         restarted = time.monotonic()

@@ -246,7 +246,7 @@ class FaultProxy:
         """New connections go to ``upstream``; open ones keep theirs."""
         self.upstream = upstream
 
-    def wait_for(self, stat: str, at_least: int, timeout_seconds: float = 10.0) -> None:
+    def wait_for(self, stat: str, at_least: int, timeout_seconds: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_seconds
         while getattr(self.stats, stat) < at_least:
             if time.monotonic() > deadline:
