@@ -9,7 +9,7 @@ import sys
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pythonjsonlogger.json import JsonFormatter as LibraryJsonFormatter
 
@@ -90,6 +90,7 @@ def test_same_line_with_an_exception_and_a_stack() -> None:
 SHARED = formatters()
 
 
+@settings(deadline=None)  # hypothesis's 200 ms per example is a speed check a loaded CI machine fails
 @given(
     st.dictionaries(
         st.text(min_size=1).filter(lambda k: k not in logging.LogRecord("", 0, "", 0, "", (), None).__dict__),

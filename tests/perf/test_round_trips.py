@@ -187,7 +187,9 @@ def test_generate_with_issuance_limits_on_is_one_evalsha(
 
 
 def test_a_refused_generate_issues_nothing(redis_server: RedisServer, real_redis: redis.Redis) -> None:
-    app = create_app({"api_keys": API_KEY, "redis_url": redis_server.url, "rate_limit": "2/minute"})
+    app = create_app(
+        {"api_keys": API_KEY, "redis_url": redis_server.url, "rate_limit": "2/hour"}
+    )  # none refilled meanwhile
     http = app.test_client()
     statuses = [http.post("/token/generate", json={"scope": SCOPE}).status_code for _ in range(4)]
     assert statuses == [201, 201, 429, 429]
