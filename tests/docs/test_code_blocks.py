@@ -207,11 +207,12 @@ def test_the_quickstart_runs_make_run_on_redis(redis_server: RedisServer) -> Non
     try:
         ready = lambda: httpx.get(url + "/readyz", timeout=1).status_code == 200  # noqa: E731
         wait_until(ready, 120, 0.2, what="make run")
-        token = httpx.post(url + "/token/generate", json={"scope": "s"}).json()["token"]
+        token = httpx.post(url + "/token/generate", json={"scope": "s"}, timeout=30).json()["token"]
         consumed = httpx.post(
             url + "/token/consume",
             json={"token": token, "scope": "s"},
             headers={"Authorization": "Bearer a-long-random-service-key"},
+            timeout=30,
         )
         assert consumed.json() == {"outcome": "consumed", "replayed": False}
         with redis_server.client() as check:

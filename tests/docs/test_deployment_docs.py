@@ -58,8 +58,10 @@ def started(command: str, port: int, redis_url: str) -> Iterator[str]:
 @pytest.mark.parametrize("number", [0, 2])
 def test_serve_and_gunicorn_by_hand_answer(number: int, redis_server: RedisServer) -> None:
     with started(commands(0)[number], free_port(), redis_server.url) as url:
-        token = httpx.post(url + "/token/generate", json={"scope": "s"}).json()["token"]
-        assert httpx.post(url + "/token/inspect", json={"token": token}).status_code == 401  # needs the key
+        token = httpx.post(url + "/token/generate", json={"scope": "s"}, timeout=30).json()["token"]
+        assert (
+            httpx.post(url + "/token/inspect", json={"token": token}, timeout=30).status_code == 401
+        )  # needs the key
 
 
 def test_check_pings_redis(redis_server: RedisServer) -> None:

@@ -121,8 +121,8 @@ def test_the_image_command_serves_and_its_healthcheck_passes(redis_server: Redis
     try:
         wait_until(healthy, timeout_seconds=30, what="the HEALTHCHECK command to pass")
         url = f"http://127.0.0.1:{port}"
-        assert httpx.post(url + "/token/generate", json={"scope": "image"}).status_code == 201
-        assert httpx.get(url + "/readyz").status_code == 200
+        assert httpx.post(url + "/token/generate", json={"scope": "image"}, timeout=30).status_code == 201
+        assert httpx.get(url + "/readyz", timeout=30).status_code == 200
     finally:
         server.terminate()
         server.wait(timeout=30)

@@ -75,8 +75,10 @@ def test_one_worker_serves_every_request_from_one_store() -> None:
         wait_until(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 60, what="gunicorn")
         auth = {"Authorization": f"Bearer {DEV_KEY}"}
         for _ in range(10):
-            token = httpx.post(url + "/token/generate", json={"scope": "s"}).json()["token"]
-            consumed = httpx.post(url + "/token/consume", json={"token": token, "scope": "s"}, headers=auth)
+            token = httpx.post(url + "/token/generate", json={"scope": "s"}, timeout=30).json()["token"]
+            consumed = httpx.post(
+                url + "/token/consume", json={"token": token, "scope": "s"}, headers=auth, timeout=30
+            )
             assert consumed.json() == {"outcome": "consumed", "replayed": False}
     finally:
         process.send_signal(signal.SIGTERM)

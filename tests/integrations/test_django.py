@@ -191,7 +191,7 @@ def test_middleware_error_table(server: AppServer, real_redis: Any) -> None:
     assert retry.status_code == 201
     assert "Idempotent-Replayed" not in retry.headers
     # a path outside PATHS is not guarded at all
-    assert httpx.get(server.url + "/healthz").status_code == 200
+    assert httpx.get(server.url + "/healthz", timeout=30).status_code == 200
 
 
 def test_middleware_a_body_cut_short_runs_nothing(server: AppServer, real_redis: Any) -> None:
@@ -224,18 +224,21 @@ def test_the_example_runs_with_one_command(redis_server: RedisServer) -> None:
     example.start()
     try:
         headers = {"X-User-Id": "ada"}
-        token = httpx.post(example.url + "/checkout/token", headers=headers).json()["token"]
+        token = httpx.post(example.url + "/checkout/token", headers=headers, timeout=30).json()["token"]
         headers["Idempotency-Token"] = token
         clicks = concurrently(
-            2, lambda: httpx.post(example.url + "/payments", json={"amount": 5}, headers=headers)
+            2, lambda: httpx.post(example.url + "/payments", json={"amount": 5}, headers=headers, timeout=30)
         )
         assert [click.status_code for click in clicks] == [201, 201]
         assert clicks[0].json() == clicks[1].json()
-        assert len(httpx.get(example.url + "/payments/list").json()["charges"]) == 1
+        assert len(httpx.get(example.url + "/payments/list", timeout=30).json()["charges"]) == 1
         api = {"Idempotency-Key": '"order-1"', "Authorization": "Bearer ada"}
-        posts = [httpx.post(example.url + "/api/orders", json={"sku": "A1"}, headers=api) for _ in range(2)]
+        posts = [
+            httpx.post(example.url + "/api/orders", json={"sku": "A1"}, headers=api, timeout=30)
+            for _ in range(2)
+        ]
         assert posts[0].json() == posts[1].json() == {"id": "o_1", "sku": "A1"}
         assert posts[1].headers["Idempotent-Replayed"] == "true"
-        assert len(httpx.get(example.url + "/api/orders").json()["orders"]) == 1
+        assert len(httpx.get(example.url + "/api/orders", timeout=30).json()["orders"]) == 1
     finally:
         example.stop()

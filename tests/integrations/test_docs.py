@@ -95,10 +95,13 @@ def test_django_page(redis_env: dict[str, str], module_dir: Path) -> None:
         import httpx
 
         ada = {"X-User-Id": "ada"}
-        token = httpx.post(server.url + "/checkout/token", json={"amount": 7}, headers=ada).json()["token"]
+        token = httpx.post(
+            server.url + "/checkout/token", json={"amount": 7}, headers=ada, timeout=30
+        ).json()["token"]
         headers = {**ada, "Idempotency-Token": token}
         paid = [
-            httpx.post(server.url + "/payments-async", json={"amount": 7}, headers=headers) for _ in range(2)
+            httpx.post(server.url + "/payments-async", json={"amount": 7}, headers=headers, timeout=30)
+            for _ in range(2)
         ]
         assert paid[0].json() == paid[1].json()
         assert paid[1].headers["Idempotent-Replayed"] == "true"

@@ -220,7 +220,7 @@ def test_the_example_charges_a_double_click_once(redis_server: RedisServer, real
     example.start()
     try:
         headers = {"X-User-Id": "ada"}
-        token = httpx.post(example.url + "/checkout/token", headers=headers).json()["token"]
+        token = httpx.post(example.url + "/checkout/token", headers=headers, timeout=30).json()["token"]
         headers["Idempotency-Token"] = token
 
         def click(_: int) -> httpx.Response:
@@ -230,6 +230,6 @@ def test_the_example_charges_a_double_click_once(redis_server: RedisServer, real
             clicks = list(pool.map(click, range(2)))
         assert [click.status_code for click in clicks] == [201, 201]
         assert clicks[0].json() == clicks[1].json()
-        assert len(httpx.get(example.url + "/payments").json()["charges"]) == 1
+        assert len(httpx.get(example.url + "/payments", timeout=30).json()["charges"]) == 1
     finally:
         example.stop()
