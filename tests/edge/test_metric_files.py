@@ -98,11 +98,15 @@ def test_a_scrape_waits_for_a_fold_in_progress(tmp_path: Path) -> None:
                 "-c",
                 "import sys; from pathlib import Path\n"
                 "from token_service.server.metric_files import reading\n"
+                "print('reading', flush=True)\n"
                 f"with reading(Path({str(tmp_path)!r})): print('read')",
             ],
             stdout=subprocess.PIPE,
             text=True,
         )
+        assert probe.stdout is not None
+        # once it got as far as reading (a loaded machine may take seconds to start it), it waits
+        assert probe.stdout.readline().strip() == "reading"
         with pytest.raises(subprocess.TimeoutExpired):
             probe.wait(timeout=1)
         fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
