@@ -124,7 +124,7 @@ class RedisServer:
         args = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir)]
         args += ["--save", "", "--appendonly", "no", "--logfile", str(self.dir / "redis.log")]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: self.client(socket_timeout=0.5).ping(), 10, f"redis-server on {self.port}")
+        wait_until(lambda: self.client(socket_timeout=0.5).ping(), 30, f"redis-server on {self.port}")
         return self
 
     def pids(self) -> list[int]:
@@ -181,7 +181,8 @@ class Gunicorn:
             with urllib.request.urlopen(self.url + "/healthz", timeout=1) as reply:  # noqa: S310
                 return bool(reply.status == 200)
 
-        wait_until(up, 30, f"gunicorn {self.app}")
+        # 60 s: the quick harness runs in CI at load 10-18, where a start can take tens of seconds
+        wait_until(up, 60, f"gunicorn {self.app}")
         return self
 
     def pids(self) -> list[int]:

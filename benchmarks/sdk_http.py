@@ -118,7 +118,7 @@ class TlsGunicorn(Gunicorn):
                 raise SystemExit(f"benchmarks: gunicorn {self.app} exited:\n{self.log.read_text()}")
             return httpx.get(self.url + "/healthz", verify=self.context, timeout=1).status_code == 200
 
-        wait_until(up, 30, f"gunicorn {self.app} over TLS")
+        wait_until(up, 60, f"gunicorn {self.app} over TLS")
         return self
 
 

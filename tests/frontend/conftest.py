@@ -61,7 +61,9 @@ def browser() -> Iterator[Any]:
 @pytest.fixture
 def context(browser: Any) -> Iterator[Any]:
     context = browser.new_context(viewport={"width": 900, "height": 820})
-    context.set_default_timeout(15_000)
+    # 30 s: a page, its scripts and the services behind it can be that slow on a loaded CI machine;
+    # what is waited for ends the wait sooner
+    context.set_default_timeout(30_000)
     yield context
     context.close()
 
