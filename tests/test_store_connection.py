@@ -178,6 +178,59 @@ def test_the_last_connection_is_parked_for_the_next_call(redis_server: RedisServ
     client.close()
 
 
+def test_calls_in_flight_at_once_each_park_their_connection(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a second call while the first waits for its reply (another greenlet or thread): it
+    # checks a connection out of the pool; afterwards both are parked, none is checked out
+    client = service_client(redis_server)
+    store = TokenStore(client)
+    warm(store)
+    outer, inner, *later = [issue(store) for _ in range(20)]
+    send_and_read = store_module._send_and_read
+    nested = [inner]
+
+    def meanwhile(conn: Any, command: tuple[Any, ...]) -> Any:
+        if nested:
+            assert store.consume(nested.pop(), SCOPE).replayed is False
+        return send_and_read(conn, command)
+
+    monkeypatch.setattr(store_module, "_send_and_read", meanwhile)
+    assert store.consume(outer, SCOPE).replayed is False
+    monkeypatch.setattr(store_module, "_send_and_read", send_and_read)
+    assert len(store._parked) == 2
+    pool = client.connection_pool
+    checkouts = []
+    original = pool.get_connection
+    pool.get_connection = lambda *a, **k: checkouts.append(1) or original(*a, **k)  # type: ignore[method-assign]
+    for token in later:
+        assert store.consume(token, SCOPE).replayed is False
+    assert checkouts == []
+    assert len(store._parked) == 2
+    assert len(pool._in_use_connections) == 2
+    client.close()
+
+
+def test_parked_connections_are_bounded(redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = service_client(redis_server)
+    store = TokenStore(client)
+    warm(store)
+    tokens = [issue(store) for _ in range(store_module._MAX_PARKED + 5)]
+    send_and_read = store_module._send_and_read
+    waiting = list(tokens[1:])
+
+    def meanwhile(conn: Any, command: tuple[Any, ...]) -> Any:
+        if waiting:  # every call starts the next one before it reads its reply: all in flight at once
+            assert store.consume(waiting.pop(), SCOPE).replayed is False
+        return send_and_read(conn, command)
+
+    monkeypatch.setattr(store_module, "_send_and_read", meanwhile)
+    assert store.consume(tokens[0], SCOPE).replayed is False
+    assert len(store._parked) == store_module._MAX_PARKED
+    assert len(client.connection_pool._in_use_connections) == store_module._MAX_PARKED
+    client.close()
+
+
 def test_a_failed_call_hands_its_connection_back_to_the_pool(redis_server: RedisServer) -> None:
     with FaultProxy(("127.0.0.1", redis_server.port)) as proxy:
         client = redis.Redis(port=proxy.port, retry=Retry(NoBackoff(), 1))

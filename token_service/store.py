@@ -312,6 +312,12 @@ def _release(pool: Any, conn: Any) -> None:
         pool.release(conn)
 
 
+# Connections a store parks at most. One per concurrent caller: a gevent worker's greenlets or
+# a threaded worker's threads would otherwise find the one parked connection taken and check
+# one out of the pool (~10% of a token request's server CPU at 4 callers a worker).
+_MAX_PARKED = 8
+
+
 def _unpark(pool: Any, parked: list[tuple[int, Any]]) -> None:
     while parked:
         generation, conn = parked.pop()
@@ -333,7 +339,8 @@ class TokenStore(_StoreBase):
         plain = type(client) is redis.Redis and client.connection is None
         self._pool = client.connection_pool if plain else None
         self._parking = plain and type(client.connection_pool) is redis.ConnectionPool
-        self._parked: list[tuple[int, Any]] = []  # at most one (fork generation, connection)
+        # at most _MAX_PARKED (fork generation, connection): one per call in flight at once
+        self._parked: list[tuple[int, Any]] = []
         if self._parking:
             # a store dropped while it holds a connection hands it back to the pool
             weakref.finalize(self, _unpark, client.connection_pool, self._parked)
@@ -347,11 +354,12 @@ class TokenStore(_StoreBase):
         ``execute_command``, minus its per-command wrapping (observability
         hooks, closures, event dispatch): a measurable share of the client CPU
         of a token operation (docs/performance.md has the current figures).
-        And on a plain ``ConnectionPool``, the connection of the last call that
+        And on a plain ``ConnectionPool``, the connection of a call that
         succeeded is parked here for the next one instead of going back to the
         pool: checking a connection out of redis-py's pool (locks, a poll of
         the socket, bookkeeping) costs about as much again. The store holds at
-        most that one connection; one that failed goes back to the pool
+        most :data:`_MAX_PARKED` connections, one per call in flight at the same
+        time (greenlets, threads); one that failed goes back to the pool
         (dropped first unless the failure was an error reply), a parked one is
         never used in a forked child, and none is parked when the connection's
         Retry allows no retry (the pool's checkout check is then what replaces
@@ -390,7 +398,7 @@ class TokenStore(_StoreBase):
         # server closed meanwhile (idle timeout, CLIENT KILL, restart).
         if (
             self._parking
-            and not parked
+            and len(parked) < _MAX_PARKED
             and _retries(conn) != 0
             and not (_SHOULD_RECONNECT and conn.should_reconnect())
         ):

@@ -20,6 +20,7 @@ import sys
 import pytest
 
 from tests.support.processes import REPO_ROOT, RedisServer
+from token_service import store as store_module
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -115,7 +116,8 @@ def test_many_greenlets_share_one_store_without_reply_mixups(redis_server: Redis
     assert tally["interrupted"] > 0
     assert tally["killed"] > 0
     assert tally["rounds"] >= 50
-    # the last connection is parked; every other one went back to the pool (none leaked)
-    assert tally["parked"] == 1
-    assert tally["in_use"] == 1
+    # a few connections are parked (one per call that was in flight at once); every other one
+    # went back to the pool (none leaked)
+    assert 1 <= tally["parked"] <= store_module._MAX_PARKED
+    assert tally["in_use"] == tally["parked"]
     assert tally["created"] <= 300 + 1
