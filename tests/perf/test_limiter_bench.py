@@ -15,7 +15,7 @@ from benchmarks import limiter
 @pytest.mark.skipif(shutil.which("redis-benchmark") is None, reason="redis-benchmark is not installed")
 def test_quick_run_measures_every_row() -> None:
     result = limiter.run(limiter.Config.quick_mode())
-    assert len(result["medians"]) == 6
+    assert len(result["medians"]) == 7
     for row in result["medians"].values():
         assert min(row["rps"], row["cpu_us"], row["exec_us"]) > 0
     table = limiter.markdown(result)
