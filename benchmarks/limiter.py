@@ -2,6 +2,7 @@
 
     python -m benchmarks.limiter                 # ~1 min; prints a Markdown table
     python -m benchmarks.limiter --quick         # seconds: checks the harness only
+    python -m benchmarks.limiter --instructions  # ~1 min: instructions per request (valgrind)
 
 One private redis-server (free port, no persistence), driven by
 ``redis-benchmark`` (50 clients, no pipelining), runs in rounds, A B A B:
@@ -20,6 +21,11 @@ from 10^11 numbers): a generate always creates its record, and a row that met
 keys an earlier row had written would be charged less (``NX`` refused, no new
 key, no expiry entry).
 
+``--instructions`` runs the same rows (and generate as a Redis Function) once
+against a redis-server under valgrind's callgrind and counts the instructions
+it executes per request: figures that do not move with the machine's load, for
+comparing two versions of a script on a shared machine.
+
 Per row: requests per second (redis-benchmark) and Redis CPU per request
 (``INFO cpu``, user + system, over the run). The budget: generate at ≥ 0.67x the
 rate of ``SET EX`` (Redis CPU ≤ 1.5x), consume at ≥ 0.8x the GET/SET Lua. Each
@@ -32,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -43,7 +50,7 @@ from typing import Any
 import redis
 
 from benchmarks.baseline_app import CONSUME_LUA
-from benchmarks.procs import RedisServer, require
+from benchmarks.procs import RedisServer, require, wait_until
 from benchmarks.report import replace_section
 from token_service.config import RateLimit
 from token_service.limits import IssuanceLimits
@@ -51,6 +58,7 @@ from token_service.store import admit_issue_source, lua_source
 
 SCOPE = "payment.create"
 TTL_SECONDS = 900
+ISSUE_ARGS = [SCOPE, "user-1", "", str(TTL_SECONDS * 1000), ""]
 CLIENT = "ts:c:bench"
 # redis-benchmark replaces __rand_int__ with 12 digits: "ts:t:" + 12 + 10 = 27 chars,
 # the length of a real record key ("ts:t:" + 22 digest characters); each row its own
@@ -105,8 +113,59 @@ def _cpu_seconds(client: redis.Redis) -> float:
 
 def _fill(client: redis.Redis, pattern: str, value: str, keyspace: int) -> None:
     fill = client.register_script(FILL_LUA)
-    for start in range(0, keyspace, 20_000):
-        fill(args=[start, min(start + 20_000, keyspace) - 1, pattern, value])
+    for start in range(0, keyspace, 2000):  # short script runs: valgrind slows them 50x (--instructions)
+        fill(args=[start, min(start + 2000, keyspace) - 1, pattern, value])
+
+
+def _rows(client: redis.Redis, keyspace: int) -> dict[str, list[str]]:
+    """Each row's redis-benchmark arguments (``-r`` and the command), its scripts loaded into ``client``."""
+    generate_sha = client.script_load(admit_issue_source())
+    consume_sha = client.script_load(lua_source("consume"))
+    baseline_sha = client.script_load(CONSUME_LUA)
+    issue_sha = client.script_load(lua_source("issue"))
+    floor_sha = client.script_load(FLOOR_LUA)
+    limiter_floor_sha = client.script_load(LIMITER_FLOOR_LUA)
+    fresh = ["-r", str(FRESH_KEYSPACE)]
+    filled = ["-r", str(keyspace)]
+    return {
+        SET_EX: [*fresh, "set", TOKEN_KEY.format(row="set"), RECORD, "EX", str(TTL_SECONDS)],
+        ONE_SET: [*fresh, "evalsha", floor_sha, "1", TOKEN_KEY.format(row="floor"), *ISSUE_ARGS],
+        LIMITER_FLOOR: [
+            *fresh,
+            "evalsha",
+            limiter_floor_sha,
+            "2",
+            TOKEN_KEY.format(row="limfloor"),
+            CLIENT,
+            *ISSUE_ARGS,
+        ],
+        ISSUE: [*fresh, "evalsha", issue_sha, "1", TOKEN_KEY.format(row="issue"), *ISSUE_ARGS],
+        GENERATE: [
+            *fresh,
+            "evalsha",
+            generate_sha,
+            "2",
+            TOKEN_KEY.format(row="generate"),
+            CLIENT,
+            *_generate_args(),
+        ],
+        GET_SET: [*filled, "evalsha", baseline_sha, "1", "bl:__rand_int__", SCOPE],
+        CONSUME: [*filled, "evalsha", consume_sha, "2", "ct:__rand_int__", CLIENT, SCOPE, "", "", "rid", ""],
+    }
+
+
+def _generate_args() -> list[str]:
+    limits = IssuanceLimits(RateLimit(10**9, 1), 10**9)
+    # the service passes its own clock to the limiter (no TIME call in the script); a fixed
+    # "now" here costs the same and keeps every call in one bucket, as a steady client is
+    return [*ISSUE_ARGS, *limits.args(1, TTL_SECONDS, str(int(time.time() * 1000)))]
+
+
+def _prepare(client: redis.Redis, keyspace: int) -> None:
+    client.flushall()
+    client.set(CLIENT, f"|{BUCKET}:{10**12}")
+    _fill(client, "bl:%012d", SCOPE, keyspace)
+    _fill(client, "ct:%012d", RECORD, keyspace)
 
 
 def run(config: Config) -> dict[str, Any]:
@@ -114,65 +173,12 @@ def run(config: Config) -> dict[str, Any]:
     server = RedisServer().start()
     try:
         client = server.client()
-        generate_sha = client.script_load(admit_issue_source())
-        consume_sha = client.script_load(lua_source("consume"))
-        baseline_sha = client.script_load(CONSUME_LUA)
-        limits = IssuanceLimits(RateLimit(10**9, 1), 10**9)
-        # the service passes its own clock to the limiter (no TIME call in the script); a fixed
-        # "now" here costs the same and keeps every call in one bucket, as a steady client is
-        now_ms = str(int(time.time() * 1000))
-        issue_args = [SCOPE, "user-1", "", str(TTL_SECONDS * 1000), ""]
-        generate_args = [*issue_args, *limits.args(1, TTL_SECONDS, now_ms)]
         base = [binary, "-h", "127.0.0.1", "-p", str(server.port), "-n", str(config.requests)]
         base += ["-c", "50", "--csv"]
-        issue_sha = client.script_load(lua_source("issue"))
-        floor_sha = client.script_load(FLOOR_LUA)
-        limiter_floor_sha = client.script_load(LIMITER_FLOOR_LUA)
-        fresh = ["-r", str(FRESH_KEYSPACE)]
-        filled = ["-r", str(config.keyspace)]
-        runs = {
-            SET_EX: [*fresh, "set", TOKEN_KEY.format(row="set"), RECORD, "EX", str(TTL_SECONDS)],
-            ONE_SET: [*fresh, "evalsha", floor_sha, "1", TOKEN_KEY.format(row="floor"), *issue_args],
-            LIMITER_FLOOR: [
-                *fresh,
-                "evalsha",
-                limiter_floor_sha,
-                "2",
-                TOKEN_KEY.format(row="limfloor"),
-                CLIENT,
-                *issue_args,
-            ],
-            ISSUE: [*fresh, "evalsha", issue_sha, "1", TOKEN_KEY.format(row="issue"), *issue_args],
-            GENERATE: [
-                *fresh,
-                "evalsha",
-                generate_sha,
-                "2",
-                TOKEN_KEY.format(row="generate"),
-                CLIENT,
-                *generate_args,
-            ],
-            GET_SET: [*filled, "evalsha", baseline_sha, "1", "bl:__rand_int__", SCOPE],
-            CONSUME: [
-                *filled,
-                "evalsha",
-                consume_sha,
-                "2",
-                "ct:__rand_int__",
-                CLIENT,
-                SCOPE,
-                "",
-                "",
-                "rid",
-                "",
-            ],
-        }
+        runs = _rows(client, config.keyspace)
         rounds: list[dict[str, dict[str, float]]] = []
         for number in range(config.rounds):
-            client.flushall()
-            client.set(CLIENT, f"|{BUCKET}:{10**12}")
-            _fill(client, "bl:%012d", SCOPE, config.keyspace)
-            _fill(client, "ct:%012d", RECORD, config.keyspace)
+            _prepare(client, config.keyspace)
             order = list(runs) if number % 2 == 0 else list(reversed(runs))
             measured: dict[str, dict[str, float]] = {}
             for label in order:
@@ -223,6 +229,91 @@ def run(config: Config) -> dict[str, Any]:
     }
 
 
+GENERATE_FCALL = "generate: the same Lua as a Redis Function (FCALL)"
+
+
+def function_library() -> str:
+    """The generate script as a Redis Functions library, to measure what FCALL would save.
+
+    The helpers and the two script bodies are defined once, when the library is
+    loaded, instead of on every call; KEYS and ARGV, which the bodies read as
+    globals, become upvalues set on entry (a function runs alone, as a script does).
+    """
+    definitions, marker, main = admit_issue_source().rpartition("local refused = issue_refusal()")
+    return "\n".join(
+        [
+            "#!lua name=ts_limiter_bench",
+            "local KEYS, ARGV",
+            definitions,
+            "local function generate()",
+            marker + main,
+            "end",
+            "redis.register_function('generate', function(keys, args)",
+            "  KEYS, ARGV = keys, args",
+            "  return generate()",
+            "end)",
+        ]
+    )
+
+
+class _CallgrindRedis(RedisServer):
+    """A private redis-server under valgrind's callgrind: instructions counted, not timed."""
+
+    def start(self) -> _CallgrindRedis:
+        valgrind = require("valgrind", "apt-get install valgrind")
+        args = [valgrind, "--tool=callgrind", f"--callgrind-out-file={self.dir}/callgrind.out"]
+        args += [require("redis-server", "apt-get install redis-server"), "--port", str(self.port)]
+        args += ["--bind", "127.0.0.1", "--dir", str(self.dir), "--save", "", "--appendonly", "no"]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(
+            lambda: self.client(socket_timeout=5).ping(), 120, f"redis-server under valgrind on {self.port}"
+        )
+        return self
+
+    def instructions(self) -> int:
+        """Instructions since the last call (dump the counters, then zero them)."""
+        for dump in self.dir.glob("callgrind.out*"):
+            dump.unlink()
+        subprocess.run(["callgrind_control", "--dump", str(self.pids()[0])], capture_output=True, check=True)
+        (dump,) = self.dir.glob("callgrind.out*")
+        match = re.search(r"^(?:summary|totals): (\d+)", dump.read_text(), re.MULTILINE)
+        if match is None:
+            raise RuntimeError(f"no instruction total in {dump}")
+        subprocess.run(["callgrind_control", "--zero", str(self.pids()[0])], capture_output=True, check=True)
+        return int(match.group(1))
+
+
+def instructions(requests: int, keyspace: int) -> dict[str, float]:
+    """redis-server's user-space instructions per request, per row (valgrind's callgrind).
+
+    Counted, not timed: a busy machine gives the same figures as a quiet one, so
+    two variants can be compared in one run. The kernel's part (socket reads and
+    writes, the same for every row, most of a SET EX's CPU) is not counted: the
+    ratios to SET EX are larger than the CPU ratios of :func:`run`.
+    """
+    binary = require("redis-benchmark", "apt-get install redis-tools")
+    server = _CallgrindRedis().start()
+    try:
+        client = server.client()
+        runs = _rows(client, keyspace)
+        client.function_load(function_library(), replace=True)
+        runs[GENERATE_FCALL] = [*runs[GENERATE][:2], "fcall", "generate", *runs[GENERATE][4:]]
+        runs[GENERATE_FCALL][5] = TOKEN_KEY.format(row="fcall")
+        _prepare(client, keyspace)
+        base = [binary, "-h", "127.0.0.1", "-p", str(server.port), "-c", "4"]
+        counted: dict[str, float] = {}
+        for label, args in runs.items():
+            # a warm-up, then the counted requests
+            subprocess.run([*base, "-n", "200", *args], capture_output=True, timeout=600, check=True)
+            server.instructions()
+            subprocess.run([*base, "-n", str(requests), *args], capture_output=True, timeout=600, check=True)
+            counted[label] = server.instructions() / requests
+        client.close()
+    finally:
+        server.stop()
+    return counted
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = [
         "| run | requests/s | Redis CPU per request (µs) | of which executing the command (µs) |",
@@ -236,11 +327,23 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def instructions_markdown(counted: dict[str, float]) -> str:
+    lines = ["| run | instructions per request | x SET EX |", "|---|---:|---:|"]
+    for label, value in counted.items():
+        lines.append(f"| {label} | {value:,.0f} | {value / counted[SET_EX]:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.limiter", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a few seconds: checks the harness, no figures")
     parser.add_argument("--json", action="store_true", help="print the raw result as JSON")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count redis-server's instructions per request under valgrind instead (load-independent)",
+    )
     parser.add_argument(
         "--write",
         action="store_true",
@@ -250,6 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     config = Config.quick_mode() if options.quick else Config()
     if options.rounds:
         config.rounds = options.rounds
+    if options.instructions:
+        counted = instructions(200 if config.quick else 3000, 20_000)
+        print(json.dumps(counted, indent=2) if options.json else instructions_markdown(counted))
+        return 0
     result = run(config)
     print(json.dumps(result, indent=2) if options.json else markdown(result))
     if options.write and not config.quick:
@@ -257,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         text = path.read_text()
         # the table is refreshed; the section's prose (what the figures say) is kept as written
         start = text.find("| run | requests/s | Redis CPU")
-        end = text.find("\n\nWhat this says:", start)
+        end = text.find("\n\n", text.find("| ratio (median", start))  # after the second table
         if start != -1 and end != -1:
             path.write_text(text[:start] + markdown(result) + text[end:])
         else:

@@ -34,3 +34,15 @@ def test_the_suite_keeps_the_limiter_section_of_results_md() -> None:
     refreshed = replace_section(previous, "limiter", "## Limiter\n\n| c | d |")
     assert "| a | b |" not in refreshed
     assert refreshed.count("<!-- section: limiter -->") == 1
+
+
+@pytest.mark.skipif(
+    not all(shutil.which(tool) for tool in ("redis-benchmark", "valgrind", "callgrind_control")),
+    reason="redis-benchmark or valgrind is not installed",
+)
+def test_instruction_counts_cover_every_row_and_the_function_variant() -> None:
+    counted = limiter.instructions(requests=50, keyspace=1000)
+    assert len(counted) == 8  # the seven rows and generate as a Redis Function
+    assert all(value > 0 for value in counted.values())
+    assert limiter.GENERATE_FCALL in counted
+    assert "| generate: admit+issue, limits on |" in limiter.instructions_markdown(counted)
