@@ -73,8 +73,10 @@ class ClusterTopology:
     name = "cluster"
 
     def __init__(
-        self, masters: int = 3, node_timeout_ms: int = 2000, redis_args: tuple[str, ...] = ()
+        self, masters: int = 3, node_timeout_ms: int = 5000, redis_args: tuple[str, ...] = ()
     ) -> None:
+        # 5 s: a node that a loaded CI machine stalls for a second or two must not be failed (without
+        # replicas that takes the whole cluster down); no test waits for a node to be failed
         self.nodes = [
             RedisServer(
                 *redis_args,
@@ -111,7 +113,7 @@ class ClusterTopology:
         self.wait_healthy()
         return self
 
-    def wait_healthy(self, timeout_seconds: float = 20.0) -> None:
+    def wait_healthy(self, timeout_seconds: float = 60.0) -> None:
         def ok() -> bool:
             views = set()
             for node in self.nodes:
@@ -190,7 +192,7 @@ class SentinelServer:
     """One ``redis-server --sentinel`` watching ``MASTER_NAME``."""
 
     def __init__(
-        self, master_port: int, *, down_after_ms: int = 1000, failover_timeout_ms: int = 4000
+        self, master_port: int, *, down_after_ms: int = 3000, failover_timeout_ms: int = 4000
     ) -> None:
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="ts-sentinel-"))
@@ -240,7 +242,9 @@ class SentinelTopology:
 
     name = "sentinel"
 
-    def __init__(self, *redis_args: str, down_after_ms: int = 1000) -> None:
+    # 3 s: a master that a loaded CI machine stalls for a second must not be failed over in the middle
+    # of a test that does not expect it; the failover test pays the 2 s more
+    def __init__(self, *redis_args: str, down_after_ms: int = 3000) -> None:
         self.redis_args = redis_args
         self.down_after_ms = down_after_ms
         self.master = RedisServer(*redis_args)
