@@ -1,4 +1,4 @@
-"""A batch's tokens and keys (tokens.new_tokens, tokens.record_keys) are the single-token ones."""
+"""A batch's tokens and keys (tokens.new_tokens) are what new_token and record_key make one at a time."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ def test_each_batch_token_is_32_csprng_bytes_encoded_as_token_urlsafe(
         return drawn[-1]
 
     monkeypatch.setattr(tokens.secrets, "token_bytes", token_bytes)
-    batch = tokens.new_tokens(1000)
-    assert [len(block) for block in drawn] == [32 * 1000]  # one read, 32 bytes per token
+    batch, _ = tokens.new_tokens(1000, "", "ts:")
+    assert [len(block) for block in drawn] == [33 * 1000]  # one read: 32 bytes per token, one dropped
     for i, token in enumerate(batch):
-        raw = drawn[0][32 * i : 32 * (i + 1)]
+        raw = drawn[0][33 * i : 33 * i + 32]
         assert token == base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")  # token_urlsafe's text
         assert len(token) == tokens.TOKEN_CHARS
         assert tokens.is_well_formed(token)
@@ -32,12 +32,20 @@ def test_each_batch_token_is_32_csprng_bytes_encoded_as_token_urlsafe(
 
 
 def test_a_suffix_follows_each_token() -> None:
-    batch = tokens.new_tokens(3, "C" * 22)
+    batch, _ = tokens.new_tokens(3, "C" * 22, "ts:")
     assert all(len(token) == tokens.TOKEN_CHARS + 22 and token.endswith("C" * 22) for token in batch)
     assert len({token[: tokens.TOKEN_CHARS] for token in batch}) == 3
 
 
-def test_batch_keys_are_record_key_of_each_token() -> None:
-    batch = [*tokens.new_tokens(50), *tokens.new_tokens(50, "x" * 22), "a-short-test-token"]
-    assert tokens.record_keys("ts:", batch) == [tokens.record_key("ts:", token) for token in batch]
-    assert tokens.record_keys("other:", batch[:1]) == [tokens.record_key("other:", batch[0])]
+@pytest.mark.parametrize(
+    ("suffix", "key_prefix"), [("", "ts:"), ("x" * 22, "ts:"), ("x" * 22, "other:"), ("", "")]
+)
+def test_batch_keys_are_record_key_of_each_token(suffix: str, key_prefix: str) -> None:
+    batch, keys = tokens.new_tokens(200, suffix, key_prefix)
+    assert keys == [tokens.record_key(key_prefix, token) for token in batch]
+
+
+def test_a_batch_of_one_and_of_none() -> None:
+    (token,), (key,) = tokens.new_tokens(1, "", "ts:")
+    assert key == tokens.record_key("ts:", token)
+    assert tokens.new_tokens(0, "", "ts:") == ([], [])

@@ -32,7 +32,7 @@ from token_service import defaults, records
 from token_service.errors import ServiceUnavailable
 from token_service.limits import IssuanceLimits, admit_reply, client_key_of, client_tag
 from token_service.resources import shipped
-from token_service.tokens import new_lease_id, new_request_id, new_tokens, record_key, record_keys
+from token_service.tokens import new_lease_id, new_request_id, new_tokens, record_key
 
 log = logging.getLogger(__name__)
 
@@ -467,19 +467,17 @@ class TokenStore(_StoreBase):
         # a token counted in a client's cap (a bucket) carries the client's id
         suffix = client_tag(client_key) if bucket else ""
         while len(issued) < count:
-            tokens = new_tokens(count - len(issued), suffix)
+            tokens, keys = new_tokens(count - len(issued), suffix, self.key_prefix)
             with translate_errors():
                 if len(tokens) == 1 or not self._cluster:
-                    keys = record_keys(self.key_prefix, tokens)
                     collided = _collisions(self._call("issue", keys, args))
                 else:
-                    collided = _collisions_each(self._issue_pipelined(tokens, args))
+                    collided = _collisions_each(self._issue_pipelined(keys, args))
             issued += _keep(tokens, collided)
         return issued
 
-    def _issue_pipelined(self, tokens: list[str], args: Sequence[str]) -> list[Any]:
+    def _issue_pipelined(self, keys: list[str], args: Sequence[str]) -> list[Any]:
         script = self._scripts["issue"]
-        keys = record_keys(self.key_prefix, tokens)
 
         # EVALSHA is sent by command name: redis-py's ClusterPipeline refuses its
         # evalsha() method but routes the command by its key like any other, and a
@@ -530,8 +528,9 @@ class TokenStore(_StoreBase):
             bucket = self.admit(client_key, limits, count, request.ttl_seconds)
             return self._issue(request, count, client_key, bucket)
         limits.check_count(count, request.ttl_seconds)
-        tokens = new_tokens(count, client_tag(client_key) if limits.max_outstanding > 0 else "")
-        keys = record_keys(self.key_prefix, tokens)
+        tokens, keys = new_tokens(
+            count, client_tag(client_key) if limits.max_outstanding > 0 else "", self.key_prefix
+        )
         keys.append(client_key)
         args = [*request.args(), *limits.args(count, request.ttl_seconds, self._limiter_now())]
         with translate_errors():
@@ -681,19 +680,17 @@ class AsyncTokenStore(_StoreBase):
         issued: list[str] = []
         args = request.args()
         while len(issued) < count:
-            tokens = new_tokens(count - len(issued))
+            tokens, keys = new_tokens(count - len(issued), "", self.key_prefix)
             with translate_errors():
                 if len(tokens) == 1 or not self._cluster:
-                    keys = record_keys(self.key_prefix, tokens)
                     collided = _collisions(await self._call("issue", keys, args))
                 else:
-                    collided = _collisions_each(await self._issue_pipelined(tokens, args))
+                    collided = _collisions_each(await self._issue_pipelined(keys, args))
             issued += _keep(tokens, collided)
         return issued
 
-    async def _issue_pipelined(self, tokens: list[str], args: Sequence[str]) -> list[Any]:
+    async def _issue_pipelined(self, keys: list[str], args: Sequence[str]) -> list[Any]:
         script = self._scripts["issue"]
-        keys = record_keys(self.key_prefix, tokens)
 
         async def send(indexes: Sequence[int], command: str, body: str) -> list[Any]:
             pipe = self.client.pipeline(transaction=False)

@@ -22,6 +22,7 @@ from token_service import create_app, store
 from token_service.client import Finished, TokenClient
 from token_service.limits import parse_limit_record
 from token_service.store import IssueRequest, TokenStore
+from token_service.tokens import record_key
 
 pytestmark = pytest.mark.real
 
@@ -131,7 +132,12 @@ def test_batch_issue_draws_again_for_a_digest_that_exists(
     token_store = TokenStore(real_redis)
     taken = token_store.issue(IssueRequest("other.scope", None, None, 60))[0]
     draws: Iterator[str] = iter([taken, "fresh-token-aaaaaaaaaaaaaaaa", "fresh-token-bbbbbbbbbbbbbbbb"])
-    monkeypatch.setattr(store, "new_tokens", lambda count, suffix="": [next(draws) for _ in range(count)])
+
+    def new_tokens(count: int, suffix: str, key_prefix: str) -> tuple[list[str], list[str]]:
+        drawn = [next(draws) + suffix for _ in range(count)]
+        return drawn, [record_key(key_prefix, token) for token in drawn]
+
+    monkeypatch.setattr(store, "new_tokens", new_tokens)
 
     tokens = token_store.issue(IssueRequest(SCOPE, None, None, 60), 2)
 
