@@ -119,3 +119,18 @@ class Db:
     def record(self, key: str) -> sa.Row | None:  # type: ignore[type-arg]
         with self.engine.connect() as conn:
             return conn.execute(sa.select(self.records).where(self.records.c.record_key == key)).one_or_none()
+
+    def lock_waiters(self) -> int | None:
+        """Sessions blocked on a lock in a statement on this test's records table (None on SQLite,
+        which has no view of its waiters): what a test waits for before it asserts that they wait."""
+        if self.name == "postgresql":
+            sql = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE :table"
+        elif self.name == "mariadb":
+            sql = (
+                "SELECT count(*) FROM information_schema.innodb_trx"
+                " WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE :table"
+            )
+        else:
+            return None
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.text(sql), {"table": f"%{self.records.name}%"}).scalar_one())

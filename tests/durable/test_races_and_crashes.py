@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 from tests.durable.databases import Db
 from tests.durable.workers import charge, die_inside_transaction, race
+from tests.support.processes import wait_until
 from token_service.client.durable import run_once
 
 # fork: the children import nothing again, so six of them start in milliseconds
@@ -32,6 +33,16 @@ def join_all(processes: list[Any]) -> None:
     for process in processes:
         process.join(timeout=30)
         assert process.exitcode == 0, f"{process.name} exited with {process.exitcode}"
+
+
+def _queued_behind_the_holder(db: Db, count: int) -> None:
+    """Until ``count`` sessions wait on the holder's lock (a fixed pause may end before a loaded
+    machine even started them, and "nobody got past it" would prove nothing); SQLite shows no
+    waiters, so there it is the pause."""
+    if db.lock_waiters() is None:
+        time.sleep(0.5)
+        return
+    wait_until(lambda: db.lock_waiters() == count, what=f"{count} sessions waiting on the holder's lock")
 
 
 @pytest.mark.slow
@@ -100,7 +111,7 @@ def test_waiters_behind_a_holder_that_is_killed_run_the_write_once(db: Db) -> No
     ]
     for process in processes:
         process.start()
-    time.sleep(0.5)  # let them queue up behind the holder's row lock
+    _queued_behind_the_holder(db, waiters)
     with pytest.raises(queue.Empty):
         results.get(timeout=0.1)  # nobody got past the uncommitted claim
     assert doomed.pid is not None
@@ -142,6 +153,7 @@ def test_a_duplicate_waits_for_the_uncommitted_first_request_then_replays_it(db:
     assert inside.wait(timeout=30)
     waiter = threading.Thread(target=duplicate)
     waiter.start()
+    _queued_behind_the_holder(db, 1)
     waiter.join(timeout=0.5)
     assert waiter.is_alive(), "the duplicate did not wait for the first request's transaction"
     release.set()
