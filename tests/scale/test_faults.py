@@ -151,8 +151,8 @@ def test_blackholed_redis_answers_503_within_the_timeout(proxied_app: tuple[Any,
         took = time.monotonic() - started
         assert response.status_code == 503
         assert client.get("/readyz").status_code == 503
-    # 0.5 s socket timeout, no retry (no request_id to make one safe): fail closed, fast -- the
-    # bound is loose only so that a loaded machine cannot trip it; a hang would take 30 s+
+    # 0.5 s socket timeout: fail closed, fast -- the bound is loose only so that a loaded
+    # machine cannot trip it; a hang would take 30 s+
     assert took < 10
     assert (
         client.post("/token/consume", json={"token": token, "scope": SCOPE}, headers=AUTH).status_code == 200
