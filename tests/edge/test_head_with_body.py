@@ -38,6 +38,10 @@ class Recorder:
         self.calls.append(("send", data, flags))
         return len(data)
 
+    def sendfile(self, file: Any, offset: int = 0, count: int | None = None) -> int:
+        self.calls.append(("sendfile", file, offset, count))
+        return count or 0
+
     def settimeout(self, value: float | None) -> None:
         self.calls.append(("settimeout", value))
 
@@ -78,6 +82,7 @@ def test_a_head_without_a_body_goes_out_on_flush_once() -> None:
     ("operation", "expected"),
     [
         (lambda s: s.send(b"x"), ("send", b"x", 0)),
+        (lambda s: s.sendfile("file", offset=3, count=5), ("sendfile", "file", 3, 5)),
         (lambda s: s.settimeout(None), ("settimeout", None)),
         (lambda s: s.setblocking(True), ("setblocking", True)),
         (lambda s: s.shutdown(socket.SHUT_RDWR), ("shutdown", socket.SHUT_RDWR)),
