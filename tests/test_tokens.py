@@ -37,12 +37,17 @@ def test_a_suffix_follows_each_token() -> None:
     assert len({token[: tokens.TOKEN_CHARS] for token in batch}) == 3
 
 
+@pytest.mark.parametrize("count", [1, 3, 4, 200])
 @pytest.mark.parametrize(
     ("suffix", "key_prefix"), [("", "ts:"), ("x" * 22, "ts:"), ("x" * 22, "other:"), ("", "")]
 )
-def test_batch_keys_are_record_key_of_each_token(suffix: str, key_prefix: str) -> None:
-    batch, keys = tokens.new_tokens(200, suffix, key_prefix)
+def test_batch_keys_are_record_key_of_each_token(count: int, suffix: str, key_prefix: str) -> None:
+    batch, keys = tokens.new_tokens(count, suffix, key_prefix)
     assert keys == [tokens.record_key(key_prefix, token) for token in batch]
+    assert len(set(batch)) == count
+    assert all(
+        len(token) == tokens.TOKEN_CHARS + len(suffix) and tokens.is_well_formed(token) for token in batch
+    )
 
 
 def test_a_batch_of_one_and_of_none() -> None:
