@@ -126,9 +126,12 @@ class Db:
         if self.name == "postgresql":
             sql = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE :table"
         elif self.name == "mariadb":
+            # Not innodb_trx: MariaDB 10.11 lists only the holder there while the others wait.
+            # The process list shows them as statements still running on the table (the
+            # holder sits idle in its transaction; this query itself names the table too).
             sql = (
-                "SELECT count(*) FROM information_schema.innodb_trx"
-                " WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE :table"
+                "SELECT count(*) FROM information_schema.processlist"
+                " WHERE command = 'Query' AND info LIKE :table AND id <> CONNECTION_ID()"
             )
         else:
             return None
