@@ -14,6 +14,7 @@ import pytest
 from tests.ops.clock import past_clock
 from tests.support.processes import REPO_ROOT
 from tests.support.topologies import ClusterTopology, Standalone
+from token_service.server.admin_cli import dashed_refs_last
 from token_service.store import IssueRequest, TokenStore
 from token_service.tokens import token_digest
 
@@ -78,6 +79,43 @@ def test_show_revoke_and_release(topology: Any, client: Any) -> None:
     status, out, _ = admin_cli(topology.url, "show", token_digest(issued))
     assert status == 1
     assert out[0]["outcome"] == "not_found"
+
+
+def test_a_ref_that_starts_with_a_dash_is_a_ref_not_an_option(topology: Any, client: Any) -> None:
+    """One ref in 64 starts with '-' (base64url); argparse took it for an option and the
+    command failed with "the following arguments are required: ref" (a CI run hit it)."""
+    store = TokenStore(client)
+    dashed = [t for t in store.issue(PAY, 1000) if token_digest(t).startswith("-")][:2]
+    assert len(dashed) == 2  # 1000 draws: missing both is a 1-in-10^5 event
+    held, issued = dashed
+    store.begin(held, "pay", "user-7", request_id="order-6", lease_seconds=600)
+
+    status, out, _ = admin_cli(topology.url, "show", token_digest(held))
+    assert (status, out[0]["state"]) == (0, "PROCESSING")
+    status, out, _ = admin_cli(topology.url, "release", token_digest(held), "--kind", "token")
+    assert (status, out) == (0, [{"outcome": "released", "ref": token_digest(held)}])
+    status, out, _ = admin_cli(topology.url, "revoke", "--kind", "token", token_digest(issued))
+    assert (status, out[0]["outcome"]) == (0, "revoked")
+    status, out, _ = admin_cli(topology.url, "show", token_digest(held)[:8])  # a short prefix searches
+    assert status == 0
+    assert token_digest(held) in [record["ref"] for record in out]
+
+
+def test_dashed_refs_go_behind_a_double_dash_and_nothing_else_moves() -> None:
+    moved = dashed_refs_last(["admin", "release", "-abcdefghijklmnopqrstu", "--kind", "token"])
+    assert moved == ["admin", "release", "--kind", "token", "--", "-abcdefghijklmnopqrstu"]
+    moved = dashed_refs_last(["admin", "show", "--kind=token", "--count", "50", "--bcdefghijklmnopqrstu"])
+    assert moved == ["admin", "show", "--kind=token", "--count", "50", "--", "--bcdefghijklmnopqrstu"]
+    untouched = [
+        ["admin", "release", "abcdefghijklmnopqrstu"],
+        ["admin", "show", "--idempotency-key", "-abcdef", "--identity", "x"],  # an option's value
+        ["admin", "list", "--scope", "-abcdef"],
+        ["admin", "show", "-h"],
+        ["admin", "revoke", "--", "-abcdefghijklmnopqrstu"],
+        ["serve", "--port", "8000"],
+    ]
+    for argv in untouched:
+        assert dashed_refs_last(argv) == argv
 
 
 def test_list_and_find(topology: Any, client: Any) -> None:

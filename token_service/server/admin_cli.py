@@ -13,13 +13,15 @@ import importlib
 import json
 import logging.config
 import os
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from token_service.errors import TokenError
 
 _KINDS = ("token", "idempotency")
+_DASHED_REF = re.compile(r"-[A-Za-z0-9_-]{5,}")
 
 
 def _emit(document: Any) -> None:
@@ -207,6 +209,38 @@ def _count(text: str) -> int:
     if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 10000:
         raise argparse.ArgumentTypeError(f"{text!r} is not between 1 and 10000")
     return int(text)
+
+
+_TAKES_A_REF = ("show", "revoke", "release")
+# their options (argparse also takes an unambiguous prefix of one)
+_REF_COMMAND_OPTIONS = ("--kind", "--idempotency-key", "--identity", "--count", "--help")
+
+
+def _is_option(arg: str) -> bool:
+    name = arg.split("=", 1)[0]
+    return name.startswith("--") and any(option.startswith(name) for option in _REF_COMMAND_OPTIONS)
+
+
+def dashed_refs_last(argv: Sequence[str]) -> list[str]:
+    """``admin show|revoke|release`` with a ref that starts with ``-``: the ref moved behind ``--``.
+
+    A ref is base64url, so one in 64 starts with ``-``, which argparse takes for an
+    option ("the following arguments are required: ref"). An argument of a ref's
+    shape (``-`` and 5+ base64url characters) that is neither one of the command's
+    options nor the value of the option before it goes after ``--``, where argparse
+    reads it as the positional it is.
+    """
+    args = list(argv)
+    if len(args) < 3 or args[0] != "admin" or args[1] not in _TAKES_A_REF or "--" in args:
+        return args
+    kept, refs = args[:2], []
+    for arg in args[2:]:
+        after_option = kept[-1].startswith("--") and "=" not in kept[-1] and len(kept) > 2
+        if _DASHED_REF.fullmatch(arg) and not after_option and not _is_option(arg):
+            refs.append(arg)
+        else:
+            kept.append(arg)
+    return [*kept, "--", *refs] if refs else args
 
 
 def add_parser(commands: Any) -> None:

@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from token_service.server import admin_cli
 
     admin_cli.add_parser(commands)
-    args = parser.parse_args(argv)
+    args = parser.parse_args(admin_cli.dashed_refs_last(sys.argv[1:] if argv is None else argv))
     return int(args.handler(args))
 
 
