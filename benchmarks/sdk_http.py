@@ -38,7 +38,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.procs import REPO_ROOT, Gunicorn, RedisServer, require, wait_until
+from benchmarks.procs import Gunicorn, RedisServer, require
 from token_service.client import TokenClient
 
 API_KEY = "bench-sdk-key-0123456789"
@@ -107,19 +107,8 @@ class TlsGunicorn(Gunicorn):
     def url(self) -> str:
         return f"https://127.0.0.1:{self.port}"
 
-    def start(self) -> TlsGunicorn:
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(
-                self.command(), env=self.env, stdout=subprocess.DEVNULL, stderr=log, cwd=REPO_ROOT
-            )
-
-        def up() -> bool:
-            if self.process is not None and self.process.poll() is not None:
-                raise SystemExit(f"benchmarks: gunicorn {self.app} exited:\n{self.log.read_text()}")
-            return httpx.get(self.url + "/healthz", verify=self.context, timeout=1).status_code == 200
-
-        wait_until(up, 60, f"gunicorn {self.app} over TLS")
-        return self
+    def healthy(self) -> bool:
+        return httpx.get(self.url + "/healthz", verify=self.context, timeout=1).status_code == 200
 
 
 def _tokens(url: str, count: int, verify: ssl.SSLContext | bool = True) -> list[str]:
