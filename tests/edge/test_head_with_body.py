@@ -8,18 +8,14 @@ on one keep-alive connection.
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
+from tests.support.processes import RedisServer, serve_one_worker
 from tests.support.raw_http import connect, read_reply, request_bytes
 from tests.support.service import API_KEY
 from token_service.server.connections import HeadWithBody
@@ -109,27 +105,9 @@ def test_a_send_with_flags_is_never_held_and_the_rest_is_the_sockets_own() -> No
 @pytest.fixture
 def served(redis_server: RedisServer, tmp_path: Path) -> Iterator[tuple[str, int]]:
     """``token-service serve`` as shipped (gevent workers), one worker."""
-    port = free_port()
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("TOKEN_SERVICE_", "GUNICORN_", "WEB_CONCURRENCY"))
-    }
-    env.update({"TOKEN_SERVICE_REDIS_URL": redis_server.url, "TOKEN_SERVICE_API_KEYS": API_KEY})
-    args = [sys.executable, "-m", "token_service.server.cli", "serve", "--workers", "1"]
-    args += ["--host", "127.0.0.1", "--port", str(port)]
-    with (tmp_path / "serve.log").open("wb") as out:
-        server = subprocess.Popen(args, env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_until(
-            lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200,
-            timeout_seconds=60,
-            what="token-service serve",
-        )
-        yield ("127.0.0.1", port)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    env = {"TOKEN_SERVICE_REDIS_URL": redis_server.url, "TOKEN_SERVICE_API_KEYS": API_KEY}
+    with serve_one_worker(env, tmp_path / "serve.log") as address:
+        yield address
 
 
 def read_head(sock: socket.socket) -> bytes:

@@ -11,10 +11,7 @@
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +20,7 @@ import httpx
 import pytest
 import redis
 
-from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
+from tests.support.processes import RedisServer, serve_one_worker, wait_until
 from tests.support.raw_http import connect, read_reply, request_bytes
 from tests.support.service import API_KEY
 
@@ -37,35 +34,15 @@ SEND_TIMEOUT_SECONDS = 2
 @pytest.fixture
 def served(redis_server: RedisServer, tmp_path: Path) -> Iterator[tuple[tuple[str, int], Path]]:
     """``token-service serve`` (gevent, as shipped): one worker, SLOTS connections, a short send deadline."""
-    port = free_port()
     log = tmp_path / "serve.log"
     env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("TOKEN_SERVICE_", "GUNICORN_", "WEB_CONCURRENCY"))
+        "TOKEN_SERVICE_REDIS_URL": redis_server.url,
+        "TOKEN_SERVICE_API_KEYS": API_KEY,
+        "TOKEN_SERVICE_SEND_TIMEOUT_SECONDS": str(SEND_TIMEOUT_SECONDS),
+        "GUNICORN_CMD_ARGS": f"--worker-connections {SLOTS}",
     }
-    env.update(
-        {
-            "TOKEN_SERVICE_REDIS_URL": redis_server.url,
-            "TOKEN_SERVICE_API_KEYS": API_KEY,
-            "TOKEN_SERVICE_SEND_TIMEOUT_SECONDS": str(SEND_TIMEOUT_SECONDS),
-            "GUNICORN_CMD_ARGS": f"--worker-connections {SLOTS}",
-        }
-    )
-    args = [sys.executable, "-m", "token_service.server.cli", "serve", "--workers", "1"]
-    args += ["--host", "127.0.0.1", "--port", str(port)]
-    with log.open("wb") as out:
-        server = subprocess.Popen(args, env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        wait_until(
-            lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200,
-            timeout_seconds=60,
-            what="token-service serve",
-        )
-        yield ("127.0.0.1", port), log
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    with serve_one_worker(env, log) as address:
+        yield address, log
 
 
 def slow_reader(address: tuple[str, int]) -> socket.socket:

@@ -16,9 +16,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
@@ -165,3 +167,33 @@ class Gunicorn:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+@contextmanager
+def serve_one_worker(env_overrides: dict[str, str], log: Path) -> Iterator[tuple[str, int]]:
+    """``token-service serve`` as shipped (gevent workers) with one worker, on a free port.
+
+    The environment is this process's without any TOKEN_SERVICE_*, GUNICORN_* or
+    WEB_CONCURRENCY, plus ``env_overrides``; the server's output goes to ``log``.
+    """
+    port = free_port()
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("TOKEN_SERVICE_", "GUNICORN_", "WEB_CONCURRENCY"))
+    }
+    env.update(env_overrides)
+    args = [sys.executable, "-m", "token_service.server.cli", "serve", "--workers", "1"]
+    args += ["--host", "127.0.0.1", "--port", str(port)]
+    with log.open("wb") as out:
+        server = subprocess.Popen(args, env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until(
+            lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200,
+            timeout_seconds=60,
+            what="token-service serve",
+        )
+        yield ("127.0.0.1", port)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
