@@ -206,7 +206,9 @@ def test_after_a_408_the_connection_carries_no_other_request(service: tuple[Guni
     head = request_bytes("POST", "/token/generate", None, {**JSON, "Transfer-Encoding": "chunked"})
     with connect(address(server)) as sock:
         sock.sendall(head + b"40\r\n" + b'{"scope": "x"')  # a chunk that never completes
-        assert_problem(read_reply(sock, BODY_TIMEOUT_SECONDS + 10), 408, "request_timeout")
+        reply = read_reply(sock, BODY_TIMEOUT_SECONDS + 10)
+        assert_problem(reply, 408, "request_timeout")
+        assert reply.headers["connection"] == "close"
         # the rest of that chunk, then a request hidden in the body: never answered
         sock.sendall(b" " * 51 + b"}\r\n0\r\n\r\n" + request_bytes("GET", "/healthz"))
         assert b"HTTP/1.1" not in answers_after(sock)
@@ -221,5 +223,7 @@ def test_after_a_chunked_413_the_connection_carries_no_other_request(
     )
     with connect(address(server)) as sock:
         sock.sendall(raw + request_bytes("GET", "/healthz"))
-        assert_problem(read_reply(sock), 413, "payload_too_large")
+        reply = read_reply(sock)
+        assert_problem(reply, 413, "payload_too_large")
+        assert reply.headers["connection"] == "close"
         assert b"HTTP/1.1" not in answers_after(sock)

@@ -149,6 +149,7 @@ def test_an_early_reply_to_a_badly_framed_body_is_the_only_reply_and_logs_no_tok
         data = replies_until_closed(sock)
     assert data.count(b"HTTP/1.1 ") == 1, data
     assert data.startswith((b"HTTP/1.1 401", b"HTTP/1.1 400", b"HTTP/1.1 415")), data
+    assert b"\r\nConnection: close\r\n" in data.partition(b"\r\n\r\n")[0], data  # it says it closes
     assert b"<html" not in data.lower()
     assert token.encode() not in data
     assert state_of(address, token) == "ISSUED"

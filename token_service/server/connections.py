@@ -99,6 +99,22 @@ def install(worker: Any, send_timeout_seconds: float) -> None:
     worker.handle_request = handle_request_with_deadline
 
 
+_KEEP_ALIVE = b"\r\nConnection: keep-alive\r\n"
+_CLOSE = b"\r\nConnection: close\r\n"
+
+
+def _closing(head: bytes) -> bytes:
+    """The head as sent: ``Connection: close`` when FinishBody decided to close after this reply.
+
+    gunicorn wrote ``keep-alive`` (the request asked for nothing else) before
+    the body turned out unread or refused; a client told the truth does not
+    send its next request on a connection that is about to close.
+    """
+    if _close_after_reply.get():
+        return head.replace(_KEEP_ALIVE, _CLOSE, 1)
+    return head
+
+
 class HeadWithBody:
     """A client socket, for one request, whose first ``sendall`` waits for the next one.
 
@@ -131,7 +147,7 @@ class HeadWithBody:
         held = self._held
         if held is not None:
             self._held = None
-            data = held + data
+            data = _closing(held) + data
         self._sock.sendall(data, flags)
 
     def flush(self) -> None:
@@ -140,7 +156,7 @@ class HeadWithBody:
         held = self._held
         if held is not None:
             self._held = None
-            self._sock.sendall(held)
+            self._sock.sendall(_closing(held))
 
     def send(self, data: bytes, flags: int = 0) -> int:
         self.flush()
