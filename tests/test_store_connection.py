@@ -59,6 +59,15 @@ def warm(store: TokenStore) -> None:
     store.consume(issue(store), SCOPE)
 
 
+def count_checkouts(client: Any) -> list[int]:
+    """A list that grows by one each time a call checks a connection out of the client's pool."""
+    checkouts: list[int] = []
+    pool = client.connection_pool
+    original = pool.get_connection
+    pool.get_connection = lambda *a, **k: checkouts.append(1) or original(*a, **k)
+    return checkouts
+
+
 def test_a_plain_client_skips_the_command_layer(redis_server: RedisServer, monkeypatch: Any) -> None:
     client = service_client(redis_server)
     store = TokenStore(client)
@@ -167,10 +176,7 @@ def test_the_last_connection_is_parked_for_the_next_call(redis_server: RedisServ
     store = TokenStore(client)
     warm(store)
     tokens = [issue(store) for _ in range(50)]
-    pool = client.connection_pool
-    checkouts = []
-    original = pool.get_connection
-    pool.get_connection = lambda *a, **k: checkouts.append(1) or original(*a, **k)  # type: ignore[method-assign]
+    checkouts = count_checkouts(client)
     for token in tokens:
         assert store.consume(token, SCOPE).replayed is False
     assert checkouts == []  # every consume ran on the parked connection
@@ -199,15 +205,12 @@ def test_calls_in_flight_at_once_each_park_their_connection(
     assert store.consume(outer, SCOPE).replayed is False
     monkeypatch.setattr(store_module, "_send_and_read", send_and_read)
     assert len(store._parked) == 2
-    pool = client.connection_pool
-    checkouts = []
-    original = pool.get_connection
-    pool.get_connection = lambda *a, **k: checkouts.append(1) or original(*a, **k)  # type: ignore[method-assign]
+    checkouts = count_checkouts(client)
     for token in later:
         assert store.consume(token, SCOPE).replayed is False
     assert checkouts == []
     assert len(store._parked) == 2
-    assert len(pool._in_use_connections) == 2
+    assert len(client.connection_pool._in_use_connections) == 2
     client.close()
 
 
