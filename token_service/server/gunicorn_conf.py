@@ -42,6 +42,12 @@ Every choice here can be overridden the usual gunicorn ways (command line,
   traffic; then the normal graceful stop runs. A second SIGTERM, or SIGINT /
   SIGQUIT, skips the wait. The orchestrator's stop timeout must exceed
   drain + graceful_timeout.
+- **Connections spread over the workers.** With keep-alive a connection
+  stays with the worker that accepted it, and a client opening a few at
+  once used to leave most of them on one worker (7 + 1 of wrk's 8 in most
+  runs): a gevent worker about to accept while another holds fewer
+  connections lets that one take it first (``pre_fork``, ``post_fork``,
+  token_service/server/accepts.py).
 - **worker_tmp_dir** on /dev/shm: the workers' heartbeat files are touched
   constantly and must not sit on a slow overlay disk.
 - **Metrics.** ``PROMETHEUS_MULTIPROC_DIR`` is set (a fresh temporary
@@ -63,6 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from token_service.config import ConfigError, Settings
+from token_service.server import accepts
 from token_service.server.gunicorn_logger import GunicornLogger
 from token_service.server.logs import logging_config
 
@@ -142,12 +149,22 @@ def when_ready(server: Any) -> None:
     server.handle_term = drain_then_stop
 
 
+# --- connections spread over the workers (token_service/server/accepts.py) -----------
+_accepts = accepts.Table()
+
+
+def pre_fork(server: Any, worker: Any) -> None:
+    worker.accepts_slot = _accepts.claim(getattr(w, "accepts_slot", None) for w in server.WORKERS.values())
+
+
 def post_fork(server: Any, worker: Any) -> None:
     from token_service.server import connections, gunicorn_errors
 
     gunicorn_errors.install()
     if type(worker).__name__ == "GeventWorker":  # the default; other classes keep gunicorn's handling
         connections.install(worker, _settings.send_timeout_seconds)
+        if worker.cfg.workers > 1:
+            accepts.install(worker, _accepts, worker.accepts_slot)
 
 
 # Worker pids whose metric files still have to be folded. gunicorn before 24 reaps
@@ -160,6 +177,7 @@ _folding = False
 
 def child_exit(server: Any, worker: Any) -> None:
     global _folding
+    _accepts.release(getattr(worker, "accepts_slot", None))
     _dead_workers.append(worker.pid)
     if _folding:
         return
