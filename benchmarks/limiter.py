@@ -155,10 +155,23 @@ def _rows(client: redis.Redis, keyspace: int) -> dict[str, list[str]]:
 
 
 def _generate_args() -> list[str]:
-    limits = IssuanceLimits(RateLimit(10**9, 1), 10**9)
+    # Limits every call passes: the cap above the 10^12 tokens _prepare counts in BUCKET, and
+    # a rate whose period outlasts any run. (The limiter's clock has whole milliseconds: each
+    # admitted call moves the client's theoretical arrival time on by at least 1 ms, so with
+    # a fixed "now" a period of 1 s refuses every call after the first thousand. Until this
+    # was seen, the cap was 10^9 and every generate of the row was a cheap refusal.)
+    limits = IssuanceLimits(RateLimit(10**9, 10**6), 10**13)
     # the service passes its own clock to the limiter (no TIME call in the script); a fixed
     # "now" here costs the same and keeps every call in one bucket, as a steady client is
     return [*ISSUE_ARGS, *limits.args(1, TTL_SECONDS, str(int(time.time() * 1000)))]
+
+
+def _check_generate_admits(client: redis.Redis) -> None:
+    """The generate row measures what it says: a call admitted, charged, counted and issued."""
+    reply = client.eval(admit_issue_source(), 2, "ts:t:check", CLIENT, *_generate_args())
+    if reply != [b"issued"]:
+        raise RuntimeError(f"the generate row would not measure an issued token: {reply!r}")
+    client.delete("ts:t:check")
 
 
 def _prepare(client: redis.Redis, keyspace: int) -> None:
@@ -195,6 +208,7 @@ def run(config: Config) -> dict[str, Any]:
                     "cpu_us": cpu / config.requests * 1e6,
                     "exec_us": float(stats["usec_per_call"]),
                 }
+            _check_generate_admits(client)  # after all of the round's calls, still admitted
             rounds.append(measured)
         client.close()
     finally:
@@ -308,6 +322,7 @@ def instructions(requests: int, keyspace: int) -> dict[str, float]:
             server.instructions()
             subprocess.run([*base, "-n", str(requests), *args], capture_output=True, timeout=600, check=True)
             counted[label] = server.instructions() / requests
+        _check_generate_admits(client)
         client.close()
     finally:
         server.stop()
