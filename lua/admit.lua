@@ -26,14 +26,18 @@
 -- buckets per width, the widths nested so that tokens of different TTLs share ends.
 local BUCKET_SECONDS = 5
 
-if not (positive_int(ARGV[1]) and positive_int(ARGV[3]) and positive_int(ARGV[5])) then
+-- count, period_ms and counted_ms: positive_int() (_record.lua) of each, as one pattern over
+-- the three (a space is in none of them when it matches): generate runs this every time
+local count_arg, period_arg, counted_arg = ARGV[1], ARGV[3], ARGV[5]
+if not (counted_arg and #count_arg <= 15 and #period_arg <= 15 and #counted_arg <= 15
+    and string.find(count_arg .. ' ' .. period_arg .. ' ' .. counted_arg, '^[1-9]%d* [1-9]%d* [1-9]%d*$')) then
   return bad('count, period_ms and counted_ms must be positive integers')
 end
-local count = tonumber(ARGV[1])
+local count = tonumber(count_arg)
 local limit = tonumber(ARGV[2])
-local period = tonumber(ARGV[3])
+local period = tonumber(period_arg)
 local cap = tonumber(ARGV[4])
-local counted = tonumber(ARGV[5])
+local counted = tonumber(counted_arg)
 if limit == nil or cap == nil or limit < 0 or cap < 0 then
   return bad('limit and cap must be integers >= 0')
 end
@@ -41,19 +45,39 @@ if limit > 0 and count > limit then return bad('count exceeds the rate limit') e
 if cap > 0 and count > cap then return bad('count exceeds the outstanding cap') end
 local now = now_ms(ARGV[6])
 
+-- the bucket these tokens are counted in
+local bucket = ''
+local ends
+if cap > 0 then
+  local width = BUCKET_SECONDS
+  while width * 8000 < counted do width = width * 2 end
+  ends = math.ceil((now + counted) / 1000 / width) * width
+  bucket = string.format('%d', ends)
+end
+
+-- One pass over the record: the buckets that have not ended are counted, and written
+-- back (in their order, these tokens added to theirs) as the new record's tail. A
+-- count is written back as it was read: every writer formats it with '%d'.
 local tat = now
 local outstanding = 0
-local live = {}  -- {end_s (text), count, end_ms} of the buckets that have not ended
+local tail = ''  -- "|<end>:<n>..." of the new record
+local latest = 0  -- the last end (ms) of the buckets that have not ended
+local added = false
 local limits = redis.call('GET', KEYS[1])
 if limits then
   local stored = tonumber(string.match(limits, '^%d+'))
   if stored and stored > tat then tat = stored end
-  for ends, n in string.gmatch(limits, '|(%d+):(%d+)') do
-    local ends_ms = tonumber(ends) * 1000
+  for ends_s, n in string.gmatch(limits, '|(%d+):(%d+)') do
+    local ends_ms = tonumber(ends_s) * 1000
     if ends_ms > now then
-      n = tonumber(n)
-      outstanding = outstanding + n
-      live[#live + 1] = {ends, n, ends_ms}
+      local tokens = tonumber(n)
+      outstanding = outstanding + tokens
+      if ends_s == bucket then
+        n = string.format('%d', tokens + count)
+        added = true
+      end
+      tail = tail .. '|' .. ends_s .. ':' .. n
+      if ends_ms > latest then latest = ends_ms end
     end
   end
 end
@@ -67,38 +91,32 @@ end
 
 if cap > 0 and outstanding + count > cap then
   -- when will enough of this client's tokens have left their buckets to make room?
-  table.sort(live, function(a, b) return a[3] < b[3] end)
+  local live = {}  -- {count, end_ms} of the buckets that have not ended
+  for ends_s, n in string.gmatch(limits, '|(%d+):(%d+)') do
+    local ends_ms = tonumber(ends_s) * 1000
+    if ends_ms > now then live[#live + 1] = {tonumber(n), ends_ms} end
+  end
+  table.sort(live, function(a, b) return a[2] < b[2] end)
   local needed = outstanding + count - cap
-  for _, bucket in ipairs(live) do
-    needed = needed - bucket[2]
-    if needed <= 0 then return {'too_many_outstanding', bucket[3] - now} end
+  for _, entry in ipairs(live) do
+    needed = needed - entry[1]
+    if needed <= 0 then return {'too_many_outstanding', entry[2] - now} end
   end
 end
 
-local parts = {''}
+local head = ''
 local keep_until = now + 1
 if new_tat then
   new_tat = math.ceil(new_tat)
-  parts[1] = string.format('%d', new_tat)
+  head = string.format('%d', new_tat)
   keep_until = new_tat
 end
-local bucket = ''
 if cap > 0 then
-  local width = BUCKET_SECONDS
-  while width * 8000 < counted do width = width * 2 end
-  local ends = math.ceil((now + counted) / 1000 / width) * width
-  bucket = string.format('%d', ends)
-  local added = false
-  for _, entry in ipairs(live) do
-    if entry[1] == bucket then
-      entry[2] = entry[2] + count
-      added = true
-    end
-    parts[#parts + 1] = entry[1] .. ':' .. string.format('%d', entry[2])
-    if entry[3] > keep_until then keep_until = entry[3] end
-  end
-  if not added then parts[#parts + 1] = bucket .. ':' .. count end
+  if latest > keep_until then keep_until = latest end
+  if not added then tail = tail .. '|' .. bucket .. ':' .. count end
   if ends * 1000 > keep_until then keep_until = ends * 1000 end
+else
+  tail = ''  -- without a cap, no bucket is kept
 end
-redis.call('SET', KEYS[1], table.concat(parts, '|'), 'PX', string.format('%d', keep_until - now))
+redis.call('SET', KEYS[1], head .. tail, 'PX', string.format('%d', keep_until - now))
 return {'admitted', bucket}

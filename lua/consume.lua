@@ -22,10 +22,11 @@ if string.byte(value) == 73 and ARGV[4] ~= '' then  -- 'I'
   local bound = ARGV[1] .. SEP .. ARGV[2] .. SEP .. ARGV[3]
   local bucket = nil
   local counted = 'I' .. bound .. SEP .. SEP .. SEP  -- fields 4 and 5 empty, 6 the bucket
-  if string.sub(value, 1, #counted) == counted then
+  if string.find(value, counted, 1, true) == 1 then  -- it starts so
     bucket = string.sub(value, #counted + 1)
     if bucket == '' or string.find(bucket, SEP, 1, true) then bucket = nil end
-  elseif value == record('I', {ARGV[1], ARGV[2], ARGV[3]}) then
+  elseif value == (ARGV[3] ~= '' and 'I' .. bound  -- record('I', {scope, subject, fingerprint})
+      or ARGV[2] ~= '' and 'I' .. ARGV[1] .. SEP .. ARGV[2] or 'I' .. ARGV[1]) then
     bucket = ''  -- counted by no cap
   end
   if bucket then
@@ -38,6 +39,7 @@ if string.byte(value) == 73 and ARGV[4] ~= '' then  -- 'I'
   end
 end
 
+-- (the helpers of the rest are defined here)
 local state, f = parse(value)
 local differs = mismatch(f, ARGV[1], ARGV[2], ARGV[3])
 if differs then return {'token_mismatch', differs} end

@@ -14,8 +14,13 @@ local value
 if ARGV[5] ~= nil and ARGV[5] ~= '' then
   -- record('I', {scope, subject, fingerprint, '', '', bucket}), spelled out: generate's hot path
   value = 'I' .. ARGV[1] .. SEP .. ARGV[2] .. SEP .. ARGV[3] .. SEP .. SEP .. SEP .. ARGV[5]
+elseif ARGV[3] ~= '' then
+  -- record('I', {scope, subject, fingerprint}) likewise: trailing empty fields dropped
+  value = 'I' .. ARGV[1] .. SEP .. ARGV[2] .. SEP .. ARGV[3]
+elseif ARGV[2] ~= '' then
+  value = 'I' .. ARGV[1] .. SEP .. ARGV[2]
 else
-  value = record('I', {ARGV[1], ARGV[2], ARGV[3]})
+  value = 'I' .. ARGV[1]
 end
 local collisions = nil
 for i = 1, #KEYS do
