@@ -48,6 +48,10 @@ Every choice here can be overridden the usual gunicorn ways (command line,
   runs): a gevent worker about to accept while another holds fewer
   connections lets that one take it first (``pre_fork``, ``post_fork``,
   token_service/server/accepts.py).
+- **Settings read once.** A worker reads its settings about twenty times
+  a request, each read through gunicorn's ``Config.__getattr__``; in
+  ``post_fork`` they become plain attributes after the first read
+  (token_service/server/worker_config.py).
 - **worker_tmp_dir** on /dev/shm: the workers' heartbeat files are touched
   constantly and must not sit on a slow overlay disk.
 - **Metrics.** ``PROMETHEUS_MULTIPROC_DIR`` is set (a fresh temporary
@@ -158,9 +162,10 @@ def pre_fork(server: Any, worker: Any) -> None:
 
 
 def post_fork(server: Any, worker: Any) -> None:
-    from token_service.server import connections, gunicorn_errors
+    from token_service.server import connections, gunicorn_errors, worker_config
 
     gunicorn_errors.install()
+    worker_config.install(worker)
     if type(worker).__name__ == "GeventWorker":  # the default; other classes keep gunicorn's handling
         connections.install(worker, _settings.send_timeout_seconds)
         if worker.cfg.workers > 1:
