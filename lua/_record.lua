@@ -78,6 +78,8 @@ end
 local function bad(message)
   return {'invalid_argument', message}
 end
+-- (the helpers generate and consume call write {'invalid_argument', message} out: the
+-- closure of bad() is not made on every call of theirs)
 
 -- A value holding the separator would shift every field after it (a request id
 -- "a\31b" turns the lease id into the lease expiry and bricks the token; a subject
@@ -87,7 +89,7 @@ end
 local function separator_in(...)
   for _, i in ipairs({...}) do
     if ARGV[i] ~= nil and string.find(ARGV[i], SEP, 1, true) then
-      return bad('ARGV[' .. i .. '] must not contain the field separator \\31')
+      return {'invalid_argument', 'ARGV[' .. i .. '] must not contain the field separator \\31'}
     end
   end
   return nil
@@ -124,10 +126,10 @@ end
 -- issue's arguments (issue.lua): checked before anything is written, also by the
 -- one-script generate (store.py) before admit.lua charges the client.
 local function issue_refusal()
-  if ARGV[1] == nil or ARGV[1] == '' then return bad('scope is required') end
+  if ARGV[1] == nil or ARGV[1] == '' then return {'invalid_argument', 'scope is required'} end
   local ttl = ARGV[4]  -- positive_int(ARGV[4]), spelled out: generate's hot path
   if not (ttl and #ttl <= 15 and string.find(ttl, '^[1-9]%d*$')) then
-    return bad('ttl_ms must be a positive integer')
+    return {'invalid_argument', 'ttl_ms must be a positive integer'}
   end
   if string.find(ARGV[1] .. ARGV[2] .. ARGV[3] .. (ARGV[5] or ''), SEP, 1, true) then
     return separator_in(1, 2, 3, 5)

@@ -31,19 +31,27 @@ local BUCKET_SECONDS = 5
 local count_arg, period_arg, counted_arg = ARGV[1], ARGV[3], ARGV[5]
 if not (counted_arg and #count_arg <= 15 and #period_arg <= 15 and #counted_arg <= 15
     and string.find(count_arg .. ' ' .. period_arg .. ' ' .. counted_arg, '^[1-9]%d* [1-9]%d* [1-9]%d*$')) then
-  return bad('count, period_ms and counted_ms must be positive integers')
+  return {'invalid_argument', 'count, period_ms and counted_ms must be positive integers'}
 end
-local count = tonumber(count_arg)
+-- A string of digits converts as well with arithmetic ("n + 0": one strtod() in Lua 5.1)
+-- as with tonumber() (two: one to check, one to convert), here and in the record below.
+local count = count_arg + 0
 local limit = tonumber(ARGV[2])
-local period = tonumber(period_arg)
+local period = period_arg + 0
 local cap = tonumber(ARGV[4])
-local counted = tonumber(counted_arg)
+local counted = counted_arg + 0
 if limit == nil or cap == nil or limit < 0 or cap < 0 then
-  return bad('limit and cap must be integers >= 0')
+  return {'invalid_argument', 'limit and cap must be integers >= 0'}
 end
-if limit > 0 and count > limit then return bad('count exceeds the rate limit') end
-if cap > 0 and count > cap then return bad('count exceeds the outstanding cap') end
-local now = now_ms(ARGV[6])
+if limit > 0 and count > limit then return {'invalid_argument', 'count exceeds the rate limit'} end
+if cap > 0 and count > cap then return {'invalid_argument', 'count exceeds the outstanding cap'} end
+local now = ARGV[6]  -- now_ms(ARGV[6]) (_record.lua), spelled out: one closure less per call
+if now ~= nil and now ~= '' then
+  now = tonumber(now)
+else
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 
 -- the bucket these tokens are counted in
 local bucket = ''
@@ -65,12 +73,15 @@ local latest = 0  -- the last end (ms) of the buckets that have not ended
 local added = false
 local limits = redis.call('GET', KEYS[1])
 if limits then
-  local stored = tonumber(string.match(limits, '^%d+'))
-  if stored and stored > tat then tat = stored end
+  local stored = string.match(limits, '^%d+')
+  if stored then
+    stored = stored + 0
+    if stored > tat then tat = stored end
+  end
   for ends_s, n in string.gmatch(limits, '|(%d+):(%d+)') do
-    local ends_ms = tonumber(ends_s) * 1000
+    local ends_ms = ends_s * 1000
     if ends_ms > now then
-      local tokens = tonumber(n)
+      local tokens = n + 0
       outstanding = outstanding + tokens
       if ends_s == bucket then
         n = string.format('%d', tokens + count)
@@ -93,8 +104,8 @@ if cap > 0 and outstanding + count > cap then
   -- when will enough of this client's tokens have left their buckets to make room?
   local live = {}  -- {count, end_ms} of the buckets that have not ended
   for ends_s, n in string.gmatch(limits, '|(%d+):(%d+)') do
-    local ends_ms = tonumber(ends_s) * 1000
-    if ends_ms > now then live[#live + 1] = {tonumber(n), ends_ms} end
+    local ends_ms = ends_s * 1000
+    if ends_ms > now then live[#live + 1] = {n + 0, ends_ms} end
   end
   table.sort(live, function(a, b) return a[2] < b[2] end)
   local needed = outstanding + count - cap
