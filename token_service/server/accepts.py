@@ -5,7 +5,7 @@ wakes them all and the first to call ``accept`` takes it, and with
 keep-alive it stays with that worker for its whole life. When a client
 opens a few connections at once (a proxy's pool, wrk's 8), one worker
 often ends up with most of them: measured with 2 workers and wrk's 8
-connections, 8 + 0 or 7 + 1 in most runs. That worker is then saturated
+connections, 6 + 2, 7 + 1 or 8 + 0 in 17 runs of 32. That worker is then saturated
 while the other idles, and its queue is the tail (gevent's p99 at 8
 connections was about three times sync's, whose workers take one
 connection at a time).

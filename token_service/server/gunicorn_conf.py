@@ -44,8 +44,8 @@ Every choice here can be overridden the usual gunicorn ways (command line,
   drain + graceful_timeout.
 - **Connections spread over the workers.** With keep-alive a connection
   stays with the worker that accepted it, and a client opening a few at
-  once used to leave most of them on one worker (7 + 1 of wrk's 8 in most
-  runs): a gevent worker about to accept while another holds fewer
+  once used to leave most of them on one worker (6 + 2 or worse of wrk's 8
+  in half the runs): a gevent worker about to accept while another holds fewer
   connections lets that one take it first (``pre_fork``, ``post_fork``,
   token_service/server/accepts.py).
 - **Settings read once.** A worker reads its settings about twenty times
