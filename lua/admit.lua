@@ -11,7 +11,8 @@
 --       | {'invalid_argument', message}
 --
 -- The record: "<tat>|<end>:<n>|<end>:<n>..." where <tat> is the rate limiter's
--- theoretical arrival time (GCRA) in ms ('' without a rate limit) and each <end>:<n>
+-- theoretical arrival time (GCRA) in ms, with six decimals when it is not a whole ms
+-- ('' without a rate limit), and each <end>:<n>
 -- a bucket: <n> tokens still counted until <end> (epoch seconds). A string, not a
 -- hash: one GET and one SET (with the key's expiry) are the cheapest read and write
 -- Redis has, and generate runs this every time. One key, in KEYS, so the script runs
@@ -66,17 +67,22 @@ end
 -- One pass over the record: the buckets that have not ended are counted, and written
 -- back (in their order, these tokens added to theirs) as the new record's tail. A
 -- count is written back as it was read: every writer formats it with '%d'.
-local tat = now
+-- The rate limiter counts in nanoseconds ahead of now, small enough for a double to hold
+-- exactly (a day is 8.64e13 ns): rounded to whole ms, every call moved the TAT on by 1 ms
+-- at least, holding any rate to 1000/second, and the sums of large epoch values in
+-- doubles drift by fractions of a microsecond, refusing the last call of some bursts.
+local ahead = 0
 local outstanding = 0
 local tail = ''  -- "|<end>:<n>..." of the new record
 local latest = 0  -- the last end (ms) of the buckets that have not ended
 local added = false
 local limits = redis.call('GET', KEYS[1])
 if limits then
-  local stored = string.match(limits, '^%d+')
-  if stored then
-    stored = stored + 0
-    if stored > tat then tat = stored end
+  local stored_ms, stored_ns = string.match(limits, '^(%d+)%.?(%d*)')
+  if stored_ms then
+    ahead = (stored_ms - now) * 1000000
+    if stored_ns ~= '' then ahead = ahead + stored_ns end
+    if ahead < 0 then ahead = 0 end
   end
   for ends_s, n in string.gmatch(limits, '|(%d+):(%d+)') do
     local ends_ms = ends_s * 1000
@@ -93,11 +99,13 @@ if limits then
   end
 end
 
-local new_tat = nil
+local new_ahead = nil
 if limit > 0 then
-  new_tat = tat + count * period / limit
-  local allowed_at = new_tat - period
-  if allowed_at > now then return {'rate_limited', math.ceil(allowed_at - now)} end
+  -- rounded down: a call is let through less than 1 ns early, so every burst up to
+  -- 50 000/second is exactly the limit (rounded up, 7/minute let 6 through)
+  new_ahead = math.floor(ahead + count * period * 1000000 / limit)
+  local over = new_ahead - period * 1000000
+  if over > 0 then return {'rate_limited', math.ceil(over / 1000000)} end
 end
 
 if cap > 0 and outstanding + count > cap then
@@ -117,10 +125,16 @@ end
 
 local head = ''
 local keep_until = now + 1
-if new_tat then
-  new_tat = math.ceil(new_tat)
-  head = string.format('%d', new_tat)
-  keep_until = new_tat
+if new_ahead then
+  local whole_ms = math.floor(new_ahead / 1000000)
+  local ns = new_ahead - whole_ms * 1000000
+  if ns == 0 then
+    head = string.format('%d', now + whole_ms)
+    keep_until = now + whole_ms
+  else
+    head = string.format('%d.%06d', now + whole_ms, ns)
+    keep_until = now + whole_ms + 1
+  end
 end
 if cap > 0 then
   if latest > keep_until then keep_until = latest end

@@ -104,12 +104,12 @@ def client_key_of(key_prefix: str, token: str) -> str | None:
     return f"{key_prefix}{_CLIENT_INFIX}{token[TOKEN_CHARS:]}"
 
 
-def parse_limit_record(value: bytes | str) -> tuple[int | None, dict[int, int]]:
+def parse_limit_record(value: bytes | str) -> tuple[float | None, dict[int, int]]:
     """A client's limit record as lua/admit.lua writes it: (GCRA tat in ms or None, {bucket end s: count})."""
     text_value = value.decode("ascii") if isinstance(value, bytes) else value
     tat, *entries = text_value.split("|")
     buckets = {int(end): int(count) for end, count in (entry.split(":") for entry in entries)}
-    return (int(tat) if tat else None), buckets
+    return (float(tat) if tat else None), buckets
 
 
 def admit_reply(reply: list[Any]) -> str:

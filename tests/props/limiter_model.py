@@ -2,7 +2,8 @@
 
 - Rate: GCRA with a burst of one period. A request for ``count`` tokens is
   refused while ``tat + count·period/limit - period > now``, with a retry after
-  that difference (ms, rounded up); admitted, it moves ``tat`` there.
+  that difference (ms, rounded up); admitted, it moves ``tat`` there (kept in
+  ns, each step rounded down).
 - Outstanding cap: a token counts from its issue until the first consume,
   begin or revoke that finds it ISSUED, or until the end of its bucket:
   ``min(ttl, MAX_COUNTED_SECONDS)`` from issue, rounded up to a multiple of
@@ -31,7 +32,7 @@ def bucket_end_s(now_ms: int, ttl_seconds: int) -> int:
 
 @dataclass
 class ModelClient:
-    tat_ms: float = 0
+    tat_ns: int = 0  # the rate limiter's theoretical arrival time, in ns
     # token -> the bucket (end, s) it is still counted in
     counted: dict[str, int] = field(default_factory=dict)
 
@@ -55,10 +56,13 @@ class LimiterModel:
         state = self.clients.setdefault(client, ModelClient())
         new_tat = None
         if self.limit:
-            new_tat = max(state.tat_ms, now_ms) + count * self.period_ms / self.limit
-            allowed_at = new_tat - self.period_ms
-            if allowed_at > now_ms:
-                return ("rate_limited", math.ceil(allowed_at - now_ms))
+            # in ns ahead of now, rounded down, with the script's double arithmetic
+            ahead = max(state.tat_ns - now_ms * 10**6, 0)
+            new_ahead = math.floor(ahead + count * self.period_ms * 1e6 / self.limit)
+            over = new_ahead - self.period_ms * 10**6
+            if over > 0:
+                return ("rate_limited", math.ceil(over / 1e6))
+            new_tat = now_ms * 10**6 + new_ahead
         live = state.outstanding(now_ms)
         if self.cap and sum(live.values()) + count > self.cap:
             needed = sum(live.values()) + count - self.cap
@@ -67,7 +71,7 @@ class LimiterModel:
                 if needed <= 0:
                     return ("too_many_outstanding", end * 1000 - now_ms)
         if new_tat is not None:
-            state.tat_ms = math.ceil(new_tat)
+            state.tat_ns = new_tat
         return ("admitted", bucket_end_s(now_ms, ttl_seconds) if self.cap else None)
 
     def issued(self, client: str, token: str, bucket: int | None) -> None:

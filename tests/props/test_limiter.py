@@ -68,7 +68,7 @@ class LimiterMachine(RuleBasedStateMachine):
         self.time_passes = self.client.register_script(_TIME_PASSES_LUA)
 
     @initialize(
-        rate=st.sampled_from([None, (3, 60), (10, 600), (1000, 1)]),
+        rate=st.sampled_from([None, (3, 60), (10, 600), (1000, 1), (7, 60), (5000, 1)]),
         cap=st.sampled_from([0, 3, 5]),
     )
     def limits_of_this_example(self, rate: tuple[int, int] | None, cap: int) -> None:
