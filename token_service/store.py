@@ -103,8 +103,7 @@ def _helpers_for(body: str) -> str:
     is kept when its name is called in ``body`` or in a kept helper.
     """
     head, helpers = _record_helpers()
-    needed = _needed(body, helpers)
-    return head + "".join(helper for name, helper in helpers.items() if name in needed)
+    return head + _defined(helpers, _needed(body, helpers))
 
 
 def _needed(body: str, helpers: dict[str, str], known: frozenset[str] = frozenset()) -> set[str]:
@@ -120,6 +119,11 @@ def _needed(body: str, helpers: dict[str, str], known: frozenset[str] = frozense
     return needed
 
 
+def _defined(helpers: dict[str, str], names: set[str]) -> str:
+    """The definitions of the helpers ``names``, in _record.lua's order."""
+    return "".join(helper for name, helper in helpers.items() if name in names)
+
+
 # A script's line that says where the helpers only its later part calls are defined:
 # a fast path above it does not pay for the closures of the slow path below.
 _LATER_HELPERS = "-- (the helpers of the rest are defined here)\n"
@@ -131,10 +135,8 @@ def _with_helpers(body: str) -> str:
         return _helpers_for(body) + "\n" + body
     head, helpers = _record_helpers()
     first = _needed(early, helpers)
-    second = _needed(late, helpers, frozenset(first))
-    defined = "".join(helper for name, helper in helpers.items() if name in first)
-    later = "".join(helper for name, helper in helpers.items() if name in second)
-    return head + defined + "\n" + early + marker + later + late
+    later = _defined(helpers, _needed(late, helpers, frozenset(first)))
+    return head + _defined(helpers, first) + "\n" + early + marker + later + late
 
 
 @cache
