@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import REPO_ROOT, Gunicorn, RedisServer, wait_until
+from tests.support.processes import REPO_ROOT, Gunicorn, RedisServer, children, wait_until
 from tests.support.raw_http import connect, read_reply, request_bytes
 from tests.support.service import API_KEY
 from token_service.server.accepts import FREE, Table
@@ -139,7 +139,7 @@ def _worker_connections(server: Gunicorn) -> dict[int, int]:
     """Established connections to the server's port held by each worker (from /proc)."""
     assert server.process is not None
     master = server.process.pid
-    workers = [int(pid) for pid in Path(f"/proc/{master}/task/{master}/children").read_text().split()]
+    workers = children(master)
     inodes = set()
     for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
         fields = line.split()

@@ -16,18 +16,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.processes import REPO_ROOT, Gunicorn, RedisServer, free_port, wait_until
+from tests.support.processes import REPO_ROOT, Gunicorn, RedisServer, children, free_port, wait_until
 from tests.support.service import API_KEY
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 ROUNDS = 40  # each round: generate, then consume the token
 SCOPE = "gunicorn.test"
-
-
-def children(pid: int) -> set[int]:
-    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    return {int(part) for part in text.split()}
 
 
 def counter(metrics_text: str, name: str, **labels: str) -> float:

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.edge.test_gunicorn import children, counter
-from tests.support.processes import Gunicorn, RedisServer, wait_until
+from tests.edge.test_gunicorn import counter
+from tests.support.processes import Gunicorn, RedisServer, children, wait_until
 from tests.support.service import API_KEY
 from token_service.server.metric_files import (
     OTHER_SCOPE,

@@ -27,6 +27,12 @@ import redis
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+def children(pid: int) -> set[int]:
+    """The pids of a process's children (a gunicorn master's workers), from /proc."""
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return {int(part) for part in text.split()}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
