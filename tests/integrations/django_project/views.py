@@ -98,3 +98,35 @@ async def create_order_async(request: HttpRequest) -> HttpResponse:
 def unavailable_order(request: HttpRequest) -> HttpResponse:
     run = counters.incr("runs:orders_503")
     return JsonResponse({"run": run}, status=503 if run == 1 else 201)
+
+
+# -- slower than their 2 s lease / lock (tests/integrations/test_django_renewal.py) ----------------
+SLOW_LEASE_SECONDS = 2
+
+
+def _first_waits_for_release(name: str) -> int:
+    """Counts the run in ``runs:<name>``; the first one lasts until the test pushes ``release:<name>``."""
+    run = int(counters.incr(f"runs:{name}"))
+    if run == 1:
+        counters.blpop([f"release:{name}"], timeout=30)
+    return run
+
+
+def slow_order(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"run": _first_waits_for_release("slow_order")}, status=201)
+
+
+async def slow_order_async(request: HttpRequest) -> HttpResponse:
+    run = await asyncio.to_thread(_first_waits_for_release, "slow_order_async")
+    return JsonResponse({"run": run}, status=201)
+
+
+@require_token("report.build", lease_seconds=SLOW_LEASE_SECONDS)
+def slow_report(request: HttpRequest) -> HttpResponse:
+    return JsonResponse({"run": _first_waits_for_release("slow_report")}, status=201)
+
+
+@require_token("report.build", lease_seconds=SLOW_LEASE_SECONDS)
+async def slow_report_async(request: HttpRequest) -> HttpResponse:
+    run = await asyncio.to_thread(_first_waits_for_release, "slow_report_async")
+    return JsonResponse({"run": run}, status=201)
