@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from token_service import defaults
+
 REPLAYED_HEADER = "Idempotent-Replayed"
 OMITTED_HEADER = "Idempotent-Body-Omitted"
 
@@ -32,6 +34,12 @@ TRANSIENT_4XX = frozenset({408, 409, 425, 429})
 StorePolicy = Callable[[int], bool]
 
 Headers = tuple[tuple[str, str], ...]
+
+# The integrations' defaults (@require_token in Flask, FastAPI, Django): the headers a replay of a
+# token-guarded view repeats, and what a stored response may take -- the service's default
+# max_result_bytes (TOKEN_SERVICE_MAX_RESULT_BYTES).
+DEFAULT_REPLAY_HEADERS = ("Content-Type", "Location")
+DEFAULT_MAX_RESULT_BYTES = defaults.MAX_RESULT_BYTES
 
 
 def default_store_status(status: int) -> bool:

@@ -75,7 +75,13 @@ from ._fingerprint import RequestFacts, body_identity
 from ._fingerprint import fingerprint as fingerprint_of
 from ._idempotency_core import Answer, Attempt, IdempotencyCore
 from ._idempotency_store import AsyncIdempotencyStore, IdempotencyStore
-from ._response import StoredResponse, StorePolicy, default_store_status
+from ._response import (
+    DEFAULT_MAX_RESULT_BYTES,
+    DEFAULT_REPLAY_HEADERS,
+    StoredResponse,
+    StorePolicy,
+    default_store_status,
+)
 from .guard import AsyncGuard, Guard, Terminal
 
 __all__ = [
@@ -88,8 +94,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_REPLAY_HEADERS = ("Content-Type", "Location")
-DEFAULT_MAX_RESULT_BYTES = 16384
 _lock = threading.Lock()
 _sync_client: TokenClient | None = None
 # one client per event loop: under WSGI each async view may run on a loop of its own

@@ -60,16 +60,20 @@ from token_service.records import dump_json
 from ._client import AsyncTokenClient
 from ._fingerprint import body_identity
 from ._fingerprint import fingerprint as fingerprint_of
-from ._response import REPLAYED_HEADER, StoredResponse, StorePolicy, default_store_status
+from ._response import (
+    DEFAULT_MAX_RESULT_BYTES,
+    DEFAULT_REPLAY_HEADERS,
+    REPLAYED_HEADER,
+    StoredResponse,
+    StorePolicy,
+    default_store_status,
+)
 from .guard import AsyncGuard, Terminal
 
 __all__ = ["DEFAULT_REPLAY_HEADERS", "problem_response", "require_token"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_REPLAY_HEADERS = ("Content-Type", "Location")
-# The service's default max_result_bytes (TOKEN_SERVICE_MAX_RESULT_BYTES): what a stored response may take.
-DEFAULT_MAX_RESULT_BYTES = 16384
 # The hidden parameters the decorator adds to the endpoint's signature (FastAPI injects them).
 _REQUEST = "token_service_request"
 _RESPONSE = "token_service_response"

@@ -39,7 +39,6 @@ from typing import Any
 from flask import Request, Response, g, make_response, request
 from werkzeug.exceptions import ClientDisconnected
 
-from token_service import defaults
 from token_service.errors import InvalidRequest, ServiceUnavailable, TokenError, Unauthorized
 from token_service.problems import problem_for
 from token_service.records import dump_json
@@ -48,7 +47,15 @@ from ._client import TokenClient
 from ._fingerprint import body_identity
 from ._fingerprint import fingerprint as fingerprint_of
 from ._idempotency_core import Recorder
-from ._response import OMITTED_HEADER, REPLAYED_HEADER, StoredResponse, StorePolicy, default_store_status
+from ._response import (
+    DEFAULT_MAX_RESULT_BYTES,
+    DEFAULT_REPLAY_HEADERS,
+    OMITTED_HEADER,
+    REPLAYED_HEADER,
+    StoredResponse,
+    StorePolicy,
+    default_store_status,
+)
 from .guard import Guard, Terminal
 
 log = logging.getLogger(__name__)
@@ -65,10 +72,6 @@ __all__ = [
     "require_token",
     "stored_response",
 ]
-
-# The service's default max_result_bytes (TOKEN_SERVICE_MAX_RESULT_BYTES): what a stored response may take.
-DEFAULT_MAX_RESULT_BYTES = defaults.MAX_RESULT_BYTES
-DEFAULT_REPLAY_HEADERS = ("Content-Type", "Location")
 
 
 def problem_response(error: TokenError) -> Response:
