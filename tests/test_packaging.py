@@ -31,7 +31,7 @@ def test_the_wheel_carries_the_scripts_the_spec_and_the_helper(wheel: Path) -> N
     for script in sorted((REPO_ROOT / "lua").glob("*.lua")):
         assert f"token_service/lua/{script.name}" in names
     assert "token_service/openapi.yaml" in names
-    assert "token_service/server/static/token-client.js" in names
+    assert "token_service/frontend/token-client.js" in names
 
 
 def test_the_wheel_carries_only_the_package(wheel: Path) -> None:
@@ -42,6 +42,7 @@ def test_the_wheel_carries_only_the_package(wheel: Path) -> None:
 def test_a_checkout_reads_the_top_level_files() -> None:
     assert resources.shipped("lua") == REPO_ROOT / "lua"
     assert resources.shipped("openapi.yaml") == REPO_ROOT / "openapi.yaml"
+    assert resources.shipped("frontend") == REPO_ROOT / "frontend"
 
 
 INSTALLED = """

@@ -1,7 +1,8 @@
-"""Files kept at the repository's top level that the package reads at run time: ``lua/`` and ``openapi.yaml``.
+"""Files kept at the repository's top level that the package reads at run time.
 
-They stay at the top level of the repository and ship inside the wheel at
-the same path under ``token_service/`` (pyproject.toml's force-include).
+``lua/``, ``openapi.yaml`` and the browser helper ``frontend/token-client.js``
+stay at the top level of the repository and ship inside the wheel at the same
+path under ``token_service/`` (pyproject.toml's force-include).
 ``shipped`` is the one place that tells an installed package from a checkout
 (an editable install, the tests): an installed package carries
 ``openapi.yaml`` beside this module, a checkout never does.
@@ -16,5 +17,5 @@ ROOT = _PACKAGE if (_PACKAGE / "openapi.yaml").is_file() else _PACKAGE.parent
 
 
 def shipped(name: str) -> Path:
-    """``lua``, ``openapi.yaml``: where the installed package or the checkout has it."""
+    """``lua``, ``openapi.yaml`` or ``frontend``: where the installed package or the checkout has it."""
     return ROOT / name

@@ -107,7 +107,7 @@ def test_the_wheel_carries_the_package_file_and_serves_its_copy(tmp_path: Path) 
     unpacked = tmp_path / "site"
     with zipfile.ZipFile(wheel) as archive:
         archive.extractall(unpacked)
-    copy = unpacked / "token_service" / "server" / "static" / "token-client.js"
+    copy = unpacked / "token_service" / "frontend" / "token-client.js"
     assert copy.read_bytes() == (PACKAGE / "token-client.js").read_bytes()
     # The unpacked wheel first on the path: the installed package serves its own copy.
     probe = subprocess.run(

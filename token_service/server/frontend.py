@@ -1,9 +1,9 @@
 """The browser helper, ``GET /static/token-client.js``.
 
 One source: ``frontend/token-client.js``, the npm package shops bundle. The
-wheel carries a copy at ``token_service/server/static/`` (pyproject's
-force-include); an editable checkout has no copy and serves the repository's
-file. One explicit route rather than Flask's catch-all static folder, so the
+wheel carries it at the same path under ``token_service/`` and
+:func:`token_service.resources.shipped` finds it in the installed package or
+the checkout, as it finds ``lua/``. One explicit route rather than Flask's catch-all static folder, so the
 app serves exactly the file it documents (and ``openapi.yaml`` can list it).
 The URL is not versioned, so caches keep it briefly and then revalidate with
 the ETag; browsers load it cross-origin as an ES module, so it is a frontend
@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import hashlib
 from functools import cache
-from importlib import resources
 from pathlib import Path
 
 from flask import Blueprint, Response, request
 
+from token_service.resources import shipped
 from token_service.server.routes import TOKEN_CLIENT_JS
 
 CACHE_CONTROL = "public, max-age=300, must-revalidate"
@@ -26,9 +26,8 @@ HELPER = "token-client.js"
 
 
 def asset_path(name: str = HELPER) -> Path:
-    """Where the file is: inside the installed package, else in the checkout's ``frontend/``."""
-    packaged = Path(str(resources.files("token_service.server"))) / "static" / name
-    return packaged if packaged.is_file() else Path(__file__).resolve().parents[2] / "frontend" / name
+    """Where the file is: ``frontend/`` of the installed package or of the checkout."""
+    return shipped("frontend") / name
 
 
 @cache
