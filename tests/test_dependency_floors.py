@@ -56,7 +56,7 @@ CASES = {
             "tests/edge/test_cors.py",
             "tests/edge/test_telemetry.py",
             "tests/client/test_client.py",
-            "tests/client/test_telemetry.py",
+            "tests/client/test_sdk_telemetry.py",
         ),
     ),
     "db": Case(("db",), ("tests/durable",)),

@@ -82,11 +82,27 @@ def test_nothing_refers_outside_the_project() -> None:
     assert found == []
 
 
+TEST_FILES = sorted((REPO_ROOT / "tests").rglob("test_*.py"))
+
+
 def test_tests_take_shared_values_from_tests_support() -> None:
-    pattern = re.compile(r"^\s*from tests\.conftest import|^\s*import tests\.conftest", re.MULTILINE)
+    # any conftest, at any depth: a conftest is for fixtures; importing one as a module loads it twice
+    pattern = re.compile(r"^\s*from tests(\.\w+)*\.conftest import|^\s*import tests(\.\w+)*\.conftest", re.M)
     found = [
         str(path.relative_to(REPO_ROOT))
         for path in (REPO_ROOT / "tests").rglob("*.py")
         if pattern.search(path.read_text())
     ]
     assert found == []
+
+
+def test_test_files_have_names_of_their_own() -> None:
+    seen: dict[str, list[str]] = {}
+    for path in TEST_FILES:
+        seen.setdefault(path.name, []).append(str(path.relative_to(REPO_ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
+def test_test_files_are_named_by_behaviour_not_by_event() -> None:
+    event = re.compile(r"review|regression|fixup|issue_?\d|bug_?\d|followup", re.IGNORECASE)
+    assert [path.name for path in TEST_FILES if event.search(path.stem)] == []

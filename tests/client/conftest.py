@@ -8,14 +8,13 @@
 - ``http-gunicorn`` — HTTP to the service under gunicorn, on a real redis-server
 
 ``async_sdk`` is the same for ``AsyncTokenClient``. Each yields an
-:class:`Sdk` with the client and a raw (sync) Redis connection to the same data.
+:class:`tests.support.sdk.Sdk` with the client and a raw (sync) Redis connection to the same data.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import fakeredis
@@ -24,8 +23,8 @@ import pytest
 import redis.asyncio
 
 from tests.support.processes import Gunicorn, RedisServer
+from tests.support.sdk import Sdk, inproc_app
 from tests.support.service import API_KEY, FAST_RETRY, service_env
-from token_service import create_app
 from token_service.client import AsyncTokenClient, TokenClient
 
 TRANSPORTS = [
@@ -34,17 +33,6 @@ TRANSPORTS = [
     pytest.param("http-inproc", marks=pytest.mark.fake),
     pytest.param("http-gunicorn", marks=pytest.mark.real),
 ]
-
-
-@dataclass
-class Sdk:
-    kind: str
-    client: Any  # TokenClient | AsyncTokenClient
-    redis: Any  # a sync redis client on the same data
-
-    @property
-    def http(self) -> bool:
-        return self.kind.startswith("http")
 
 
 class AsyncWSGITransport(httpx.AsyncBaseTransport):
@@ -59,10 +47,6 @@ class AsyncWSGITransport(httpx.AsyncBaseTransport):
         response = await asyncio.to_thread(self._sync.handle_request, sync_request)
         content = await asyncio.to_thread(response.read)
         return httpx.Response(response.status_code, headers=response.headers, content=content)
-
-
-def inproc_app(redis_client: Any, **config: Any) -> Any:
-    return create_app({"api_keys": API_KEY, "redis_client": redis_client, "rate_limit": "off", **config})
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.client.conftest import Sdk
 from tests.support.processes import free_port
+from tests.support.sdk import Sdk
 from token_service.client import (
     AsyncTokenClient,
     Completed,

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tests.client.conftest import Sdk
+from tests.support.sdk import Sdk
 from token_service.client import (
     Completed,
     Consumed,

@@ -6,7 +6,7 @@ from typing import Any
 
 from flask import Flask, request
 
-from tests.client.conftest import Sdk
+from tests.support.sdk import Sdk
 from token_service.client import Started, TokenClient
 from token_service.client.flask import current_guard, require_token
 

@@ -16,8 +16,8 @@ import redis.asyncio
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tests.client.conftest import inproc_app
 from tests.support.processes import RedisServer
+from tests.support.sdk import inproc_app
 from tests.support.service import AUTH, FAST_RETRY
 from token_service.client import (
     AsyncTokenClient,

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.client.conftest import Sdk
+from tests.support.sdk import Sdk
 from token_service.client import (
     InvalidRequest,
     PayloadTooLarge,

@@ -6,7 +6,7 @@ import threading
 from typing import Any
 
 from examples.payment_api import Bank, create_app
-from tests.client.conftest import Sdk
+from tests.support.sdk import Sdk
 
 
 def pay(app: Any, token: str, user: str = "alice", amount: int = 1250) -> Any:

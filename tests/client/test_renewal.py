@@ -32,8 +32,8 @@ import redis
 import redis.asyncio
 from prometheus_client import CollectorRegistry
 
-from tests.client.conftest import Sdk
 from tests.support.processes import REPO_ROOT, RedisServer, wait_until
+from tests.support.sdk import Sdk
 from token_service.client import AsyncTokenClient, LeaseLost, Replayed, TokenClient, TokenInProgress
 from token_service.client._renewal import _STARTER, LeaseRenewer
 from token_service.client._telemetry import Telemetry

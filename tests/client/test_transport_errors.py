@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.client.conftest import inproc_app
 from tests.support.processes import REPO_ROOT, free_port
+from tests.support.sdk import inproc_app
 from tests.support.service import API_KEY, FAST_RETRY
 from token_service.client import (
     ERRORS_BY_CODE,

@@ -17,7 +17,7 @@ from typing import Any
 import pydantic
 import pytest
 
-from tests.client.conftest import Sdk
+from tests.support.sdk import Sdk
 from token_service.client import (
     AsyncTokenClient,
     Replayed,

@@ -20,7 +20,3 @@ def make_client(redis_client: Any) -> Callable[..., Any]:
         return create_app(config).test_client()
 
     return make
-
-
-def token_keys(redis_client: Any) -> int:
-    return len(list(redis_client.scan_iter(match="ts:t:*", count=1000)))

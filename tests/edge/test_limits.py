@@ -10,7 +10,6 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tests.edge.conftest import token_keys
 from tests.support.processes import free_port
 from token_service import create_app
 from token_service.config import RateLimit
@@ -19,6 +18,10 @@ from token_service.limits import IssuanceLimits, OutstandingCapReached, admit_re
 from token_service.store import TokenStore
 
 GENERATE = {"scope": "payment.create"}
+
+
+def token_keys(redis_client: Any) -> int:
+    return len(list(redis_client.scan_iter(match="ts:t:*", count=1000)))
 
 
 def generate(

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.frontend.conftest import RunningDemo
+from tests.support.browser import RunningDemo
 
 pytestmark = pytest.mark.slow
 

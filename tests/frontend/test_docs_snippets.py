@@ -23,7 +23,7 @@ import httpx
 import pytest
 from flask import Flask, Response, jsonify, request
 
-from tests.frontend.conftest import RunningDemo
+from tests.support.browser import RunningDemo
 from tests.support.docs import code_blocks
 from tests.support.processes import REPO_ROOT, wait_until
 from token_service.client.flask import require_token

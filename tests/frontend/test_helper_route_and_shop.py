@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.frontend.conftest import RunningDemo
+from tests.support.browser import RunningDemo
 from tests.support.processes import REPO_ROOT, free_port, wait_until
 
 HELPER = "/static/token-client.js"
