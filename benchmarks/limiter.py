@@ -70,12 +70,27 @@ BUCKET = "4000000000"  # a bucket end far in the future, where every benchmark t
 RECORD = f"I{SCOPE}\x1f\x1f\x1f\x1f\x1f{BUCKET}"  # an ISSUED record counted in BUCKET
 # the least any Lua generate does: one SET of the token record, nothing else
 FLOOR_LUA = "return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[4], 'NX')"
+# a script with generate's keys and arguments that calls nothing: what EVALSHA itself costs
+# (the keys and arguments are pushed into Lua on every call, about 1 300 instructions each)
+EMPTY_LUA = "return {'issued'}"
 # the least a limiter that keeps its state in one client record (as admit.lua does) adds to it:
-# read the record, write it back with an expiry; no arithmetic, no argument checks
+# read the record, write it back with an expiry; no arithmetic, no argument checks. Called
+# with generate's own keys and arguments, so that only the Lua between the calls differs.
 LIMITER_FLOOR_LUA = """
 local limits = redis.call('GET', KEYS[2])
 redis.call('SET', KEYS[2], limits or '', 'PX', ARGV[4])
 return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[4], 'NX')
+"""
+# the least a consume that releases its token from the client record (as consume.lua does)
+# can do: the token's GET and SET, the client record's GET and SET; consume's keys and arguments
+CONSUME_FLOOR_LUA = """
+local v = redis.call('GET', KEYS[1])
+if not v then return {'invalid'} end
+if string.byte(v) ~= 73 then return {'token_used'} end
+redis.call('SET', KEYS[1], 'C', 'KEEPTTL')
+local limits = redis.call('GET', KEYS[2])
+redis.call('SET', KEYS[2], limits or '', 'KEEPTTL')
+return {'consumed'}
 """
 FILL_LUA = """
 for i = tonumber(ARGV[1]), tonumber(ARGV[2]) do
@@ -87,11 +102,13 @@ return 1
 
 SET_EX = "SET EX (token-record size)"
 ONE_SET = "Lua: one SET PX NX (the floor of any script)"
-LIMITER_FLOOR = "Lua: GET + SET PX of a client record, SET PX NX (a limiter's floor)"
+EMPTY = "Lua: generate's keys and arguments, no Redis call (EVALSHA's own cost)"
+LIMITER_FLOOR = "Lua: generate's arguments, GET + SET PX of a client record, SET PX NX (a limiter's floor)"
 ISSUE = "issue.lua (generate, limits off)"
 GENERATE = "generate: admit+issue, limits on"
 GET_SET = "GET/SET Lua (minimal consume)"
 CONSUME = "consume.lua, releasing a counted token"
+CONSUME_FLOOR = "Lua: consume's arguments, GET + SET of the token and of its client record (its floor)"
 
 
 @dataclass
@@ -125,11 +142,14 @@ def _rows(client: redis.Redis, keyspace: int) -> dict[str, list[str]]:
     issue_sha = client.script_load(lua_source("issue"))
     floor_sha = client.script_load(FLOOR_LUA)
     limiter_floor_sha = client.script_load(LIMITER_FLOOR_LUA)
+    empty_sha = client.script_load(EMPTY_LUA)
+    consume_floor_sha = client.script_load(CONSUME_FLOOR_LUA)
     fresh = ["-r", str(FRESH_KEYSPACE)]
     filled = ["-r", str(keyspace)]
     return {
         SET_EX: [*fresh, "set", TOKEN_KEY.format(row="set"), RECORD, "EX", str(TTL_SECONDS)],
         ONE_SET: [*fresh, "evalsha", floor_sha, "1", TOKEN_KEY.format(row="floor"), *ISSUE_ARGS],
+        EMPTY: [*fresh, "evalsha", empty_sha, "2", TOKEN_KEY.format(row="empty"), CLIENT, *_generate_args()],
         LIMITER_FLOOR: [
             *fresh,
             "evalsha",
@@ -137,7 +157,7 @@ def _rows(client: redis.Redis, keyspace: int) -> dict[str, list[str]]:
             "2",
             TOKEN_KEY.format(row="limfloor"),
             CLIENT,
-            *ISSUE_ARGS,
+            *_generate_args(),
         ],
         ISSUE: [*fresh, "evalsha", issue_sha, "1", TOKEN_KEY.format(row="issue"), *ISSUE_ARGS],
         GENERATE: [
@@ -151,6 +171,19 @@ def _rows(client: redis.Redis, keyspace: int) -> dict[str, list[str]]:
         ],
         GET_SET: [*filled, "evalsha", baseline_sha, "1", "bl:__rand_int__", SCOPE],
         CONSUME: [*filled, "evalsha", consume_sha, "2", "ct:__rand_int__", CLIENT, SCOPE, "", "", "rid", ""],
+        CONSUME_FLOOR: [
+            *filled,
+            "evalsha",
+            consume_floor_sha,
+            "2",
+            "cf:__rand_int__",
+            CLIENT,
+            SCOPE,
+            "",
+            "",
+            "rid",
+            "",
+        ],
     }
 
 
@@ -179,6 +212,7 @@ def _prepare(client: redis.Redis, keyspace: int) -> None:
     client.set(CLIENT, f"|{BUCKET}:{10**12}")
     _fill(client, "bl:%012d", SCOPE, keyspace)
     _fill(client, "ct:%012d", RECORD, keyspace)
+    _fill(client, "cf:%012d", RECORD, keyspace)
 
 
 def run(config: Config) -> dict[str, Any]:
@@ -234,8 +268,13 @@ def run(config: Config) -> dict[str, Any]:
         },
         "context": {
             "one-SET Lua script CPU / SET EX CPU": ratio(ONE_SET, SET_EX, "cpu_us"),
-            "GET + SET + SET Lua script (the limiter's floor) CPU / SET EX CPU": ratio(
+            "generate's arguments, no call: CPU / SET EX CPU": ratio(EMPTY, SET_EX, "cpu_us"),
+            "generate's arguments, GET + SET + SET (the limiter's floor): CPU / SET EX CPU": ratio(
                 LIMITER_FLOOR, SET_EX, "cpu_us"
+            ),
+            "the limiter's floor: rate / SET EX rate": ratio(LIMITER_FLOOR, SET_EX, "rps"),
+            "consume's floor (GET + SET + GET + SET): rate / GET-SET Lua rate": ratio(
+                CONSUME_FLOOR, GET_SET, "rps"
             ),
             "issue.lua CPU / SET EX CPU": ratio(ISSUE, SET_EX, "cpu_us"),
             "the limiter's own cost: admit+issue CPU / issue.lua CPU": ratio(GENERATE, ISSUE, "cpu_us"),

@@ -15,7 +15,7 @@ from benchmarks import limiter
 @pytest.mark.skipif(shutil.which("redis-benchmark") is None, reason="redis-benchmark is not installed")
 def test_quick_run_measures_every_row() -> None:
     result = limiter.run(limiter.Config.quick_mode())
-    assert len(result["medians"]) == 7
+    assert len(result["medians"]) == 9
     for row in result["medians"].values():
         assert min(row["rps"], row["cpu_us"], row["exec_us"]) > 0
     table = limiter.markdown(result)
@@ -42,7 +42,7 @@ def test_the_suite_keeps_the_limiter_section_of_results_md() -> None:
 )
 def test_instruction_counts_cover_every_row_and_the_function_variant() -> None:
     counted = limiter.instructions(requests=50, keyspace=1000)
-    assert len(counted) == 8  # the seven rows and generate as a Redis Function
+    assert len(counted) == 10  # the nine rows and generate as a Redis Function
     assert all(value > 0 for value in counted.values())
     assert limiter.GENERATE_FCALL in counted
     assert "| generate: admit+issue, limits on |" in limiter.instructions_markdown(counted)
