@@ -350,8 +350,9 @@ def idempotent(
     callable given the function's arguments. ``fingerprint`` (names or a
     callable, optional) describes the input: the same key called with another
     fingerprint raises :class:`~token_service.errors.TokenMismatch`. The
-    decorated function returns the JSON form of the result (tuples become
-    lists), the same value every duplicate gets. Raises
+    decorated function returns the result read back as its return annotation
+    (a dataclass, a pydantic model, ``tuple[...]``; without one, its JSON form:
+    tuples become lists), the same value every duplicate gets. Raises
     :class:`~token_service.errors.TokenInProgress` while another call holds
     the key (after ``wait_seconds``), :class:`~token_service.errors.TokenFailed`
     after a terminal failure.
