@@ -191,6 +191,9 @@ def test_usage_errors_exit_2_without_a_traceback(ops_standalone: Standalone) -> 
         ["list", "--cursor", "0.²"],
         ["list", "--cursor", "0.99999999999999999999999"],
         ["list", "--count", "²"],
+        ["list", "--count", "9" * 5000],  # past int()'s 4300-digit limit
+        ["list", "--limit", "-1"],
+        ["reconcile", "--dry-run", "--lease-seconds", "0" * 5000 + "1"],
         ["show", "--idempotency-key", "k", "--identity", "a\x01b"],
         ["show", "--idempotency-key", "k", "--identity", os.fsdecode(b"\xff")],  # argv not UTF-8
     ):

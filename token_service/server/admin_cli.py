@@ -206,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _count(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 10000:
+    # ASCII digits, and few of them: int() refuses a string of over 4300 digits (a traceback)
+    if not re.fullmatch(r"[0-9]{1,9}", text) or not 1 <= int(text) <= 10000:
         raise argparse.ArgumentTypeError(f"{text!r} is not between 1 and 10000")
     return int(text)
 
