@@ -12,6 +12,7 @@ from tests.support.processes import free_port
 from tests.support.service import API_KEY, AUTH
 from token_service import create_app
 from token_service.config import ConfigError, Settings
+from token_service.server.routes import TOKEN_ROUTES
 from token_service.store import IssueRequest, TokenStore
 from token_service.tokens import token_digest
 
@@ -43,10 +44,27 @@ def test_the_admin_key_and_the_service_key_open_only_their_own_routes(http: Any,
         assert refused.json["code"] == "unauthorized"
         assert refused.headers["Content-Type"] == "application/problem+json"
         assert refused.headers["WWW-Authenticate"].startswith("Bearer")
-    for path in ("/token/inspect", "/token/revoke", "/token/consume"):
-        refused = http.post(path, json={"token": token, "scope": "pay", "subject": "user-7"}, headers=ADMIN)
-        assert refused.status_code == 401, path
+    # every route that takes a service key (the hot path's consume included) refuses the admin key
+    keyed = [route for route in TOKEN_ROUTES if route.needs_key]
+    assert {route.path for route in keyed} >= {"/token/consume", "/token/begin", "/token/revoke"}
+    body = {"token": token, "scope": "pay", "subject": "user-7", "lease_id": "x" * 22, "result": {}}
+    for route in keyed:
+        refused = http.open(route.path, method=route.method, json=body, headers=ADMIN)
+        assert refused.status_code == 401, route.path
+        assert refused.json["code"] == "unauthorized", route.path
     assert http.post("/token/inspect", json={"token": token}, headers=AUTH).json["state"] == "ISSUED"
+    # and every admin route refuses the service key
+    admin_rules = [rule for rule in http.application.url_map.iter_rules() if rule.rule.startswith("/admin")]
+    assert len(admin_rules) == 5
+    for rule in admin_rules:
+        path = rule.rule.replace("<ref>", ref)
+        for method in rule.methods - {"HEAD", "OPTIONS"}:
+            refused = http.open(
+                path, method=method, json={"identity": "x", "idempotency_key": "k"}, headers=AUTH
+            )
+            assert refused.status_code == 401, (method, path)
+            assert refused.json["code"] == "unauthorized"
+    assert http.get(f"/admin/records/{ref}", headers=ADMIN).json["state"] == "ISSUED"  # nothing changed
 
 
 def test_no_admin_key_configured_means_no_admin_api(redis_any: Any) -> None:
