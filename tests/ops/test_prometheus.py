@@ -204,6 +204,12 @@ def test_prometheus_scrapes_gunicorn_and_sees_a_duplicate_counted(
     assert value('up{job="token-service"}') == 1
     assert value("sum(token_service_redis_errors_total)") == 0
     assert value('count(token_service_redis_errors_total{route="/token/consume"})') == 1
+    # Every rule reads series the real service exports, before any request: the promtool tests
+    # feed the rules hand-written series, which would pass with a misspelt name or label.
+    for rule in _rules():
+        if "record" in rule and "token_service:" not in rule["expr"]:  # ratios read the records
+            returns_a_series = lambda expr=rule["expr"]: prometheus.query(expr) != []  # noqa: E731
+            wait_until(returns_a_series, timeout_seconds=60, what=rule["record"])
 
     with httpx.Client(base_url=server.url, timeout=10) as http:
         token = http.post("/token/generate", json={"scope": "pay"}).json()["token"]
