@@ -50,12 +50,16 @@ def service(redis_server: RedisServer) -> Iterator[Gunicorn]:
     server.stop()
 
 
-def _story(redis_server: RedisServer, workdir: Path) -> str:
-    """The records the page talks about; returns the stuck checkout's token_ref."""
+def _story(redis_server: RedisServer, workdir: Path) -> tuple[str, str]:
+    """The records the page talks about; returns the token_refs of the stuck checkout and of
+    one held by a hung request (its lease still running)."""
     with redis_server.client() as client:
         past = TokenStore(client, clock_ms=past_clock(120))
         [token] = past.issue(IssueRequest("checkout", "user-42", None, 900))
         past.begin(token, "checkout", "user-42", request_id="order-1138", lease_seconds=30)
+        now = TokenStore(client)
+        [held] = now.issue(IssueRequest("checkout", "user-43", None, 900))
+        now.begin(held, "checkout", "user-43", request_id="order-1139", lease_seconds=300)
         claims = IdempotencyStore(client)
         key = claims.key("Bearer alice-api-token", "order-7")
         claims.begin(key, "fp", "owner-1", 60)
@@ -71,22 +75,23 @@ def _story(redis_server: RedisServer, workdir: Path) -> str:
         )
     engine.dispose()
     (workdir / "payments.py").write_text(PAYMENTS)
-    return token_digest(token)
+    return token_digest(token), token_digest(held)
 
 
 @pytest.mark.slow
 def test_every_block_of_the_operations_page_runs(
     service: Gunicorn, redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    token_ref = _story(redis_server, tmp_path)
+    token_ref, held_ref = _story(redis_server, tmp_path)
     env = shell_env(
         TOKEN_SERVICE_REDIS_URL=redis_server.url,
         TOKEN_REF=token_ref,
+        HELD_REF=held_ref,
         ADMIN_KEY=ADMIN_KEY,
         PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
     )
     blocks = code_blocks(PAGE)
-    assert [block.lang for block in blocks] == [*["sh"] * 5, "python", "sh", "sh", "python", "sh", "sh"]
+    assert [block.lang for block in blocks] == [*["sh"] * 6, "python", "sh", "sh", "python", *["sh"] * 4]
     ran = 0
     for block in blocks:
         if block.lang == "sh":
@@ -106,6 +111,7 @@ def test_every_block_of_the_operations_page_runs(
 
     with redis_server.client() as client:
         assert client.exists(f"ts:t:{token_ref}") == 0  # revoked by the last HTTP block
+        assert client.get(f"ts:t:{held_ref}").startswith(b"I")  # released: ISSUED again
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'shop.db'}")
     with engine.connect() as conn:
         row = conn.execute(sa.select(durable.IDEMPOTENCY_RECORDS)).one()
