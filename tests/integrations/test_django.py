@@ -146,6 +146,46 @@ def test_the_error_table(server: AppServer, tokens: TokenClient, real_redis: Any
     assert runs(real_redis, "down") == 0
 
 
+def test_a_body_cut_short_leaves_the_token_unused(
+    server: AppServer, tokens: TokenClient, real_redis: Any
+) -> None:
+    # gunicorn ends the body at the client's FIN and Django hands the view the part that came:
+    # the view ran on 10 of 40 bytes and used the token up (ASGI: Django drops the request)
+    token = tokens.generate("payment.create", subject="alice").token
+    head = {"Idempotency-Token": token, "X-User-Id": "alice", "Content-Type": "application/json"}
+    body = json.dumps({"amount": 1250, "note": "0123456789"}).encode()
+    before = runs(real_redis, "pay_waiting")
+    status, _, content = post_cut_short(server.url, "/pay-waiting", head, body[:10], len(body))
+    if "gunicorn" in server.command:
+        assert status == 400, content
+        assert json.loads(content)["errors"] == {"body": ["Incomplete."]}
+    else:
+        assert status in (None, 400), content
+    assert tokens.inspect(token).state == "ISSUED"
+    assert runs(real_redis, "pay_waiting") == before
+    retry = httpx.post(server.url + "/pay-waiting", content=body, headers=head, timeout=60)
+    assert retry.status_code == 201, retry.text
+    assert "Idempotent-Replayed" not in retry.headers
+    assert runs(real_redis, "pay_waiting") == before + 1
+
+
+def test_a_body_nested_to_the_recursion_limit_is_refused_not_a_500(
+    server: AppServer, tokens: TokenClient, real_redis: Any
+) -> None:
+    # fingerprint=["amount", "currency"]: at ~3 depths near the limit the field parsed but could
+    # not be encoded again, and the decorator answered 500. Every depth around it: 403 mismatch.
+    token = tokens.generate("payment.create", subject="alice", fingerprint=PAYMENT_PRINT).token
+    head = {"Idempotency-Token": token, "X-User-Id": "alice", "Content-Type": "application/json"}
+    statuses = set()
+    with httpx.Client(timeout=60) as client:
+        for depth in range(850, 1001):
+            body = b'{"amount":' + b"[" * depth + b"]" * depth + b',"currency":"EUR"}'
+            statuses.add(client.post(server.url + "/pay", content=body, headers=head).status_code)
+    assert statuses == {403}
+    assert runs(real_redis, "pay") == 0
+    assert tokens.inspect(token).state == "ISSUED"
+
+
 # -- the Idempotency-Key middleware --------------------------------------------------------------
 
 

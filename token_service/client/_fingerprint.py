@@ -32,6 +32,7 @@ from urllib.parse import parse_qs
 __all__ = [
     "FingerprintSpec",
     "RequestFacts",
+    "body_fingerprint",
     "body_identity",
     "fields_fingerprint",
     "fingerprint",
@@ -93,10 +94,29 @@ def body_identity(body: bytes, content_type: str | None, fields: Sequence[str] |
         if form is not None:
             document = {name: values[0] if len(values) == 1 else values for name, values in form.items()}
     if document is _MISSING:
-        return {"sha256": hashlib.sha256(body).hexdigest()}
+        return _by_bytes(body)
     if fields is not None:
         return {"fields": {name: _pick(document, name) for name in fields}}
     return {"json": document}
+
+
+def _by_bytes(body: bytes) -> dict[str, str]:
+    return {"sha256": hashlib.sha256(body).hexdigest()}
+
+
+def body_fingerprint(body: bytes, content_type: str | None, fields: Sequence[str] | None = None) -> str:
+    """The fingerprint of what a body means (``fields``: of those fields only), as the
+    ``@require_token`` decorators compute it for ``fingerprint=[names]``.
+
+    A document the parser took but the encoder cannot walk back (nested nearly as
+    deep as the interpreter allows, so parsing fits and encoding one level deeper
+    does not) counts by its bytes: it raises nothing (it was a 500 from every
+    decorator), and it can only match a fingerprint issued for those bytes.
+    """
+    try:
+        return fingerprint(body_identity(body, content_type, fields))
+    except RecursionError:
+        return fingerprint(_by_bytes(body))
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +148,7 @@ def http_fingerprint(
         return fingerprint(method.upper(), path, query, body_identity(body, content_type, fields))
     except RecursionError:
         # a document nested deeper than the interpreter can walk here: it counts by its bytes
-        return fingerprint(method.upper(), path, query, {"sha256": hashlib.sha256(body).hexdigest()})
+        return fingerprint(method.upper(), path, query, _by_bytes(body))
 
 
 def fields_fingerprint(values: Mapping[str, Any]) -> str:

@@ -62,7 +62,7 @@ import redis
 import redis.asyncio
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, RawPostDataException
 from django.utils.module_loading import import_string
 
 from token_service import defaults
@@ -71,8 +71,7 @@ from token_service.problems import problem_for
 from token_service.records import dump_json
 
 from ._client import AsyncTokenClient, TokenClient
-from ._fingerprint import RequestFacts, body_identity
-from ._fingerprint import fingerprint as fingerprint_of
+from ._fingerprint import RequestFacts, body_fingerprint
 from ._idempotency_core import Answer, Attempt, IdempotencyCore
 from ._idempotency_store import AsyncIdempotencyStore, IdempotencyStore
 from ._response import (
@@ -308,12 +307,35 @@ def _find_request(args: tuple[Any, ...]) -> HttpRequest:
     raise TypeError("@require_token decorates a view: its first argument must be the request")
 
 
+def _body_ended_early(request: HttpRequest) -> bool:
+    """A body shorter than its Content-Length: the client sent part of it, then closed.
+
+    gunicorn ends ``wsgi.input`` at the client's end of stream and Django then
+    returns the short body without an error: the view would run on part of the
+    request and use the token up. Read here (Django caches it for the view) before
+    the token is touched; a body larger than ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is left
+    for the view to stream (Django does not hold it in memory).
+    """
+    declared = request.META.get("CONTENT_LENGTH") or ""
+    if not declared.isdigit() or int(declared) == 0:
+        return False
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if limit is not None and int(declared) > limit:
+        return False
+    try:
+        return len(request.body) < int(declared)
+    except RawPostDataException:
+        return False  # read already as a stream, by something before this view
+    except OSError:  # UnreadablePostError: the client went away mid-body
+        return True
+
+
 def _fingerprint(spec: Callable[[HttpRequest], Any] | Sequence[str] | None, request: HttpRequest) -> Any:
     if spec is None or callable(spec):
         return spec(request) if spec else None
     if isinstance(spec, str):
         raise TypeError("fingerprint fields must be a sequence of names, not one string")
-    return fingerprint_of(body_identity(request.body, request.META.get("CONTENT_TYPE"), spec))
+    return body_fingerprint(request.body, request.META.get("CONTENT_TYPE"), spec)
 
 
 def _stored(response: HttpResponseBase, wanted: set[str], max_result_bytes: int) -> dict[str, Any]:
@@ -382,6 +404,10 @@ def require_token(
         if not token:
             return problem_response(
                 InvalidRequest(f"The {header} header is required.", {header: ["Missing."]})
+            )
+        if _body_ended_early(request):
+            return problem_response(
+                InvalidRequest("The request body ended before its Content-Length.", {"body": ["Incomplete."]})
             )
         return token
 

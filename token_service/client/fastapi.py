@@ -58,8 +58,7 @@ from token_service.problems import problem_for
 from token_service.records import dump_json
 
 from ._client import AsyncTokenClient
-from ._fingerprint import body_identity
-from ._fingerprint import fingerprint as fingerprint_of
+from ._fingerprint import body_fingerprint
 from ._response import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_REPLAY_HEADERS,
@@ -99,7 +98,7 @@ async def _fingerprint(spec: RequestValue | Sequence[str] | None, request: Reque
     if isinstance(spec, str):
         raise TypeError("fingerprint fields must be a sequence of names, not one string")
     body = await request.body()  # FastAPI has read it for the endpoint already: cached
-    return fingerprint_of(body_identity(body, request.headers.get("content-type"), spec))
+    return body_fingerprint(body, request.headers.get("content-type"), spec)
 
 
 def _kept(headers: Iterable[tuple[str, str]], wanted: set[str]) -> list[tuple[str, str]]:

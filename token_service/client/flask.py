@@ -44,8 +44,7 @@ from token_service.problems import problem_for
 from token_service.records import dump_json
 
 from ._client import TokenClient
-from ._fingerprint import body_identity
-from ._fingerprint import fingerprint as fingerprint_of
+from ._fingerprint import body_fingerprint
 from ._idempotency_core import Recorder
 from ._response import (
     DEFAULT_MAX_RESULT_BYTES,
@@ -190,7 +189,7 @@ def _request_fingerprint(spec: Callable[[Request], str | None] | Sequence[str] |
         return spec(request)
     if isinstance(spec, str):
         raise TypeError("fingerprint fields must be a sequence of names, not one string")
-    return fingerprint_of(body_identity(request.get_data(), request.content_type, spec))
+    return body_fingerprint(request.get_data(), request.content_type, spec)
 
 
 def require_token(
