@@ -16,7 +16,7 @@ import redis
 
 from tests.integrations.servers import AppServer
 from tests.support.cut_short import post_cut_short
-from tests.support.processes import RedisServer
+from tests.support.processes import RedisServer, free_port, wait_until
 from token_service.client import TokenClient
 from token_service.client._fingerprint import fields_fingerprint
 
@@ -26,14 +26,18 @@ PAYMENT_PRINT = fields_fingerprint(PAYMENT)
 SETTINGS = "tests.integrations.django_project.settings"
 
 
+def django_server(kind: str, redis_server: RedisServer, **env: str) -> AppServer:
+    """The test project under gunicorn (WSGI: the sync middleware) or uvicorn (ASGI: the async one)."""
+    env = {"TS_TEST_REDIS_URL": redis_server.url, "DJANGO_SETTINGS_MODULE": SETTINGS, **env}
+    if kind == "gunicorn":
+        app = "tests.integrations.django_project.wsgi:application"
+        return AppServer.gunicorn(app, env, "--config", "python:tests.integrations.gunicorn_django")
+    return AppServer.uvicorn("tests.integrations.django_project.asgi:application", env)
+
+
 @pytest.fixture(scope="module", params=["gunicorn", "uvicorn"])
 def server(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator[AppServer]:
-    env = {"TS_TEST_REDIS_URL": redis_server.url, "DJANGO_SETTINGS_MODULE": SETTINGS}
-    if request.param == "gunicorn":
-        app = "tests.integrations.django_project.wsgi:application"
-        started = AppServer.gunicorn(app, env, "--config", "python:tests.integrations.gunicorn_django")
-    else:
-        started = AppServer.uvicorn("tests.integrations.django_project.asgi:application", env)
+    started = django_server(request.param, redis_server)
     yield started.start()
     started.stop()
 
@@ -232,6 +236,57 @@ def test_middleware_error_table(server: AppServer, real_redis: Any) -> None:
     assert "Idempotent-Replayed" not in retry.headers
     # a path outside PATHS is not guarded at all
     assert httpx.get(server.url + "/healthz", timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("kind", ["gunicorn", "uvicorn"])
+def test_middleware_without_waiting_a_duplicate_gets_409_and_an_exception_frees_the_key(
+    kind: str, redis_server: RedisServer, real_redis: Any
+) -> None:
+    started = django_server(kind, redis_server, TS_TEST_IK_WAIT_SECONDS="0").start()
+    try:
+        alice = {"Idempotency_Key": '"slow"', "Authorization": "Bearer alice"}
+        first: list[httpx.Response] = []
+        # 5 s: the duplicate must land while the first still runs, however slowly this process sees it start
+        thread = threading.Thread(
+            target=lambda: first.append(post(started, "/api/orders", {"sleep": 5}, **alice))
+        )
+        thread.start()
+        wait_until(lambda: runs(real_redis, "orders") == 1, 30, what="the first request to start")
+        busy = post(started, "/api/orders", {"sleep": 5}, **alice)
+        thread.join(60)
+        body = problem(busy, 409, "idempotency_key_in_use")
+        assert 1 <= int(busy.headers["Retry-After"]) <= 10  # LOCK_SECONDS
+        assert body["retry_after_seconds"] == int(busy.headers["Retry-After"])
+        assert first[0].status_code == 201
+        again = post(started, "/api/orders", {"sleep": 5}, **alice)
+        assert (again.content, again.headers["Idempotent-Replayed"]) == (first[0].content, "true")
+        assert runs(real_redis, "orders") == 1
+        # a view that raises: Django answers 500, nothing is stored, the retry runs
+        crash = {"Idempotency_Key": '"crash"', "Authorization": "Bearer alice"}
+        assert post(started, "/api/orders-crash", {}, **crash).status_code == 500
+        retry = post(started, "/api/orders-crash", {}, **crash)
+        assert (retry.status_code, retry.json()) == (201, {"run": 2})
+        assert "Idempotent-Replayed" not in retry.headers
+        assert post(started, "/api/orders-crash", {}, **crash).headers["Idempotent-Replayed"] == "true"
+    finally:
+        started.stop()
+
+
+@pytest.mark.parametrize("kind", ["gunicorn", "uvicorn"])
+def test_middleware_with_its_store_down_fails_closed_with_503(
+    kind: str, redis_server: RedisServer, real_redis: Any
+) -> None:
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    started = django_server(kind, redis_server, TS_TEST_IK_REDIS_URL=dead).start()
+    try:
+        down = post(
+            started, "/api/orders", {"sku": "A1"}, Idempotency_Key='"k"', Authorization="Bearer alice"
+        )
+        problem(down, 503, "store_unavailable")
+        assert int(down.headers["Retry-After"]) >= 1
+        assert runs(real_redis, "orders") == 0  # the view never ran unguarded
+    finally:
+        started.stop()
 
 
 def test_middleware_a_body_cut_short_runs_nothing(server: AppServer, real_redis: Any) -> None:

@@ -22,7 +22,10 @@ TOKEN_SERVICE = {
     "REDIS_URL": os.environ.get("TS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
     "IDEMPOTENCY_KEY": {
         "PATHS": ["/api/"],
-        "WAIT_SECONDS": 30,  # a duplicate waits for the first request's response
+        # a duplicate waits for the first request's response (0: it gets 409 at once)
+        "WAIT_SECONDS": float(os.environ.get("TS_TEST_IK_WAIT_SECONDS", "30")),
         "LOCK_SECONDS": 10,
     },
 }
+if os.environ.get("TS_TEST_IK_REDIS_URL"):  # the middleware's own store (a dead one: fail closed)
+    TOKEN_SERVICE["IDEMPOTENCY_KEY"]["REDIS_URL"] = os.environ["TS_TEST_IK_REDIS_URL"]  # type: ignore[index]

@@ -17,6 +17,7 @@ urlpatterns = [
     path("api/orders", csrf_exempt(views.create_order)),
     path("api/orders-async", csrf_exempt(views.create_order_async)),
     path("api/orders-503", csrf_exempt(views.unavailable_order)),
+    path("api/orders-crash", csrf_exempt(views.crashing_order)),
     path("api/slow-orders", csrf_exempt(views.slow_order)),
     path("api/slow-orders-async", csrf_exempt(views.slow_order_async)),
     path("slow-reports", csrf_exempt(views.slow_report)),

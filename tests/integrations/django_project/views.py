@@ -85,8 +85,9 @@ class PaymentView(APIView):
 
 def create_order(request: HttpRequest) -> HttpResponse:
     run = counters.incr("runs:orders")
-    time.sleep(0.5)
-    return JsonResponse({"order": f"o_{run}", "body": json.loads(request.body)}, status=201)
+    body = json.loads(request.body)
+    time.sleep(float(body.get("sleep", 0.5)))
+    return JsonResponse({"order": f"o_{run}", "body": body}, status=201)
 
 
 async def create_order_async(request: HttpRequest) -> HttpResponse:
@@ -129,4 +130,11 @@ def slow_report(request: HttpRequest) -> HttpResponse:
 @require_token("report.build", lease_seconds=SLOW_LEASE_SECONDS)
 async def slow_report_async(request: HttpRequest) -> HttpResponse:
     run = await asyncio.to_thread(_first_waits_for_release, "slow_report_async")
+    return JsonResponse({"run": run}, status=201)
+
+
+def crashing_order(request: HttpRequest) -> HttpResponse:
+    run = counters.incr("runs:orders_crash")
+    if run == 1:
+        raise RuntimeError("bug")  # Django answers 500: not stored, the key is freed
     return JsonResponse({"run": run}, status=201)
