@@ -280,3 +280,26 @@ def test_a_client_that_leaves_mid_stream_leaves_the_work_recorded(server: Server
     assert replay.headers["Idempotent-Replayed"] == "true"
     assert int(replay.headers["Idempotent-Body-Omitted"]) > 0
     assert server.runs == 1
+
+
+def test_a_request_whose_lock_ran_out_is_fenced_out(server: Server) -> None:
+    """The first request's claim runs out while it runs (as when its process stalls past
+    ``lock_seconds``); a second request takes the key and stores its response. The first then
+    finishes: its response must not overwrite the second's (the store is fenced by owner)."""
+    slow = threading.Thread(target=lambda: first.append(server.post({"sleep": 3, "sku": "A"})))
+    first: list[httpx.Response] = []
+    slow.start()
+    wait_until(lambda: server.runs == 1, 30, what="the first request to start")
+    [record] = server.redis.keys("ts:ik:*")
+    server.redis.pexpire(record, 1)  # its lock runs out
+    wait_until(lambda: not server.redis.exists(record), 10, what="the lock to run out")
+    second = server.post({"sku": "A", "second": True})
+    assert second.status_code == 201
+    slow.join(60)
+    assert first[0].status_code == 201  # its client still gets its answer
+    assert server.runs == 2
+    replay = server.post({"sku": "A", "second": True})
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert replay.content == second.content  # the second's response, not the late first one's
+    assert server.post({"sleep": 3, "sku": "A"}).json()["code"] == "idempotency_key_mismatch"
+    assert server.runs == 2
