@@ -31,7 +31,7 @@ from token_service.tokens import token_digest
 
 SCOPE = "payment.create"
 # random per request, or per run: compared for shape, not value
-RANDOM_FIELDS = ("token", "expires_at")
+RANDOM_FIELDS = ("token", "expires_at", "token_ref")  # token_ref: the digest of a random token
 RANDOM_HEADERS = ("X-Request-ID", "Date")
 
 Scenario = Callable[[Any, TokenStore], Any]

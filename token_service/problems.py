@@ -47,7 +47,9 @@ def internal_error() -> tuple[int, dict[str, str], bytes]:
     return problem(500, "internal_error", "Internal error", "The service failed unexpectedly.")
 
 
-def problem_for(error: TokenError) -> tuple[int, dict[str, str], bytes]:
+def problem_for(error: TokenError, token_ref: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    """The problem document of ``error``; ``token_ref``: the digest of the token the request named
+    (the service's, as in its access line), so whoever holds the answer can have the record found."""
     extra: dict[str, Any] = {}
     if isinstance(error, InvalidRequest):
         extra["errors"] = error.errors
@@ -59,6 +61,8 @@ def problem_for(error: TokenError) -> tuple[int, dict[str, str], bytes]:
     if isinstance(error, TokenInProgress | RateLimited | ServiceUnavailable):
         retry_after = error.retry_after_seconds
         extra["retry_after_seconds"] = retry_after
+    if token_ref is not None:
+        extra["token_ref"] = token_ref
     status, headers, body = problem(error.status, error.code, error.title, error.detail, **extra)
     if retry_after is not None:
         headers["Retry-After"] = str(retry_after)

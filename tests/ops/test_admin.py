@@ -61,6 +61,30 @@ def test_a_token_ref_from_the_access_log_finds_its_record(
     assert token not in json.dumps(shown)
 
 
+def test_a_refusals_problem_document_names_the_record(redis_any: Any, admin: Admin) -> None:
+    """What the customer holds after "refused as a duplicate": the problem document's token_ref."""
+    app = create_app({"api_keys": API_KEY, "redis_client": redis_any, "rate_limit": "off"})
+    client = app.test_client()
+    token = client.post("/token/generate", json={"scope": "pay", "subject": "user-7"}).json["token"]
+    body = {"token": token, "scope": "pay", "subject": "user-7", "request_id": "order-2001"}
+    assert client.post("/token/consume", json=body, headers=AUTH).status_code == 200
+    refusals = [
+        client.post("/token/consume", json={**body, "request_id": "order-2002"}, headers=AUTH),  # hot path
+        client.post("/token/begin", json={**body, "request_id": "order-2003"}, headers=AUTH),  # Flask
+        client.post("/token/consume", json={**body, "scope": "refund"}, headers=AUTH),  # token_mismatch
+    ]
+    assert [refused.json["code"] for refused in refusals] == ["token_used", "token_used", "token_mismatch"]
+    for refused in refusals:
+        assert refused.json["token_ref"] == token_digest(token)
+        assert token not in refused.get_data(as_text=True)
+    record = admin.show(refusals[0].json["token_ref"]).to_dict()
+    assert (record["state"], record["request_id"]) == ("CONSUMED", "order-2001")
+    # a request that named no token has none
+    unknown = client.post("/token/consume", json={"scope": "pay"}, headers=AUTH)
+    assert unknown.status_code == 400
+    assert "token_ref" not in unknown.json
+
+
 def test_show_reports_lease_time_left_and_stored_results(store: TokenStore, admin: Admin) -> None:
     running, done, failed = _issue(store, 3)
     store.begin(running, "pay", "user-7", request_id="r-run", lease_seconds=120)

@@ -27,6 +27,12 @@ def request_id() -> str | None:
     return info.request_id if info is not None else None
 
 
+def token_ref() -> str | None:
+    """The digest of the token the request being answered named, if it named one."""
+    info = current.get()
+    return info.token_ref if info is not None else None
+
+
 def note_token_ref(token_ref: str) -> None:
     """Remember which token the request named, for its access line (outside a request: nothing)."""
     info = current.get()

@@ -15,6 +15,7 @@ from werkzeug.exceptions import HTTPException
 
 from token_service import problems
 from token_service.errors import PayloadTooLarge, ServiceUnavailable, TokenError
+from token_service.server import request_context
 from token_service.server.metrics import REDIS_ERRORS
 from token_service.server.telemetry import current_route
 
@@ -50,14 +51,16 @@ def problem(
 def error_reply(error: BaseException, route: str) -> tuple[int, dict[str, str], bytes]:
     """The answer to what a request raised, on the Flask path and the hot path alike.
 
-    A ``TokenError`` is its problem document (a 503 also counted against the
-    route in ``token_service_redis_errors_total``); anything else is a bug:
+    A ``TokenError`` is its problem document, with the ``token_ref`` of the
+    request's token when it named one (a 503 also counted against the route in
+    ``token_service_redis_errors_total``); anything else is a bug:
     logged with its traceback and answered ``500 internal_error``.
     """
     if isinstance(error, ServiceUnavailable):
         REDIS_ERRORS.labels(route).inc()
     if isinstance(error, TokenError):
-        return problems.problem_for(error)
+        # the token's digest, as the access line has it: what an operator looks the record up by
+        return problems.problem_for(error, request_context.token_ref())
     log.error("unhandled error", exc_info=error)
     return problems.internal_error()
 
