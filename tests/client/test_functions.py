@@ -340,6 +340,81 @@ async def test_async_functions_run_once_per_key(async_client: AsyncTokenClient) 
             raise AssertionError("a replay must not run the block")
 
 
+async def test_async_functions_release_record_refuse_and_wait_like_sync_ones(
+    async_client: AsyncTokenClient,
+) -> None:
+    """What the sync tests above show, for coroutine functions (Powertools' #4483 asked for them)."""
+    calls = Calls()
+
+    @idempotent(async_client, "async.send", key="invoice_id")
+    async def send(invoice_id: str) -> str:
+        if calls.hit() == 1:
+            raise ConnectionError("smtp down")
+        return "sent"
+
+    with pytest.raises(ConnectionError):
+        await send("i-1")  # an exception releases the key: the retry runs
+    assert [await send("i-1"), await send("i-1")] == ["sent", "sent"]
+    assert calls.count == 2
+
+    @idempotent(async_client, "async.charge", key="payment_id", terminal=(Declined,))
+    async def charge(payment_id: str) -> str:
+        calls.hit()
+        raise Declined("card declined")
+
+    with pytest.raises(Declined):
+        await charge("p-1")
+    with pytest.raises(TokenFailed) as failed:
+        await charge("p-1")  # recorded: never runs again
+    assert failed.value.error == {"type": "Declined", "message": "card declined"}
+    assert calls.count == 3
+
+    @idempotent(async_client, "async.transfer", key="transfer_id", fingerprint=("amount",))
+    async def transfer(transfer_id: str, amount: int) -> int:
+        return amount
+
+    assert await transfer("t-1", 10) == 10
+    with pytest.raises(TokenMismatch):
+        await transfer("t-1", 99)
+
+    holder = keyed_guard(async_client, "async.report", "r-1", lease_seconds=30)
+    assert await holder.start()
+
+    @idempotent(async_client, "async.report", key="report_id")
+    async def build(report_id: str) -> str:
+        return "built by a duplicate"
+
+    with pytest.raises(TokenInProgress):
+        await build("r-1")
+
+    @idempotent(async_client, "async.report", key="report_id", wait_seconds=30)
+    async def build_waiting(report_id: str) -> str:
+        return "built by a duplicate"
+
+    async def finish_later() -> None:
+        await asyncio.sleep(0.3)
+        await holder.succeed("built by the holder")
+
+    waited, _ = await asyncio.gather(build_waiting("r-1"), finish_later())
+    assert waited == "built by the holder"
+
+
+async def test_an_async_dead_holder_is_taken_over_after_its_lease(async_client: AsyncTokenClient) -> None:
+    dead = keyed_guard(async_client, "async.job", 7, lease_seconds=1, renew=False)
+    assert await dead.start()  # ... and its process dies: nothing completes or renews the lease
+    calls = Calls()
+
+    @idempotent(async_client, "async.job", key="job_id", wait_seconds=10)
+    async def run(job_id: int) -> str:
+        calls.hit()
+        return "done"
+
+    assert await run(7) == "done"  # waited out the dead lease, then took the key over
+    with pytest.raises(LeaseLost):
+        await dead.succeed("late")
+    assert (await run(7), calls.count) == ("done", 1)
+
+
 # -- the Lua contract: begin's claim_ms ----------------------------------------------------
 
 
