@@ -12,10 +12,18 @@ import httpx
 from examples.checkout.demo import Demo
 
 
-def check_token_service(token_url: str, shop_url: str) -> str | None:
-    """Why the page would get no tokens from ``token_url``, or None when it would (a CORS preflight)."""
+def check_token_service(token_url: str, shop_url: str, api_key: str) -> list[str]:
+    """Why the demo would not work with the token service at ``token_url`` (empty: it would).
+
+    Two questions, neither of which changes anything there: does it let the shop's page ask
+    for tokens (a CORS preflight), and does it take the shop's service key (inspecting a
+    token that does not exist: 404 with the right key, 401 with a wrong one)?
+    """
+    quiet = logging.getLogger("httpx")
+    level = quiet.level
+    quiet.setLevel(logging.WARNING)  # the probe's expected "404 NOT FOUND" would read like a failure
     try:
-        answer = httpx.options(
+        preflight = httpx.options(
             token_url + "/token/generate",
             headers={
                 "Origin": shop_url,
@@ -24,14 +32,28 @@ def check_token_service(token_url: str, shop_url: str) -> str | None:
             },
             timeout=5,
         )
+        probe = httpx.post(
+            token_url + "/token/inspect",
+            json={"token": "checkout-demo-probe-" + "0" * 24},
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=5,
+        )
     except httpx.HTTPError as exc:
-        return f"no answer from {token_url} ({type(exc).__name__}): is it running?"
-    if answer.headers.get("Access-Control-Allow-Origin") != shop_url:
-        return (
+        return [f"no answer from {token_url} ({type(exc).__name__}): is it running?"]
+    finally:
+        quiet.setLevel(level)
+    problems = []
+    if preflight.headers.get("Access-Control-Allow-Origin") != shop_url:
+        problems.append(
             f"{token_url} does not allow the origin {shop_url}: add it to its TOKEN_SERVICE_CORS_ORIGINS "
             "(and start the shop with that --shop-port)"
         )
-    return None
+    if probe.status_code == 401:
+        problems.append(
+            f"{token_url} refuses the shop's service key: set CHECKOUT_API_KEY to one of its "
+            "TOKEN_SERVICE_API_KEYS (every payment would fail, and the page would say 'not charged')"
+        )
+    return problems
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--token-service",
         metavar="URL",
-        help="an already-running token service; the shop's key for it comes from CHECKOUT_API_KEY "
-        "(default: start one here, embedded store)",
+        help="an already-running token service, such as make run's; the shop's key for it is "
+        "CHECKOUT_API_KEY, else make run's development key (default: start one here, embedded store)",
     )
     parser.add_argument(
         "--token-port",
@@ -74,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"shop:          {demo.shop_url}  ← open this", flush=True)
     print(f"database:      {demo.database_url}", flush=True)
     if args.token_service is not None:
-        problem = check_token_service(demo.token_url, demo.shop_url)
-        if problem:
+        for problem in check_token_service(demo.token_url, demo.shop_url, demo.api_key):
             print(f"warning: {problem}", flush=True)
     print("Ctrl-C stops it.", flush=True)
     stop = threading.Event()

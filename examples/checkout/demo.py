@@ -27,9 +27,10 @@ from token_service.client import TokenClient
 from token_service.client.flask import require_token
 from token_service.config import Settings
 
-# The shop's key for the token service's backend routes. A demo value: set
-# TOKEN_SERVICE_API_KEYS and CHECKOUT_API_KEY for anything else.
-DEMO_API_KEY = "demo-shop-key-not-for-production"
+# The shop's key for the token service's backend routes when CHECKOUT_API_KEY is not set:
+# the development key `make run` sets (Makefile), so `--token-service` pointed at `make run`
+# works as it is. A demo value: set TOKEN_SERVICE_API_KEYS and CHECKOUT_API_KEY for anything else.
+DEMO_API_KEY = "dev-service-key-change-me"
 # A crashed charge frees its token after this long (the page may then retry it).
 LEASE_SECONDS = 10
 
@@ -77,16 +78,21 @@ class Server:
 
 
 def token_service_settings(
-    environ: Mapping[str, str], shop_url: str, overrides: Mapping[str, Any] | None = None
+    environ: Mapping[str, str],
+    shop_url: str,
+    overrides: Mapping[str, Any] | None = None,
+    shop_api_key: str = DEMO_API_KEY,
 ) -> Settings:
-    """The environment's TOKEN_SERVICE_* settings, plus what the demo needs: a key, the shop's origin."""
+    """The environment's TOKEN_SERVICE_* settings, plus what the demo needs: the shop's key, its origin."""
     settings = Settings.from_env(environ)
     if overrides:
         given = Settings.from_mapping(dict(overrides))
         settings = dataclasses.replace(settings, **{name: getattr(given, name.lower()) for name in overrides})
     changes: dict[str, Any] = {}
-    if not settings.api_keys:
-        changes["api_keys"] = Settings.from_mapping({"api_keys": DEMO_API_KEY}).api_keys
+    # The shop's key is accepted even when TOKEN_SERVICE_API_KEYS names others (and CHECKOUT_API_KEY none).
+    [shop_key_digest] = Settings.from_mapping({"api_keys": shop_api_key}).api_keys
+    if shop_key_digest not in settings.api_keys:
+        changes["api_keys"] = (*settings.api_keys, shop_key_digest)
     if shop_url not in settings.cors_origins:
         changes["cors_origins"] = (*settings.cors_origins, shop_url)
     return dataclasses.replace(settings, **changes)
@@ -136,12 +142,17 @@ class Demo:
     def shop_url(self) -> str:
         return self.shop.url
 
+    @property
+    def api_key(self) -> str:
+        """The shop's key for the token service: CHECKOUT_API_KEY, else ``make run``'s development key."""
+        return self.environ.get("CHECKOUT_API_KEY") or DEMO_API_KEY
+
     def start(self) -> Demo:
+        api_key = self.api_key
         if self.token_service is not None:
-            settings = token_service_settings(self.environ, self.shop_url, self.token_settings)
+            settings = token_service_settings(self.environ, self.shop_url, self.token_settings, api_key)
             self.token_service.app = create_app(settings)
         self.engine = create_database(self.database_url)
-        api_key = self.environ.get("CHECKOUT_API_KEY", DEMO_API_KEY)
         # The shop talks to the token service over HTTP with its service key, like any backend.
         self.client = client = TokenClient(self.token_url, api_key=api_key)
 

@@ -1,5 +1,6 @@
 """The browser snippet of README.md (included in docs/frontend.md and docs/quickstart.md)
-in headless Chromium, and docs/frontend.md's command that starts the demo checkout.
+in headless Chromium, and docs/frontend.md's commands that start the demo checkout (alone,
+and beside ``make run``).
 
 The snippet is put, as written, in a page served from the demo shop's origin;
 only the module's address is pointed at the demo's token service. The page
@@ -21,11 +22,13 @@ from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 from flask import Flask, Response, jsonify, request
 
+from examples.checkout.shop import charges as shop_charges
 from tests.support.browser import RunningDemo
 from tests.support.docs import code_blocks
-from tests.support.processes import REPO_ROOT, wait_until
+from tests.support.processes import REPO_ROOT, free_port, wait_until
 from token_service.client.flask import require_token
 
 pytestmark = pytest.mark.slow
@@ -116,7 +119,7 @@ def test_the_readme_browser_snippet_charges_once_per_order(context: Any, demo: R
 
 
 def test_the_bundling_snippets_install_and_get_a_token(tmp_path: Path, demo: RunningDemo) -> None:
-    install, _ = code_blocks("docs/frontend.md", "sh")
+    install, _, _ = code_blocks("docs/frontend.md", "sh")
     command = install.code.split("#", 1)[0].strip()
     assert command == "npm install /path/to/token-service/frontend"
     shop = tmp_path / "shop"
@@ -147,7 +150,7 @@ def test_the_bundling_snippets_install_and_get_a_token(tmp_path: Path, demo: Run
 
 
 def test_the_demo_checkout_command_starts_the_shop_and_a_token_service(tmp_path: Path) -> None:
-    _, block = code_blocks("docs/frontend.md", "sh")
+    _, block, _ = code_blocks("docs/frontend.md", "sh")
     command = block.code.split("#", 1)[0].strip()
     assert command == "make install && .venv/bin/python -m examples.checkout"
     command = command.replace(".venv/", f"{sys.prefix}/")
@@ -173,3 +176,83 @@ def test_the_demo_checkout_command_starts_the_shop_and_a_token_service(tmp_path:
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=30)
+
+
+def _clean_env() -> dict[str, str]:
+    """A newcomer's shell: none of the service's or the shop's settings."""
+    return {
+        key: value for key, value in os.environ.items() if not key.startswith(("TOKEN_SERVICE_", "CHECKOUT_"))
+    }
+
+
+def test_the_demo_checkout_beside_make_run_charges_once_in_chromium(context: Any, tmp_path: Path) -> None:
+    """The two commands as a newcomer types them: make run, then the demo pointed at it; pay, reload."""
+    _, _, block = code_blocks("docs/frontend.md", "sh")
+    make_run, demo_command = (line.split("#", 1)[0].strip() for line in block.code.strip().splitlines())
+    assert make_run == "TOKEN_SERVICE_CORS_ORIGINS=http://127.0.0.1:8100 make run"
+    assert demo_command == (
+        ".venv/bin/python -m examples.checkout --token-service http://127.0.0.1:8000 --shop-port 8100"
+    )
+    token_port, shop_port = free_port(), free_port()
+    shop_url = f"http://127.0.0.1:{shop_port}"
+    database = tmp_path / "shop.sqlite3"
+    # The documented ports made free ones; `make run` takes its port from PORT (8000 by default).
+    make_run = make_run.replace(":8100", f":{shop_port}")
+    demo_command = (
+        demo_command.replace(":8000", f":{token_port}")
+        .replace("8100", str(shop_port))
+        .replace(".venv/", f"{sys.prefix}/")
+    ) + f" --database sqlite:///{database}"  # so the test can count the charges in the shop's database
+    env = {**_clean_env(), "PORT": str(token_port), "MAKEFLAGS": f"VENV={sys.prefix}"}
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start(command: str, log: Path) -> None:
+        with log.open("wb") as out:
+            processes.append(
+                subprocess.Popen(
+                    ["bash", "-c", command],
+                    cwd=REPO_ROOT,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+
+    service_log, demo_log = tmp_path / "service.log", tmp_path / "demo.log"
+    try:
+        start(make_run, service_log)
+        health = f"http://127.0.0.1:{token_port}/healthz"
+        wait_until(lambda: _answers(health), 120, 0.2, what="make run's token service")
+        start(demo_command, demo_log)
+        wait_until(lambda: "Ctrl-C" in demo_log.read_text(), 120, 0.2, what="the demo")
+        assert "warning" not in demo_log.read_text()  # the origin is listed, make run takes the shop's key
+        assert f"shop:          {shop_url}" in demo_log.read_text()
+
+        page = context.new_page()
+        page.goto(shop_url + "/")
+        page.wait_for_selector("#status[data-state='ready']")
+        page.click("#pay")
+        page.wait_for_selector("#status[data-state='paid']")
+        order_id = page.locator("#order").inner_text()
+        page.reload()
+        page.wait_for_selector("#status[data-state='paid']")
+        assert page.locator("#pay").is_disabled()
+        engine = sa.create_engine(f"sqlite:///{database}")
+        try:
+            with engine.connect() as conn:
+                rows = conn.execute(sa.select(shop_charges.c.order_id)).all()
+        finally:
+            engine.dispose()
+        assert [row.order_id for row in rows] == [order_id]
+    finally:
+        for process in reversed(processes):
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=30)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url).status_code == 200
+    except httpx.HTTPError:
+        return False

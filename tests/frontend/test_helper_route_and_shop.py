@@ -245,15 +245,18 @@ def test_the_demo_uses_an_already_running_token_service(tmp_path: Path) -> None:
         assert "warning" not in output
         assert "EMBEDDED" not in output  # no token service of its own
 
-        # A shop whose origin the service does not list is told so at start.
+        # A shop whose origin the service does not list, with a key it refuses, is told both at start.
         other_log = tmp_path / "other.log"
-        other = _run_demo(["--token-service", token_url], other_log, shop_env)
+        wrong_key = {**shop_env, "CHECKOUT_API_KEY": "not-a-key-of-this-service"}
+        other = _run_demo(["--token-service", token_url], other_log, wrong_key)
         try:
-            wait_until(lambda: "warning:" in other_log.read_text(), what="the CORS warning")
+            wait_until(lambda: "Ctrl-C" in other_log.read_text(), what="the demo's start")
         finally:
             output = _stop(other, other_log)
         assert "does not allow the origin" in output
         assert "TOKEN_SERVICE_CORS_ORIGINS" in output
+        assert "refuses the shop's service key: set CHECKOUT_API_KEY" in output
+        assert output.count("warning:") == 2
     finally:
         service.send_signal(signal.SIGTERM)
         service.wait(timeout=20)
