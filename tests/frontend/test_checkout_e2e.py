@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.browser import RunningDemo
+from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -100,9 +101,10 @@ def test_pay_charges_once_and_the_button_stays_off(context: Any, demo: RunningDe
     right_after = page.evaluate(
         "() => { const pay = document.getElementById('pay');"
         " for (let i = 0; i < 5; i++) pay.click();"
-        " return [document.getElementById('status').dataset.state, pay.disabled]; }"
+        " return [document.getElementById('status').dataset.state, pay.disabled,"
+        " document.getElementById('new-order').disabled]; }"
     )
-    assert right_after == ["paying", True]
+    assert right_after == ["paying", True, True]  # Pay, and leaving for a new order, wait for the answer
     snap(page, "paying")
     lines = results(page, 1)
     assert [outcome for outcome, _ in lines] == ["charged"], lines
@@ -183,6 +185,29 @@ def test_two_tabs_paying_the_same_order_at_once_charge_once(context: Any, demo: 
     outcomes = sorted([results(first, 1)[0][0], results(second, 1)[0][0]])
     assert outcomes == ["already-paid", "charged"], outcomes
     assert len(demo.charges(order_of(first))) == 1
+
+
+def test_closing_the_tab_mid_payment_and_coming_back_charges_once(
+    context: Any, demo_factory: Callable[..., RunningDemo]
+) -> None:
+    demo = demo_factory(charge_delay_seconds=1.5)  # the payment provider still at work when the tab closes
+    page = open_checkout(context, demo.shop_url + "/")
+    order_id = order_of(page)
+    page.click("#pay")
+    wait_until(lambda: charge_posts(demo, order_id), what="the charge to reach the shop")
+    page.close()  # the shopper gives up waiting; the shop carries on
+    back = context.new_page()
+    back.goto(f"{demo.shop_url}/orders/{order_id}")
+    back.wait_for_selector("#status[data-state='ready'], #status[data-state='paid']", timeout=SLOW_MS)
+    if status(back)[0] == "ready":  # the first charge had not committed yet: paying again is safe
+        back.click("#pay")
+        assert [outcome for outcome, _ in results(back, 1)] == ["already-paid"]
+    wait_state(back, "paid")
+    assert back.locator("#pay").is_disabled()
+    assert len(demo.charges(order_id)) == 1
+    back.reload()
+    wait_state(back, "paid")
+    assert len(demo.charges(order_id)) == 1
 
 
 def test_a_lost_reply_is_retried_with_the_same_token(context: Any, demo: RunningDemo) -> None:

@@ -159,6 +159,7 @@ export function startCheckout(TokenClient, config) {
   pay.addEventListener("click", async () => {
     if (busy || paid) return;
     busy = true;
+    newOrder.disabled = true; // leaving the order mid-payment would hide its outcome
     const finish = addLine();
     setStatus("paying", "Paying… please keep this page open.");
     const renewals = action.renewals;
@@ -199,6 +200,7 @@ export function startCheckout(TokenClient, config) {
       }
     } finally {
       busy = false;
+      newOrder.disabled = false;
     }
   });
 
