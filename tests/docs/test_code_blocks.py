@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.support.docs import Block, code_blocks, pages, run_python, run_sh, section, shell_env
+from tests.support.docs import Block, code_blocks, make_here, pages, run_python, run_sh, section, shell_env
 from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
 
 # Pages whose blocks this file runs (each has its test below).
@@ -110,7 +110,7 @@ def make_run() -> Iterator[str]:
     log.parent.mkdir(exist_ok=True)
     with log.open("wb") as out:
         process = subprocess.Popen(
-            ["bash", "-c", make_command("run")],
+            ["bash", "-c", make_here(make_command("run"))],
             cwd=REPO_ROOT,
             env=env,
             stdout=out,
@@ -192,7 +192,7 @@ def test_the_quickstart_runs_make_run_on_redis(redis_server: RedisServer) -> Non
     [block] = code_blocks("docs/quickstart.md")
     assert block.lang == "sh"
     assert "redis://127.0.0.1:6379/0" in block.code
-    command = block.code.replace("redis://127.0.0.1:6379/0", redis_server.url)
+    command = make_here(block.code.replace("redis://127.0.0.1:6379/0", redis_server.url))
     port = free_port()
     env = shell_env(PORT=str(port), HOST="127.0.0.1", MAKEFLAGS=f"VENV={sys.prefix}")
     process = subprocess.Popen(

@@ -27,7 +27,7 @@ from flask import Flask, Response, jsonify, request
 
 from examples.checkout.shop import charges as shop_charges
 from tests.support.browser import RunningDemo
-from tests.support.docs import code_blocks
+from tests.support.docs import code_blocks, make_here
 from tests.support.processes import REPO_ROOT, free_port, wait_until
 from token_service.client.flask import require_token
 
@@ -153,7 +153,7 @@ def test_the_demo_checkout_command_starts_the_shop_and_a_token_service(tmp_path:
     _, block, _ = code_blocks("docs/frontend.md", "sh")
     command = block.code.split("#", 1)[0].strip()
     assert command == "make install && .venv/bin/python -m examples.checkout"
-    command = command.replace(".venv/", f"{sys.prefix}/")
+    command = make_here(command.replace(".venv/", f"{sys.prefix}/"))
     log = tmp_path / "demo.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -197,7 +197,7 @@ def test_the_demo_checkout_beside_make_run_charges_once_in_chromium(context: Any
     shop_url = f"http://127.0.0.1:{shop_port}"
     database = tmp_path / "shop.sqlite3"
     # The documented ports made free ones; `make run` takes its port from PORT (8000 by default).
-    make_run = make_run.replace(":8100", f":{shop_port}")
+    make_run = make_here(make_run.replace(":8100", f":{shop_port}"))
     demo_command = (
         demo_command.replace(":8000", f":{token_port}")
         .replace("8100", str(shop_port))

@@ -58,6 +58,21 @@ def code_blocks(page: str, lang: str | None = None) -> list[Block]:
     return [block for block in blocks if lang is None or block.lang == lang]
 
 
+def make_here(command: str) -> str:
+    """A documented command's ``make`` calls, for this test run's virtualenv (``MAKEFLAGS=VENV=…``).
+
+    Run as written when that virtualenv is this checkout's. When it belongs to another checkout
+    (git worktrees sharing one ``.venv``), make must not reinstall the project: its
+    ``pip install -e .`` would point every checkout's ``token-service`` at this one. ``-o``
+    takes the install stamp as up to date, so make leaves the virtualenv alone, and
+    ``PYTHONPATH`` makes what it starts import this checkout's code all the same.
+    """
+    if Path(sys.prefix).resolve().is_relative_to(REPO_ROOT.resolve()):
+        return command
+    here = f'export PYTHONPATH="{REPO_ROOT}${{PYTHONPATH:+:$PYTHONPATH}}"\n'
+    return here + re.sub(r"\bmake(?= )", f"make -o {sys.prefix}/bin/token-service", command)
+
+
 def shell_env(**extra: str) -> dict[str, str]:
     """This environment less its TOKEN_SERVICE_* settings, with the virtualenv's bin/ first on PATH."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("TOKEN_SERVICE_")}
