@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from tests.support.processes import REPO_ROOT
+from tests.support.processes import REPO_ROOT, RedisServer
 from token_service.client import (
     AsyncTokenClient,
     ServiceUnavailable,
@@ -55,11 +55,10 @@ def observed() -> Iterator[Observed]:
 
 
 @pytest.fixture
-def client(observed: Observed) -> Iterator[TokenClient]:
-    raw = fakeredis.FakeRedis(server=fakeredis.FakeServer())
-    with TokenClient.from_redis(raw, telemetry=observed.telemetry) as client:
+def client(observed: Observed, redis_client: Any) -> Iterator[TokenClient]:
+    """On fakeredis and on a real redis-server (tests/conftest.py's ``redis_client``)."""
+    with TokenClient.from_redis(redis_client, telemetry=observed.telemetry) as client:
         yield client
-    raw.close()
 
 
 def test_counters_and_spans_for_each_outcome(client: TokenClient, observed: Observed) -> None:
@@ -173,30 +172,115 @@ def test_without_opentelemetry_or_prometheus_the_sdk_still_works() -> None:
     assert done.stdout.strip() == "ok", done.stderr
 
 
-# -- the Idempotency-Key middlewares count under the same names ---------------------------------
+# -- the Idempotency-Key middlewares count under the same names, and trace ---------------------
+
+KEY_HEADERS = {"Idempotency-Key": '"k-1"', "Authorization": "Bearer client-a"}
 
 
-def test_the_idempotency_key_middleware_counts(observed: Observed) -> None:
+def _middleware_spans(observed: Observed) -> list[tuple[str, Any, Any]]:
+    return [
+        (
+            span.name,
+            (span.attributes or {}).get("token_service.outcome"),
+            (span.attributes or {}).get("token_service.scope"),
+        )
+        for span in observed.exporter.get_finished_spans()
+    ]
+
+
+def test_the_wsgi_idempotency_key_middleware_counts_and_traces(observed: Observed, redis_client: Any) -> None:
     from flask import Flask
 
     from token_service.client.idempotency import IdempotencyMiddleware
 
-    raw = fakeredis.FakeRedis(server=fakeredis.FakeServer())
     app = Flask(__name__)
 
     @app.post("/orders")
     def create_order() -> Any:
         return {"ok": True}, 201
 
+    @app.post("/busy")
+    def busy() -> Any:
+        return {"retry": "later"}, 503
+
     app.wsgi_app = IdempotencyMiddleware(  # type: ignore[method-assign]
-        app.wsgi_app, raw, telemetry=observed.telemetry, telemetry_scope=SCOPE
+        app.wsgi_app, redis_client, telemetry=observed.telemetry, telemetry_scope=SCOPE
     )
     http = app.test_client()
-    headers = {"Idempotency-Key": '"k-1"', "Authorization": "Bearer client-a"}
-    assert http.post("/orders", json={"a": 1}, headers=headers).status_code == 201
-    assert http.post("/orders", json={"a": 1}, headers=headers).headers["Idempotent-Replayed"] == "true"
-    assert http.post("/orders", json={"a": 2}, headers=headers).status_code == 422
-    raw.close()
+    assert http.post("/orders", json={"a": 1}, headers=KEY_HEADERS).status_code == 201
+    assert http.post("/orders", json={"a": 1}, headers=KEY_HEADERS).headers["Idempotent-Replayed"] == "true"
+    assert http.post("/orders", json={"a": 2}, headers=KEY_HEADERS).status_code == 422
+    busy_key = {**KEY_HEADERS, "Idempotency-Key": '"k-2"'}
+    assert http.post("/busy", json={}, headers=busy_key).status_code == 503
+    assert observed.count("executions", outcome="succeeded") == 1
+    assert observed.count("executions", outcome="released") == 1
+    assert observed.count("replays") == 1
+    assert observed.count("mismatches", field="fingerprint") == 1
+    name = "token_service.idempotency_key"
+    assert _middleware_spans(observed) == [
+        (name, "executed", SCOPE),
+        (name, "replayed", SCOPE),
+        (name, "mismatch", SCOPE),
+        (name, "released", SCOPE),
+    ]
+
+
+@pytest.mark.real
+async def test_the_asgi_idempotency_key_middleware_counts_and_traces(
+    observed: Observed, redis_server: RedisServer
+) -> None:
+    import redis.asyncio
+
+    from token_service.client import asgi
+
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    await client.flushall()
+    runs = 0
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        nonlocal runs
+        runs += 1
+        await receive()
+        await send(
+            {"type": "http.response.start", "status": 201, "headers": [(b"content-type", b"text/plain")]}
+        )
+        await send({"type": "http.response.body", "body": b"made", "more_body": False})
+
+    middleware = asgi.IdempotencyMiddleware(app, client, telemetry=observed.telemetry, telemetry_scope=SCOPE)
+
+    async def post(body: bytes) -> int:
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/orders",
+            "query_string": b"",
+            "headers": [(b"idempotency-key", b'"k-1"'), (b"authorization", b"Bearer client-a")],
+        }
+        statuses: list[int] = []
+
+        async def receive() -> dict[str, Any]:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(message["status"])
+
+        await middleware(scope, receive, send)
+        return statuses[0]
+
+    try:
+        assert [await post(b"{}"), await post(b"{}"), await post(b'{"other": 1}')] == [201, 201, 422]
+    finally:
+        await client.flushall()
+        await client.aclose()
+    assert runs == 1
     assert observed.count("executions", outcome="succeeded") == 1
     assert observed.count("replays") == 1
     assert observed.count("mismatches", field="fingerprint") == 1
+    spans = observed.exporter.get_finished_spans()
+    assert [(span.attributes or {}).get("token_service.outcome") for span in spans] == [
+        "executed",
+        "replayed",
+        "mismatch",
+    ]
+    assert all((span.attributes or {}).get("token_service.async") is True for span in spans)

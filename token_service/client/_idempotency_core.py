@@ -60,7 +60,7 @@ from token_service.client._response import (
     StorePolicy,
     default_store_status,
 )
-from token_service.client._telemetry import DEFAULT_TELEMETRY, Telemetry
+from token_service.client._telemetry import DEFAULT_TELEMETRY, IDEMPOTENCY_SPAN_NAME, GuardSpan, Telemetry
 from token_service.errors import InvalidRequest, LeaseLost, PayloadTooLarge, ServiceUnavailable, TokenError
 from token_service.problems import problem, problem_for
 
@@ -121,6 +121,8 @@ class Attempt:
     owner: str
     # the fingerprint earlier versions computed (raw body bytes), for their records still live
     legacy: str | None = None
+    # its OpenTelemetry span (IDEMPOTENCY_SPAN_NAME): from the claim to the answer or the settle
+    span: GuardSpan = field(default_factory=lambda: GuardSpan(None), compare=False)
 
 
 @dataclass(slots=True)
@@ -301,6 +303,11 @@ class IdempotencyCore:
             fingerprint_request(facts, self.fingerprint),
             secrets.token_urlsafe(12),
             _legacy_fingerprint(facts) if self.fingerprint is None else None,
+            self.telemetry.start_span(
+                self.telemetry_scope,
+                is_async=isinstance(store, AsyncIdempotencyStore),
+                name=IDEMPOTENCY_SPAN_NAME,
+            ),
         )
 
     def claim(self, store: IdempotencyStore, attempt: Attempt) -> Answer | None:
@@ -315,10 +322,10 @@ class IdempotencyCore:
             try:
                 outcome = self._begin(store, attempt)
             except (TokenError, ValueError, KeyError, TypeError) as exc:
-                return self.store_failed(exc)
+                return self._spanned(attempt, outcome=None, answer=self.store_failed(exc), error=exc)
             left = deadline - time.monotonic()
             if not isinstance(outcome, InProgress) or left <= 0:
-                return self.decide(outcome)
+                return self._spanned(attempt, outcome, self.decide(outcome))
             time.sleep(min(pause, left))
             pause = min(pause * 2, _MAX_PAUSE_SECONDS)
 
@@ -329,12 +336,33 @@ class IdempotencyCore:
             try:
                 outcome = await self._abegin(store, attempt)
             except (TokenError, ValueError, KeyError, TypeError) as exc:
-                return self.store_failed(exc)
+                return self._spanned(attempt, outcome=None, answer=self.store_failed(exc), error=exc)
             left = deadline - time.monotonic()
             if not isinstance(outcome, InProgress) or left <= 0:
-                return self.decide(outcome)
+                return self._spanned(attempt, outcome, self.decide(outcome))
             await asyncio.sleep(min(pause, left))
             pause = min(pause * 2, _MAX_PAUSE_SECONDS)
+
+    @staticmethod
+    def _spanned(
+        attempt: Attempt, outcome: Outcome | None, answer: Answer | None, error: BaseException | None = None
+    ) -> Answer | None:
+        """The claim's answer; a refused attempt's span ends here (a claimed one's at settle)."""
+        if answer is None:
+            attempt.span.set_outcome("executed")  # until settle says otherwise
+            return None
+        if isinstance(outcome, StoredResponse):
+            attempt.span.set_outcome("replayed")
+        elif isinstance(outcome, InProgress):
+            attempt.span.set_outcome("conflict")
+        elif isinstance(outcome, Mismatch):
+            attempt.span.set_outcome("mismatch")
+        else:
+            attempt.span.set_outcome("error")
+            if error is not None:
+                attempt.span.record_error(error)
+        attempt.span.end()
+        return answer
 
     def _begin(self, store: IdempotencyStore, attempt: Attempt) -> Outcome:
         outcome = store.begin(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds)
@@ -424,18 +452,25 @@ class IdempotencyCore:
             if not store.renew(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds):
                 raise LeaseLost("the Idempotency-Key's claim ran out or was taken over")
 
-        return _renewing(LeaseRenewer(renew, interval_for(self.lock_seconds), on_lost=self._claim_lost))
+        def lost(exc: TokenError) -> None:
+            self._claim_lost(attempt, exc)
+
+        return _renewing(LeaseRenewer(renew, interval_for(self.lock_seconds), on_lost=lost))
 
     def ahold(self, store: AsyncIdempotencyStore, attempt: Attempt) -> AbstractAsyncContextManager[Any]:
         async def renew() -> None:
             if not await store.renew(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds):
                 raise LeaseLost("the Idempotency-Key's claim ran out or was taken over")
 
-        return _arenewing(AsyncLeaseRenewer(renew, interval_for(self.lock_seconds), on_lost=self._claim_lost))
+        def lost(exc: TokenError) -> None:
+            self._claim_lost(attempt, exc)
 
-    def _claim_lost(self, exc: TokenError) -> None:
+        return _arenewing(AsyncLeaseRenewer(renew, interval_for(self.lock_seconds), on_lost=lost))
+
+    def _claim_lost(self, attempt: Attempt, exc: TokenError) -> None:
         log.error("an idempotent request lost its claim on its key while it ran: %s", exc)
         self._count("lease_losses")
+        attempt.span.add_event("lease_lost")
 
     def recorder(self, status: int, headers: Iterable[tuple[str, str]]) -> Recorder:
         headers = list(headers)
@@ -451,13 +486,14 @@ class IdempotencyCore:
         try:
             if stored is None:
                 store.release(attempt.record, attempt.fingerprint, attempt.owner)
-                self._count("executions", outcome="released")
+                self._released(attempt)
             else:
                 self._stored(
-                    store.store(attempt.record, attempt.fingerprint, attempt.owner, stored, self.ttl_seconds)
+                    attempt,
+                    store.store(attempt.record, attempt.fingerprint, attempt.owner, stored, self.ttl_seconds),
                 )
         except TokenError as exc:
-            self._settle_failed(stored, exc)
+            self._settle_failed(attempt, stored, exc)
 
     async def asettle(
         self, store: AsyncIdempotencyStore, attempt: Attempt, recorder: Recorder | None
@@ -466,24 +502,34 @@ class IdempotencyCore:
         try:
             if stored is None:
                 await store.release(attempt.record, attempt.fingerprint, attempt.owner)
-                self._count("executions", outcome="released")
+                self._released(attempt)
             else:
                 kept = await store.store(
                     attempt.record, attempt.fingerprint, attempt.owner, stored, self.ttl_seconds
                 )
-                self._stored(kept)
+                self._stored(attempt, kept)
         except TokenError as exc:
-            self._settle_failed(stored, exc)
+            self._settle_failed(attempt, stored, exc)
 
-    def _stored(self, kept: bool) -> None:
+    def _released(self, attempt: Attempt) -> None:
+        self._count("executions", outcome="released")
+        attempt.span.set_outcome("released")
+        attempt.span.end()
+
+    def _stored(self, attempt: Attempt, kept: bool) -> None:
         self._count("executions", outcome="succeeded" if kept else "lease_lost")
+        attempt.span.set_outcome("executed" if kept else "lease_lost")
+        attempt.span.end()
         if not kept:
             log.warning(
                 "an idempotent request outlived its %d s lock; its response was not stored", self.lock_seconds
             )
 
-    def _settle_failed(self, stored: StoredResponse | None, exc: TokenError) -> None:
+    def _settle_failed(self, attempt: Attempt, stored: StoredResponse | None, exc: TokenError) -> None:
         self._count("executions", outcome="error")
+        attempt.span.set_outcome("error")
+        attempt.span.record_error(exc)
+        attempt.span.end()
         if isinstance(exc, ServiceUnavailable):
             self._count("store_errors", operation="release" if stored is None else "store")
         if stored is None:

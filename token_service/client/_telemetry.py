@@ -19,9 +19,14 @@
   ``token_service.guard`` span per guarded call, current while the work runs
   (its own spans nest under it), with ``token_service.scope`` and
   ``token_service.outcome`` (executed, replayed, conflict, mismatch, failed,
-  lease_lost, error). The API alone records nothing; an application that
-  configured an OpenTelemetry SDK gets the spans. Without the package every
-  call here is a no-op.
+  lease_lost, error). The Idempotency-Key middlewares (WSGI, ASGI, Django)
+  open one ``token_service.idempotency_key`` span per guarded request, from
+  the claim to the answer (a refusal) or to the settle once the response went
+  out (outcome executed, replayed, conflict, mismatch, released, lease_lost,
+  error; scope = their ``telemetry_scope``); it is not the current span while
+  the app runs (a WSGI body is sent from another frame). The API alone records
+  nothing; an application that configured an OpenTelemetry SDK gets the spans.
+  Without the package every call here is a no-op.
 
 One :class:`Telemetry` per client (``TokenClient(..., telemetry=...)``); the
 default one traces (when possible) and counts nothing.
@@ -34,6 +39,7 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 SPAN_NAME = "token_service.guard"
+IDEMPOTENCY_SPAN_NAME = "token_service.idempotency_key"
 _NAMESPACE = "token_service_sdk"
 
 
@@ -107,11 +113,11 @@ class Telemetry:
         if counter is not None:
             counter.labels(scope=scope, **labels).inc()
 
-    def start_span(self, scope: str, *, is_async: bool = False) -> GuardSpan:
+    def start_span(self, scope: str, *, is_async: bool = False, name: str = SPAN_NAME) -> GuardSpan:
         if self._tracer is None:
             return GuardSpan(None)
         span = self._tracer.start_span(
-            SPAN_NAME, attributes={"token_service.scope": scope, "token_service.async": is_async}
+            name, attributes={"token_service.scope": scope, "token_service.async": is_async}
         )
         return GuardSpan(span)
 
