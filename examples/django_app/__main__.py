@@ -7,4 +7,23 @@ from django.core.management import execute_from_command_line
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "examples.django_app.settings")
 port = os.environ.get("PORT", "8000")
+url = f"http://127.0.0.1:{port}"
+redis_url = os.environ.get("TOKEN_SERVICE_REDIS_URL", "redis://127.0.0.1:6379/0")
+print(
+    f"""Payments (Django) on {url}; Redis {redis_url} (TOKEN_SERVICE_REDIS_URL to change it).
+Try it from another shell: a token, then a double click on Pay, then the bank's list (one charge):
+
+  TOKEN=$(curl -s -X POST -H 'X-User-Id: ada' {url}/checkout/token | cut -d'"' -f4)
+  for click in 1 2; do curl -s -i -X POST -H 'X-User-Id: ada' -H "Idempotency-Token: $TOKEN" \\
+    -H 'Content-Type: application/json' -d '{{"amount": 1250}}' {url}/payments & done; wait
+  curl -s {url}/payments/list
+
+The DRF API takes a key of the client's choosing instead (the second answer is replayed):
+
+  KEY=order-$RANDOM; for try in 1 2; do curl -s -i -X POST -H 'Authorization: Bearer ada' \\
+    -H "Idempotency-Key: \\"$KEY\\"" -H 'Content-Type: application/json' \\
+    -d '{{"sku": "A1"}}' {url}/api/orders; done
+""",
+    flush=True,
+)
 execute_from_command_line([sys.argv[0], "runserver", "--noreload", f"127.0.0.1:{port}", *sys.argv[1:]])

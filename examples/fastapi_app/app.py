@@ -16,7 +16,8 @@ from pydantic import BaseModel
 from token_service.client import AsyncTokenClient
 from token_service.client.fastapi import require_token
 
-tokens = AsyncTokenClient.from_redis(os.environ.get("TOKEN_SERVICE_REDIS_URL", "redis://127.0.0.1:6379/0"))
+REDIS_URL = os.environ.get("TOKEN_SERVICE_REDIS_URL", "redis://127.0.0.1:6379/0")
+tokens = AsyncTokenClient.from_redis(REDIS_URL)
 app = FastAPI(title="payments")
 charges: dict[str, dict[str, object]] = {}  # stands in for a bank
 _ids = itertools.count(1)
