@@ -26,7 +26,9 @@
   error; scope = their ``telemetry_scope``); it is not the current span while
   the app runs (a WSGI body is sent from another frame). The API alone records
   nothing; an application that configured an OpenTelemetry SDK gets the spans.
-  Without the package every call here is a no-op.
+  Without the package every call here is a no-op. The durable backstop's
+  ``run_once`` (``telemetry=``) counts under the same names and opens a
+  ``token_service.durable`` span, current while its handler runs.
 
 One :class:`Telemetry` per client (``TokenClient(..., telemetry=...)``); the
 default one traces (when possible) and counts nothing.
@@ -40,6 +42,7 @@ from typing import Any
 
 SPAN_NAME = "token_service.guard"
 IDEMPOTENCY_SPAN_NAME = "token_service.idempotency_key"
+DURABLE_SPAN_NAME = "token_service.durable"
 _NAMESPACE = "token_service_sdk"
 
 

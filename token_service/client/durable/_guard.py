@@ -44,6 +44,7 @@ from sqlalchemy.engine import Connection
 
 from token_service import defaults
 from token_service.client._response import StoredResponse
+from token_service.client._telemetry import DEFAULT_TELEMETRY, DURABLE_SPAN_NAME, Telemetry
 from token_service.client.durable._errors import FingerprintMismatch, RecordFailed, RecordInProgress
 from token_service.client.durable._schema import (
     FAILED,
@@ -284,6 +285,8 @@ def run_once(
     ttl_seconds: int = DEFAULT_RECORD_TTL_SECONDS,
     table: sa.Table = IDEMPOTENCY_RECORDS,
     clock: Clock = utc_now,
+    telemetry: Telemetry | None = None,
+    telemetry_scope: str = "durable",
 ) -> Outcome:
     """Run ``handler(conn)`` at most once per ``key``, in the caller's transaction.
 
@@ -298,13 +301,57 @@ def run_once(
     and leaves neither the record nor the business writes: the request may be
     retried. Later calls get ``Outcome(response, replayed=True)`` — the same
     status, headers and body bytes — without running the handler.
+
+    ``telemetry`` (:class:`~token_service.client.Telemetry`) counts what happened
+    under the SDK's counters (scope ``telemetry_scope``: executions, replays,
+    conflicts, mismatches, lease losses) and traces it as a ``token_service.durable``
+    span, current while the handler runs. An execution is counted when the handler
+    returned and its record was written; the caller's transaction commits later.
     """
-    claimed = claim(conn, key, fingerprint=fingerprint, ttl_seconds=ttl_seconds, table=table, clock=clock)
-    if isinstance(claimed, Replay):
-        return Outcome(claimed.response, replayed=True)
-    response = handler(conn)
-    complete(conn, claimed, response, table=table, clock=clock)
-    return Outcome(response, replayed=False)
+    telemetry = telemetry or DEFAULT_TELEMETRY
+    span = telemetry.start_span(telemetry_scope, name=DURABLE_SPAN_NAME)
+    outcome = "error"
+    try:
+        try:
+            claimed = claim(
+                conn, key, fingerprint=fingerprint, ttl_seconds=ttl_seconds, table=table, clock=clock
+            )
+        except FingerprintMismatch:
+            outcome = "mismatch"
+            telemetry.count("mismatches", telemetry_scope, field="fingerprint")
+            raise
+        except (RecordInProgress, RecordFailed) as exc:
+            outcome = "conflict"
+            telemetry.count("conflicts", telemetry_scope, code=exc.code)
+            raise
+        if isinstance(claimed, Replay):
+            outcome = "replayed"
+            telemetry.count("replays", telemetry_scope)
+            return Outcome(claimed.response, replayed=True)
+        try:
+            with span.current():
+                response = handler(conn)
+        except BaseException:
+            outcome = "released"  # the transaction rolls back: no record, no business writes
+            telemetry.count("executions", telemetry_scope, outcome="released")
+            raise
+        try:
+            complete(conn, claimed, response, table=table, clock=clock)
+        except LeaseLost:
+            outcome = "lease_lost"
+            telemetry.count("lease_losses", telemetry_scope)
+            telemetry.count("executions", telemetry_scope, outcome="lease_lost")
+            raise
+        outcome = "executed"
+        telemetry.count("executions", telemetry_scope, outcome="succeeded")
+        return Outcome(response, replayed=False)
+    except BaseException as exc:
+        if outcome in ("error", "released", "lease_lost"):
+            span.record_error(exc)
+        raise
+    finally:
+        span.set_outcome(outcome)
+        span.end()
 
 
 def run_once_for_token(
@@ -317,6 +364,8 @@ def run_once_for_token(
     ttl_seconds: int = DEFAULT_RECORD_TTL_SECONDS,
     table: sa.Table = IDEMPOTENCY_RECORDS,
     clock: Clock = utc_now,
+    telemetry: Telemetry | None = None,
+    telemetry_scope: str = "durable",
 ) -> Outcome:
     """``run_once`` keyed by the token's digest: the database backstop behind Redis.
 
@@ -335,6 +384,8 @@ def run_once_for_token(
         ttl_seconds=ttl_seconds,
         table=table,
         clock=clock,
+        telemetry=telemetry,
+        telemetry_scope=telemetry_scope,
     )
     if outcome.replayed and not replay:
         raise TokenUsed("this token's operation already ran (database record)")
