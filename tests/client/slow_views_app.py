@@ -55,6 +55,8 @@ def export() -> Any:
 
 def _first_waits_for_release(run: int, release_key: str) -> None:
     if run == 1:
+        # which worker holds it: a test may kill that process mid-view
+        store.set(release_key.replace(":release", ":pid"), os.getpid())
         store.blpop([release_key], timeout=RELEASE_TIMEOUT_SECONDS)
 
 

@@ -12,6 +12,7 @@ view left the one at 2.5 s half a second on a loaded machine).
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -141,3 +142,49 @@ def test_require_token_refuses_a_body_cut_short_and_keeps_the_token(
     )
     assert whole.status_code == 201, whole.text
     assert whole.json() == {"bytes": len(body)}
+
+
+@pytest.mark.parametrize(("path", "name"), [("/reports", "reports"), ("/exports", "exports")])
+def test_a_worker_killed_mid_view_stops_renewing_and_its_lease_runs_out(
+    slow_app_url: str, real_redis: redis.Redis, path: str, name: str
+) -> None:
+    """SIGKILL the worker running the first request: nothing renews its 2 s lease (lock) any more, so a
+    retry runs the view once that lease ran out (gunicorn meanwhile replaces the worker)."""
+    token = TokenClient.from_redis(real_redis).generate("report.build").token
+    headers = {
+        "Idempotency-Token": token,
+        "Idempotency-Key": '"killed-1"',
+        "Authorization": "Bearer client-a",
+    }
+    first: list[Any] = []
+
+    def send_first() -> None:
+        try:
+            first.append(httpx.post(slow_app_url + path, json={"n": 1}, headers=headers, timeout=30))
+        except httpx.HTTPError as exc:  # the worker died under it
+            first.append(exc)
+
+    thread = threading.Thread(target=send_first)
+    thread.start()
+    pid = int(wait_until(lambda: real_redis.get(f"{name}:pid"), 30, interval_seconds=0.005, what="the view"))
+    time.sleep(3)  # past the first lease: held only because it is renewed
+    assert httpx.post(slow_app_url + path, json={"n": 1}, headers=headers, timeout=30).status_code == 409
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    thread.join(30)
+    retried = wait_until(
+        lambda: (
+            (
+                answer := httpx.post(slow_app_url + path, json={"n": 1}, headers=headers, timeout=30)
+            ).status_code
+            == 201
+            and answer
+        ),
+        30,
+        interval_seconds=0.1,
+        what="the dead worker's lease to run out",
+    )
+    # the 2 s lease ran out on its own (were anything still renewing it, every retry would get 409)
+    assert time.monotonic() - killed_at < 15
+    assert retried.json() == {"run": 2}
+    assert int(real_redis.get(f"{name}:runs") or 0) == 2
