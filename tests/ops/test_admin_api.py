@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 
-from tests.support.processes import free_port
-from tests.support.service import API_KEY, AUTH
+from tests.support import raw_http
+from tests.support.processes import Gunicorn, RedisServer, free_port
+from tests.support.service import API_KEY, AUTH, service_env
 from token_service import create_app
 from token_service.config import ConfigError, Settings
 from token_service.server.routes import TOKEN_ROUTES
@@ -201,3 +203,87 @@ def test_redis_down_is_a_503(redis_any: Any) -> None:
         assert answer.status_code == 503
         assert answer.json["code"] == "store_unavailable"
     dead.close()
+
+
+# -- as an attacker, under gunicorn: bytes no HTTP client library would send ----------------------
+
+STABLE_CODES = {"unauthorized", "invalid_request", "not_found", "method_not_allowed", "payload_too_large"}
+
+
+@pytest.fixture(scope="module")
+def gunicorn_admin() -> Iterator[Gunicorn]:
+    redis_server = RedisServer().start()
+    server = Gunicorn(service_env(redis_server.url, TOKEN_SERVICE_ADMIN_KEYS=ADMIN_KEY), workers=1).start()
+    yield server
+    server.stop()
+    redis_server.stop()
+
+
+def _raw(server: Gunicorn, head: bytes, body: bytes = b"") -> raw_http.Reply:
+    framing = b"Content-Type: application/json\r\nContent-Length: %d\r\n" % len(body) if body else b""
+    request = head.replace(b"\r\n\r\n", b"\r\nHost: t\r\nConnection: close\r\n" + framing + b"\r\n", 1)
+    return raw_http.exchange(("127.0.0.1", server.port), request + body)
+
+
+ADMIN_LINE = b"Authorization: Bearer " + ADMIN_KEY.encode()
+SERVICE_LINE = b"Authorization: Bearer " + API_KEY.encode()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("head", "body", "status"),
+    [
+        (b"GET /admin/records HTTP/1.1\r\n\r\n", b"", 401),  # no key
+        (b"GET /admin/records HTTP/1.1\r\n" + SERVICE_LINE + b"\r\n\r\n", b"", 401),  # a backend key
+        (b"GET /admin/records HTTP/1.1\r\nAuthorization: Bearer \xff\xfe\xed\xa0\x80\r\n\r\n", b"", 401),
+        (
+            b"GET /admin/records HTTP/1.1\r\nAuthorization: Basic " + ADMIN_KEY.encode() + b"\r\n\r\n",
+            b"",
+            401,
+        ),
+        (
+            b"GET /admin/records/\xff\xfe\xfdabcdefghijklmnopqrs HTTP/1.1\r\n" + ADMIN_LINE + b"\r\n\r\n",
+            b"",
+            400,
+        ),
+        (
+            b"GET /admin/records/%FF%FE%FDabcdefghijklmnopqrs HTTP/1.1\r\n" + ADMIN_LINE + b"\r\n\r\n",
+            b"",
+            400,
+        ),
+        (b"GET /admin/records/abcdefghijklmnopqrstu%00 HTTP/1.1\r\n" + ADMIN_LINE + b"\r\n\r\n", b"", 400),
+        (
+            b"GET /admin/records?scope=%FF%FE&state=%ED%A0%80 HTTP/1.1\r\n" + ADMIN_LINE + b"\r\n\r\n",
+            b"",
+            400,
+        ),
+        (b"GET /admin/records?ref_prefix=\xff\xfeabcdef HTTP/1.1\r\n" + ADMIN_LINE + b"\r\n\r\n", b"", 400),
+        (b"GET /admin/records?cursor=0.%FF HTTP/1.1\r\n" + ADMIN_LINE + b"\r\n\r\n", b"", 400),
+        (b"GET /admin/records?cursor=-1 HTTP/1.1\r\n" + ADMIN_LINE + b"\r\n\r\n", b"", 400),
+        (b"GET /admin/records?cursor=3.0 HTTP/1.1\r\n" + ADMIN_LINE + b"\r\n\r\n", b"", 400),
+        (b"GET /admin/records?count=-5 HTTP/1.1\r\n" + ADMIN_LINE + b"\r\n\r\n", b"", 400),
+        (b"GET /admin/records?limit=1e3 HTTP/1.1\r\n" + ADMIN_LINE + b"\r\n\r\n", b"", 400),
+        (b"GET /admin/records?count=" + b"9" * 4000 + b" HTTP/1.1\r\n" + ADMIN_LINE + b"\r\n\r\n", b"", 400),
+        (b"GET /admin/records?count=" + b"9" * 5000 + b" HTTP/1.1\r\n" + ADMIN_LINE + b"\r\n\r\n", b"", 414),
+        (b"DELETE /admin/records/" + b"a" * 22 + b" HTTP/1.1\r\n" + ADMIN_LINE + b"\r\n\r\n", b"", 405),
+        (b"POST /admin/idempotency/lookup HTTP/1.1\r\n" + ADMIN_LINE + b"\r\n\r\n", b"\xff\xfe{}", 400),
+        (
+            b"POST /admin/idempotency/lookup HTTP/1.1\r\n" + ADMIN_LINE + b"\r\n\r\n",
+            b'{"identity":"Bearer \\udc80","idempotency_key":"k"}',
+            400,
+        ),
+        (
+            b"POST /admin/idempotency/lookup HTTP/1.1\r\n" + ADMIN_LINE + b"\r\n\r\n",
+            b'{"identity":"Bearer \xc3\x28","idempotency_key":"k"}',  # invalid UTF-8 inside a string
+            400,
+        ),
+    ],
+)
+def test_hostile_bytes_are_problems_never_500(
+    gunicorn_admin: Gunicorn, head: bytes, body: bytes, status: int
+) -> None:
+    reply = _raw(gunicorn_admin, head, body)
+    assert reply.status == status, reply.body
+    assert reply.headers["content-type"] == "application/problem+json"
+    assert reply.json()["code"] in STABLE_CODES
+    assert ADMIN_KEY.encode() not in gunicorn_admin.log().encode()  # not even in a log line
