@@ -341,7 +341,10 @@ def _fingerprint(spec: Callable[[HttpRequest], Any] | Sequence[str] | None, requ
 def _stored(response: HttpResponseBase, wanted: set[str], max_result_bytes: int) -> dict[str, Any]:
     kept = [(name, value) for name, value in response.items() if name.lower() in wanted]
     if response.streaming or not isinstance(response, HttpResponse):
-        return StoredResponse(response.status_code, b"", kept, omitted=0).to_result()
+        # never buffered; its length when declared (a FileResponse's), as the middleware records it
+        declared = str(response.get("Content-Length") or "").strip()
+        omitted = int(declared) if declared.isdigit() else 0
+        return StoredResponse(response.status_code, b"", kept, omitted=omitted).to_result()
     stored = StoredResponse(response.status_code, response.content, kept).to_result()
     if len(dump_json(stored)) <= max_result_bytes:
         return stored

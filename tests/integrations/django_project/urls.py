@@ -22,4 +22,10 @@ urlpatterns = [
     path("api/slow-orders-async", csrf_exempt(views.slow_order_async)),
     path("slow-reports", csrf_exempt(views.slow_report)),
     path("slow-reports-async", csrf_exempt(views.slow_report_async)),
+    path("api/kinds/file", csrf_exempt(views.keyed_file)),
+    path("api/kinds/stream", csrf_exempt(views.keyed_stream)),
+    path("api/kinds/status", csrf_exempt(views.keyed_status)),
+    path("kinds/file", csrf_exempt(views.token_file)),
+    path("kinds/stream", csrf_exempt(views.token_stream)),
+    path("kinds/status", csrf_exempt(views.token_status)),
 ]

@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import time
 
 import redis
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import (
+    FileResponse,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    JsonResponse,
+    StreamingHttpResponse,
+)
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -138,3 +146,50 @@ def crashing_order(request: HttpRequest) -> HttpResponse:
     if run == 1:
         raise RuntimeError("bug")  # Django answers 500: not stored, the key is freed
     return JsonResponse({"run": run}, status=201)
+
+
+# -- every kind of response (tests/integrations/test_django_response_kinds.py) ----------------------
+REPORT = b"%PDF-1.4 receipt " * 4096  # 68 KB: over what a token's result keeps
+
+
+def _report_file(request: HttpRequest, name: str) -> HttpResponseBase:
+    counters.incr(f"runs:{name}")
+    return FileResponse(io.BytesIO(REPORT), content_type="application/pdf", filename="report.pdf")
+
+
+def _report_stream(request: HttpRequest, name: str) -> HttpResponseBase:
+    counters.incr(f"runs:{name}")
+    return StreamingHttpResponse((b"line %04d\n" % n for n in range(100)), content_type="text/plain")
+
+
+def _status(request: HttpRequest, name: str) -> HttpResponseBase:
+    counters.incr(f"runs:{name}")
+    status = int(request.GET["status"])
+    return JsonResponse({"status": status}, status=status)
+
+
+def keyed_file(request: HttpRequest) -> HttpResponseBase:
+    return _report_file(request, "keyed_file")
+
+
+def keyed_stream(request: HttpRequest) -> HttpResponseBase:
+    return _report_stream(request, "keyed_stream")
+
+
+def keyed_status(request: HttpRequest) -> HttpResponseBase:
+    return _status(request, "keyed_status")
+
+
+@require_token("report.create")
+def token_file(request: HttpRequest) -> HttpResponseBase:
+    return _report_file(request, "token_file")
+
+
+@require_token("report.create")
+def token_stream(request: HttpRequest) -> HttpResponseBase:
+    return _report_stream(request, "token_stream")
+
+
+@require_token("report.create")
+def token_status(request: HttpRequest) -> HttpResponseBase:
+    return _status(request, "token_status")
