@@ -134,3 +134,14 @@ async def stream() -> StreamingResponse:
             yield part
 
     return StreamingResponse(chunks(), media_type="text/plain")
+
+
+@app.post("/slow-reports", status_code=201)
+@require_token(tokens, "report.build", lease_seconds=2)
+async def slow_report() -> dict[str, int]:
+    """Slower than two of its 2 s leases (tests/integrations/test_fastapi_renewal.py): the first run
+    lasts until the test pushes ``release:slow_report``; later runs return at once."""
+    run = int(await counters.incr("runs:slow_report"))
+    if run == 1:
+        await counters.blpop(["release:slow_report"], timeout=30)
+    return {"run": run}
