@@ -1,8 +1,10 @@
-"""The layers stay visible: core (token_service/*.py), server/ and client/ (docs/architecture.md).
+"""The layers stay visible: core (token_service/*.py), client/, ops/ and server/ (docs/architecture.md).
 
-Core and the SDK never import the server (nor Flask, but for the SDK's Flask
-integration); the package refers to nothing outside the project; tests take
-shared values from tests/support, not from a conftest.
+Nothing imports upwards: core imports none of the others (nor a web
+framework), the SDK neither ops/ nor the server, ops/ not the server. The
+package refers to nothing outside the project; tests take shared values from
+tests/support, not from a conftest; test files are named by behaviour, each
+name once.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from tests.support.processes import REPO_ROOT
 PACKAGE = REPO_ROOT / "token_service"
 CORE = sorted(path for path in PACKAGE.glob("*.py") if path.name != "__init__.py")
 CLIENT = sorted((PACKAGE / "client").rglob("*.py"))
+OPS = sorted((PACKAGE / "ops").rglob("*.py"))
 # the SDK's web-framework integrations import their framework, by design
 FRAMEWORKS = {"flask", "django", "fastapi", "starlette", "celery"}
 
@@ -33,9 +36,29 @@ def imported(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("path", CORE + CLIENT, ids=lambda path: str(path.relative_to(PACKAGE)))
-def test_core_and_the_sdk_never_import_the_server(path: Path) -> None:
-    assert not {name for name in imported(path) if name.startswith("token_service.server")}
+def _ids(path: Path) -> str:
+    return str(path.relative_to(PACKAGE))
+
+
+def _imports_from(path: Path, *layers: str) -> set[str]:
+    return {
+        name for name in imported(path) if any(name.startswith(f"token_service.{layer}") for layer in layers)
+    }
+
+
+@pytest.mark.parametrize("path", CORE, ids=_ids)
+def test_core_imports_no_layer_above_it(path: Path) -> None:
+    assert _imports_from(path, "client", "ops", "server") == set()
+
+
+@pytest.mark.parametrize("path", CLIENT, ids=_ids)
+def test_the_sdk_imports_neither_the_operators_tools_nor_the_server(path: Path) -> None:
+    assert _imports_from(path, "ops", "server") == set()
+
+
+@pytest.mark.parametrize("path", OPS, ids=_ids)
+def test_the_operators_tools_never_import_the_server(path: Path) -> None:
+    assert _imports_from(path, "server") == set()
 
 
 @pytest.mark.parametrize("path", CORE, ids=lambda path: path.name)

@@ -1,4 +1,4 @@
-"""token_service.reconcile.reconcile_durable on SQLite, PostgreSQL and MariaDB: stuck PROCESSING rows
+"""token_service.ops.reconcile.reconcile_durable on SQLite, PostgreSQL and MariaDB: stuck PROCESSING rows
 taken over (fenced by their lease id), decided in the decision's own transaction, each visited once."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 from tests.durable.databases import Db
 from token_service.client import durable
-from token_service.reconcile import Complete, Fail, Release, Stuck, reconcile_durable
+from token_service.ops.reconcile import Complete, Fail, Release, Stuck, reconcile_durable
 
 
 def _stuck_claim(db: Db, key: str, seconds_ago: float = 120, lease_seconds: int = 30) -> durable.Claim:

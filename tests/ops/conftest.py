@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.support.topologies import ClusterTopology, Standalone
-from token_service.admin import Admin
+from token_service.ops.admin import Admin
 from token_service.store import TokenStore
 
 

@@ -1,4 +1,4 @@
-"""The operators' tools (token_service.admin) on a real standalone Redis and a real Cluster."""
+"""The operators' tools (token_service.ops.admin) on a real standalone Redis and a real Cluster."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from tests.ops.clock import past_clock
 from tests.support.processes import wait_until
 from tests.support.service import API_KEY, AUTH
 from token_service import create_app
-from token_service.admin import (
+from token_service.client.idempotency import IdempotencyMiddleware
+from token_service.errors import InvalidRequest, LeaseLost, TokenInvalid
+from token_service.ops.admin import (
     IDEMPOTENCY,
     TOKEN,
     Admin,
@@ -22,8 +24,6 @@ from token_service.admin import (
     NotInProgress,
     RecordNotFound,
 )
-from token_service.client.idempotency import IdempotencyMiddleware
-from token_service.errors import InvalidRequest, LeaseLost, TokenInvalid
 from token_service.store import IssueRequest, TokenStore
 from token_service.tokens import token_digest
 
@@ -204,7 +204,7 @@ def test_a_cursor_not_handed_out_is_refused(admin: Admin) -> None:
 
 def test_redis_refusing_a_cursor_is_a_bad_request(admin: Admin, monkeypatch: pytest.MonkeyPatch) -> None:
     # past the format check (as a server would be whose SCAN reads fewer bits): Redis's own reply
-    monkeypatch.setattr("token_service.admin._cursor", lambda text, nodes: (0, 2**64))
+    monkeypatch.setattr("token_service.ops.admin._cursor", lambda text, nodes: (0, 2**64))
     with pytest.raises(InvalidRequest, match="cursor"):
         admin.list(Filter(), "0.1")
 

@@ -165,7 +165,7 @@ def test_reconcile_with_a_handler_module(topology: Any, client: Any, tmp_path: P
     [token] = past.issue(PAY, 1)
     past.begin(token, "pay", "user-7", request_id="order-77", lease_seconds=1)
     (tmp_path / "completer.py").write_text(
-        "from token_service.reconcile import Complete\n"
+        "from token_service.ops.reconcile import Complete\n"
         "def decide(stuck):\n"
         "    return Complete({'order': stuck.request_id, 'recovered': True})\n"
     )

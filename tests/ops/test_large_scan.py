@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.support.processes import RedisServer
-from token_service.admin import TOKEN, Admin, Filter
+from token_service.ops.admin import TOKEN, Admin, Filter
 
 RECORDS = 1_000_000
 PER_CALL = 10_000  # each loading call stays far below Lua's 5 s busy limit, even on a loaded machine

@@ -10,11 +10,11 @@ import pytest
 import sqlalchemy as sa
 
 from tests.ops.clock import past_clock
-from token_service import reconcile as reconciler
-from token_service.admin import Admin
 from token_service.client import durable
 from token_service.errors import LeaseLost, TokenFailed
-from token_service.reconcile import Complete, Fail, Release, Stuck
+from token_service.ops import reconcile as reconciler
+from token_service.ops.admin import Admin
+from token_service.ops.reconcile import Complete, Fail, Release, Stuck
 from token_service.store import IssueRequest, TokenStore
 from token_service.tokens import token_digest
 

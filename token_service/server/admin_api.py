@@ -1,4 +1,4 @@
-"""The admin HTTP routes (``/admin/…``): the operators' tools of :mod:`token_service.admin`.
+"""The admin HTTP routes (``/admin/…``): the operators' tools of :mod:`token_service.ops.admin`.
 
 They answer only to a key of ``TOKEN_SERVICE_ADMIN_KEYS`` (``Authorization:
 Bearer <admin key>``), a list of its own: a service key opens none of them,
@@ -16,9 +16,9 @@ from typing import Any
 
 from flask import Blueprint, Response, request
 
-from token_service.admin import KINDS, STATES, Admin, Filter
 from token_service.config import Settings
 from token_service.errors import InvalidRequest, Unauthorized
+from token_service.ops.admin import KINDS, STATES, Admin, Filter
 from token_service.server.api import parse_json_object
 from token_service.server.auth import check_service_key
 from token_service.server.responses import json_response

@@ -1,4 +1,4 @@
-"""``token-service admin …``: the operators' tools of :mod:`token_service.admin` on the command line.
+"""``token-service admin …``: the operators' tools of :mod:`token_service.ops.admin` on the command line.
 
 Each command prints one JSON object per line on stdout (records, or what was
 done) and writes its audit line (JSON) on stderr. Exit status: 0 done, 1 not
@@ -29,9 +29,9 @@ def _emit(document: Any) -> None:
 
 
 def _admin(args: argparse.Namespace) -> Any:
-    from token_service.admin import Admin
     from token_service.config import ConfigError, Settings
     from token_service.connection import redis_client
+    from token_service.ops.admin import Admin
     from token_service.server.logs import logging_config
 
     try:
@@ -74,7 +74,7 @@ def show(args: argparse.Namespace) -> int:
         raise _UsageError("give a ref (the token_ref of a log line) or --idempotency-key with --identity")
     if len(args.ref) < 22:
         # an older, shorter token_ref: walk the keyspace for the records it may be
-        from token_service.admin import Filter, check_ref
+        from token_service.ops.admin import Filter, check_ref
 
         check_ref(args.ref)
         found = 0
@@ -88,7 +88,7 @@ def show(args: argparse.Namespace) -> int:
 
 
 def find(args: argparse.Namespace) -> int:
-    from token_service.admin import Filter
+    from token_service.ops.admin import Filter
 
     admin = _admin(args)
     found = 0
@@ -114,7 +114,7 @@ def release(args: argparse.Namespace) -> int:
 
 
 def list_records(args: argparse.Namespace) -> int:
-    from token_service.admin import Filter
+    from token_service.ops.admin import Filter
 
     admin = _admin(args)
     wanted = Filter(kind=args.kind, state=args.state, scope=args.scope)
@@ -151,7 +151,7 @@ def _never(*args: Any) -> Any:
 
 
 def reconcile(args: argparse.Namespace) -> int:
-    from token_service import reconcile as reconciler
+    from token_service.ops import reconcile as reconciler
 
     handler = _never if args.dry_run else _handler(args.decide_with or "")
     if args.db_url:
@@ -190,7 +190,7 @@ def reconcile(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from token_service.admin import NotInProgress, RecordNotFound
+    from token_service.ops.admin import NotInProgress, RecordNotFound
 
     try:
         return int(args.admin_handler(args))

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from token_service.admin import TOKEN, Admin, Filter, Record
+from token_service.ops.admin import TOKEN, Admin, Filter, Record
 
 if TYPE_CHECKING:
     import sqlalchemy as sa
