@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from flask import Flask, request
 
 from tests.support.sdk import Sdk
@@ -219,3 +220,18 @@ def test_a_wrong_backend_key_fails_closed_with_503_not_500(redis_client: Any) ->
     assert response.status_code == 503
     assert response.json["code"] == "store_unavailable"
     assert app.config["calls"] == []
+
+
+def test_every_integration_answers_a_refused_service_key_with_the_same_503(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Flask, FastAPI and Django answer the token service's refusals through this one function
+    from token_service.client._response import refusal
+    from token_service.errors import ServiceUnavailable, TokenUsed, Unauthorized
+
+    answer = refusal(Unauthorized("bad key"))
+    assert isinstance(answer, ServiceUnavailable)
+    assert answer.code == "store_unavailable"
+    assert "refused this backend's service key" in caplog.text
+    used = TokenUsed("used")
+    assert refusal(used) is used

@@ -70,6 +70,9 @@ MAX_KEY_CHARS = 255
 # how often a waiting duplicate looks at the record again (doubling from the first)
 _FIRST_PAUSE_SECONDS = 0.025
 _MAX_PAUSE_SECONDS = 0.25
+# The middlewares' defaults (WSGI, ASGI, Django): a key's record lives a day, a claim's lock a minute.
+DEFAULT_TTL_SECONDS = 86400
+DEFAULT_LOCK_SECONDS = 60
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_MAX_STORED_BYTES = 256 * 1024
 # Never replayed: they describe one connection or one moment, or belong to one session.
@@ -222,8 +225,8 @@ class IdempotencyCore:
         header: str = "Idempotency-Key",
         methods: Iterable[str] = ("POST", "PATCH"),
         required: bool = True,
-        ttl_seconds: int = 86400,
-        lock_seconds: int = 60,
+        ttl_seconds: int = DEFAULT_TTL_SECONDS,
+        lock_seconds: int = DEFAULT_LOCK_SECONDS,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES,
         store_status: StorePolicy = default_store_status,

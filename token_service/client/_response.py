@@ -13,17 +13,24 @@ A replay carries ``Idempotent-Replayed: true``, and ``Idempotent-Body-Omitted:
 Which statuses are stored is :func:`default_store_status`: every 2xx, 3xx and
 4xx except the transient ones (408, 409, 425, 429); never a 5xx. A response
 that is not stored frees the key (or token) so the client may retry.
+
+What a token-guarded view answers when the token service refuses is
+:func:`refusal`: the refusal itself, but a 503 for a refused service key.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from token_service import defaults
+from token_service.errors import ServiceUnavailable, TokenError, Unauthorized
+
+log = logging.getLogger("token_service.client")
 
 REPLAYED_HEADER = "Idempotent-Replayed"
 OMITTED_HEADER = "Idempotent-Body-Omitted"
@@ -45,6 +52,20 @@ DEFAULT_MAX_RESULT_BYTES = defaults.MAX_RESULT_BYTES
 def default_store_status(status: int) -> bool:
     """Store 2xx, 3xx (a POST answered 303 did its work) and 4xx but 408/409/425/429; never 5xx."""
     return 200 <= status < 500 and status not in TRANSIENT_4XX
+
+
+def refusal(error: TokenError) -> TokenError:
+    """What a token-guarded view (Flask, FastAPI, Django) answers for the token service's refusal.
+
+    The refusal itself, but for ``Unauthorized``: the token service refused this
+    backend's own service key -- not the end user's fault and nothing they can
+    fix. Fail closed (no work is done), answer ``503 store_unavailable`` and tell
+    ops in the log.
+    """
+    if isinstance(error, Unauthorized):
+        log.error("the token service refused this backend's service key; check its configuration")
+        return ServiceUnavailable("The token service is not available to this backend.")
+    return error
 
 
 def _pairs(headers: Mapping[str, str] | Iterable[tuple[str, str]] | Iterable[list[str]]) -> Headers:

@@ -31,6 +31,10 @@ from typing import Any
 from token_service import defaults
 from token_service.client._fingerprint import FingerprintSpec, RequestFacts
 from token_service.client._idempotency_core import (
+    DEFAULT_LOCK_SECONDS,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_STORED_BYTES,
+    DEFAULT_TTL_SECONDS,
     REPLAYED_HEADER,
     Answer,
     Attempt,
@@ -92,10 +96,10 @@ class IdempotencyMiddleware:
         required: bool = True,
         applies: Callable[[Scope], bool] | None = None,
         identity: Callable[[Scope], str | None] = default_identity,
-        ttl_seconds: int = 86400,
-        lock_seconds: int = 60,
-        max_body_bytes: int = 1024 * 1024,
-        max_stored_bytes: int = 256 * 1024,
+        ttl_seconds: int = DEFAULT_TTL_SECONDS,
+        lock_seconds: int = DEFAULT_LOCK_SECONDS,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES,
         store_status: StorePolicy = default_store_status,
         fingerprint: FingerprintSpec = None,
         wait_seconds: float = 0.0,

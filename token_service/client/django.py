@@ -66,13 +66,21 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase, RawPostData
 from django.utils.module_loading import import_string
 
 from token_service import defaults
-from token_service.errors import InvalidRequest, ServiceUnavailable, TokenError, Unauthorized
+from token_service.errors import InvalidRequest, TokenError
 from token_service.problems import problem_for
 from token_service.records import dump_json
 
 from ._client import AsyncTokenClient, TokenClient
 from ._fingerprint import RequestFacts, body_fingerprint
-from ._idempotency_core import Answer, Attempt, IdempotencyCore
+from ._idempotency_core import (
+    DEFAULT_LOCK_SECONDS,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_STORED_BYTES,
+    DEFAULT_TTL_SECONDS,
+    Answer,
+    Attempt,
+    IdempotencyCore,
+)
 from ._idempotency_store import AsyncIdempotencyStore, IdempotencyStore
 from ._response import (
     DEFAULT_MAX_RESULT_BYTES,
@@ -80,6 +88,7 @@ from ._response import (
     StoredResponse,
     StorePolicy,
     default_store_status,
+    refusal,
 )
 from .guard import AsyncGuard, Guard, Terminal
 
@@ -198,10 +207,10 @@ class IdempotencyKeyMiddleware:
             header=options.get("HEADER", "Idempotency-Key"),
             methods=options.get("METHODS", ("POST", "PATCH")),
             required=options.get("REQUIRED", True),
-            ttl_seconds=options.get("TTL_SECONDS", 86400),
-            lock_seconds=options.get("LOCK_SECONDS", 60),
-            max_body_bytes=options.get("MAX_BODY_BYTES", 1024 * 1024),
-            max_stored_bytes=options.get("MAX_STORED_BYTES", 256 * 1024),
+            ttl_seconds=options.get("TTL_SECONDS", DEFAULT_TTL_SECONDS),
+            lock_seconds=options.get("LOCK_SECONDS", DEFAULT_LOCK_SECONDS),
+            max_body_bytes=options.get("MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
+            max_stored_bytes=options.get("MAX_STORED_BYTES", DEFAULT_MAX_STORED_BYTES),
             store_status=options.get("STORE_STATUS", default_store_status),
             fingerprint=options.get("FINGERPRINT"),
             wait_seconds=options.get("WAIT_SECONDS", 0.0),
@@ -415,10 +424,7 @@ def require_token(
         return token
 
     def refused(exc: TokenError) -> HttpResponse:
-        if isinstance(exc, Unauthorized):
-            log.error("the token service refused this backend's service key; check its configuration")
-            return problem_response(ServiceUnavailable("The token service is not available to this backend."))
-        return problem_response(exc)
+        return problem_response(refusal(exc))
 
     def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.iscoroutinefunction(view) or iscoroutinefunction(view):

@@ -53,7 +53,7 @@ from fastapi import HTTPException, Request, Response
 from fastapi.encoders import jsonable_encoder
 from starlette.concurrency import run_in_threadpool
 
-from token_service.errors import InvalidRequest, ServiceUnavailable, TokenError, Unauthorized
+from token_service.errors import InvalidRequest, TokenError
 from token_service.problems import problem_for
 from token_service.records import dump_json
 
@@ -66,6 +66,7 @@ from ._response import (
     StoredResponse,
     StorePolicy,
     default_store_status,
+    refusal,
 )
 from .guard import AsyncGuard, Terminal
 
@@ -223,13 +224,8 @@ def require_token(
                     wait_seconds=wait_seconds,
                 )
                 fresh = await guard.start()
-            except Unauthorized:
-                log.error("the token service refused this backend's service key; check its configuration")
-                return problem_response(
-                    ServiceUnavailable("The token service is not available to this backend.")
-                )
             except TokenError as exc:
-                return problem_response(exc)
+                return problem_response(refusal(exc))
             if not fresh:
                 return _replay(guard.result, response)
             request.state.token_guard = guard

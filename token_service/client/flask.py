@@ -39,7 +39,7 @@ from typing import Any
 from flask import Request, Response, g, make_response, request
 from werkzeug.exceptions import ClientDisconnected
 
-from token_service.errors import InvalidRequest, ServiceUnavailable, TokenError, Unauthorized
+from token_service.errors import InvalidRequest, TokenError
 from token_service.problems import problem_for
 from token_service.records import dump_json
 
@@ -54,6 +54,7 @@ from ._response import (
     StoredResponse,
     StorePolicy,
     default_store_status,
+    refusal,
 )
 from .guard import Guard, Terminal
 
@@ -257,15 +258,8 @@ def require_token(
             )
             try:
                 fresh = guard.start()
-            except Unauthorized:
-                # This backend's own key for the token service is wrong: not the end user's
-                # fault and nothing they can fix. Fail closed (no work is done) and tell ops.
-                log.error("the token service refused this backend's service key; check its configuration")
-                return problem_response(
-                    ServiceUnavailable("The token service is not available to this backend.")
-                )
             except TokenError as exc:
-                return problem_response(exc)
+                return problem_response(refusal(exc))
             if not fresh:
                 return replay_response(guard.result)
             g.token_guard = guard
