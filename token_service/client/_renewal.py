@@ -109,7 +109,29 @@ class _Starter:
 _STARTER = _Starter()
 
 
-class LeaseRenewer:
+class _Renewals:
+    """What both renewers do with a renewal that raised."""
+
+    lost: TokenError | None
+    _on_lost: Callable[[TokenError], Any] | None
+    _on_error: Callable[[TokenError], Any] | None
+
+    def _failed(self, exc: Exception, *, settled: bool = False) -> bool:
+        """Whether renewing ends: only when the lease is lost (reported unless it was ``settled``)."""
+        if isinstance(exc, LOST):
+            if not settled:
+                self.lost = exc
+                _report(self._on_lost, exc)
+            return True
+        if isinstance(exc, TokenError):
+            log.warning("could not renew a lease (will try again): %s", exc)
+            _report(self._on_error, exc)
+        else:  # keep renewing: losing the lease is worse
+            log.error("renewing a lease raised", exc_info=exc)
+        return False
+
+
+class LeaseRenewer(_Renewals):
     """Calls ``renew()`` every ``interval_seconds`` until :meth:`stop`, on a daemon thread of its own
     once the first renewal is due (work that ends sooner never starts one)."""
 
@@ -157,23 +179,17 @@ class LeaseRenewer:
         while True:
             try:
                 self._renew()
-            except LOST as exc:
-                if not self._stopped.is_set():  # after stop, the lease was settled on purpose
-                    self.lost = exc
-                    _report(self._on_lost, exc)
-                return
-            except TokenError as exc:
-                log.warning("could not renew a lease (will try again): %s", exc)
-                _report(self._on_error, exc)
-            except Exception:  # keep renewing: losing the lease is worse
-                log.exception("renewing a lease raised")
+            except Exception as exc:
+                # after stop, a lost lease was settled on purpose: nothing to report
+                if self._failed(exc, settled=self._stopped.is_set()):
+                    return
             else:
                 self.renewals += 1
             if self._stopped.wait(self.interval_seconds):
                 return
 
 
-class AsyncLeaseRenewer:
+class AsyncLeaseRenewer(_Renewals):
     """:class:`LeaseRenewer` as an asyncio task: ``await renew()`` every ``interval_seconds``."""
 
     def __init__(
@@ -216,14 +232,8 @@ class AsyncLeaseRenewer:
             await asyncio.sleep(self.interval_seconds)
             try:
                 await self._renew()
-            except LOST as exc:
-                self.lost = exc
-                _report(self._on_lost, exc)
-                return
-            except TokenError as exc:
-                log.warning("could not renew a lease (will try again): %s", exc)
-                _report(self._on_error, exc)
-            except Exception:  # keep renewing: losing the lease is worse
-                log.exception("renewing a lease raised")
+            except Exception as exc:
+                if self._failed(exc):
+                    return
             else:
                 self.renewals += 1
