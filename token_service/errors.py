@@ -6,10 +6,16 @@ docs/http-api.md) and whose ``status`` is
 the HTTP status the API answers with. The SDK raises the very same classes, so
 a backend never parses HTTP to learn what happened. This module imports
 nothing outside the standard library: the SDK must work without Flask.
+
+What an error adds to its problem document (``errors``, ``field``, ``error``,
+``retry_after_seconds``) is said once, by the class: :meth:`TokenError.problem_extras`
+writes it (``problems.problem_for``), :meth:`TokenError.from_problem` reads it
+back (the SDK's HTTP transport).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 
@@ -24,6 +30,31 @@ class TokenError(Exception):
         super().__init__(message or self.title)
         self.detail = message or self.title
 
+    def problem_extras(self) -> dict[str, Any]:
+        """The members this error adds to its problem document."""
+        return {}
+
+    @classmethod
+    def from_problem(cls, detail: str | None, document: Mapping[str, Any]) -> TokenError:
+        """The error a problem document of this class's ``code`` stands for."""
+        return cls(detail)
+
+
+class _RetryLater(TokenError):
+    """An error that says when to try again: ``retry_after_seconds`` (and ``Retry-After``)."""
+
+    def __init__(self, message: str | None = None, retry_after_seconds: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
+
+    def problem_extras(self) -> dict[str, Any]:
+        return {"retry_after_seconds": self.retry_after_seconds}
+
+    @classmethod
+    def from_problem(cls, detail: str | None, document: Mapping[str, Any]) -> TokenError:
+        value = document.get("retry_after_seconds")
+        return cls(detail, retry_after_seconds=value if type(value) is int and value >= 1 else 1)
+
 
 class InvalidRequest(TokenError):
     """The request breaks the schema; ``errors`` maps field → messages."""
@@ -35,6 +66,14 @@ class InvalidRequest(TokenError):
     def __init__(self, message: str | None = None, errors: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.errors = errors or {}
+
+    def problem_extras(self) -> dict[str, Any]:
+        return {"errors": self.errors}
+
+    @classmethod
+    def from_problem(cls, detail: str | None, document: Mapping[str, Any]) -> TokenError:
+        errors = document.get("errors")
+        return cls(detail, errors if isinstance(errors, dict) else None)
 
 
 class Unauthorized(TokenError):
@@ -56,6 +95,14 @@ class TokenMismatch(TokenError):
         super().__init__(message)
         self.field = field
 
+    def problem_extras(self) -> dict[str, Any]:
+        return {"field": self.field} if self.field else {}
+
+    @classmethod
+    def from_problem(cls, detail: str | None, document: Mapping[str, Any]) -> TokenError:
+        field = document.get("field")
+        return cls(detail, field=field if isinstance(field, str) else None)
+
 
 class TokenInvalid(TokenError):
     """Unknown, expired, revoked or malformed token (indistinguishable on purpose)."""
@@ -73,16 +120,12 @@ class TokenUsed(TokenError):
     title = "Token already used"
 
 
-class TokenInProgress(TokenError):
+class TokenInProgress(_RetryLater):
     """Another holder's lease is live; retry after ``retry_after_seconds``."""
 
     code = "token_in_progress"
     status = 409
     title = "Token in progress"
-
-    def __init__(self, message: str | None = None, retry_after_seconds: int = 1) -> None:
-        super().__init__(message)
-        self.retry_after_seconds = retry_after_seconds
 
 
 class TokenFailed(TokenError):
@@ -95,6 +138,13 @@ class TokenFailed(TokenError):
     def __init__(self, message: str | None = None, error: Any = None) -> None:
         super().__init__(message)
         self.error = error
+
+    def problem_extras(self) -> dict[str, Any]:
+        return {"error": self.error}
+
+    @classmethod
+    def from_problem(cls, detail: str | None, document: Mapping[str, Any]) -> TokenError:
+        return cls(detail, error=document.get("error"))
 
 
 class LeaseLost(TokenError):
@@ -113,28 +163,20 @@ class PayloadTooLarge(TokenError):
     title = "Payload too large"
 
 
-class RateLimited(TokenError):
+class RateLimited(_RetryLater):
     """Issuance limit hit; retry after ``retry_after_seconds``."""
 
     code = "rate_limited"
     status = 429
     title = "Rate limited"
 
-    def __init__(self, message: str | None = None, retry_after_seconds: int = 1) -> None:
-        super().__init__(message)
-        self.retry_after_seconds = retry_after_seconds
 
-
-class ServiceUnavailable(TokenError):
+class ServiceUnavailable(_RetryLater):
     """The store is unreachable; nothing is known to have happened (fail closed)."""
 
     code = "store_unavailable"
     status = 503
     title = "Store unavailable"
-
-    def __init__(self, message: str | None = None, retry_after_seconds: int = 1) -> None:
-        super().__init__(message)
-        self.retry_after_seconds = retry_after_seconds
 
 
 ERRORS_BY_CODE: dict[str, type[TokenError]] = {

@@ -11,16 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from token_service.errors import (
-    InvalidRequest,
-    RateLimited,
-    ServiceUnavailable,
-    TokenError,
-    TokenFailed,
-    TokenInProgress,
-    TokenMismatch,
-    Unauthorized,
-)
+from token_service.errors import TokenError, Unauthorized
 
 PROBLEM_TYPE_BASE = "https://token-service.dev/problems/"
 CONTENT_TYPE = "application/problem+json"
@@ -50,22 +41,12 @@ def internal_error() -> tuple[int, dict[str, str], bytes]:
 def problem_for(error: TokenError, token_ref: str | None = None) -> tuple[int, dict[str, str], bytes]:
     """The problem document of ``error``; ``token_ref``: the digest of the token the request named
     (the service's, as in its access line), so whoever holds the answer can have the record found."""
-    extra: dict[str, Any] = {}
-    if isinstance(error, InvalidRequest):
-        extra["errors"] = error.errors
-    elif isinstance(error, TokenMismatch) and error.field:
-        extra["field"] = error.field
-    elif isinstance(error, TokenFailed):
-        extra["error"] = error.error
-    retry_after = None
-    if isinstance(error, TokenInProgress | RateLimited | ServiceUnavailable):
-        retry_after = error.retry_after_seconds
-        extra["retry_after_seconds"] = retry_after
+    extra = error.problem_extras()
     if token_ref is not None:
         extra["token_ref"] = token_ref
     status, headers, body = problem(error.status, error.code, error.title, error.detail, **extra)
-    if retry_after is not None:
-        headers["Retry-After"] = str(retry_after)
+    if "retry_after_seconds" in extra:
+        headers["Retry-After"] = str(extra["retry_after_seconds"])
     if isinstance(error, Unauthorized):
         headers["WWW-Authenticate"] = 'Bearer realm="token-service"'
     return status, headers, body

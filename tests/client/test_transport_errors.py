@@ -25,6 +25,7 @@ from token_service.client import (
     ERRORS_BY_CODE,
     Consumed,
     InvalidRequest,
+    LeaseLost,
     PayloadTooLarge,
     RateLimited,
     RetryPolicy,
@@ -34,7 +35,9 @@ from token_service.client import (
     TokenError,
     TokenFailed,
     TokenInProgress,
+    TokenInvalid,
     TokenMismatch,
+    TokenUsed,
     Unauthorized,
 )
 
@@ -94,6 +97,39 @@ def test_every_problem_code_becomes_its_class(code: str) -> None:
     # only an unavailable store is worth another attempt
     assert len(calls) == (FAST_RETRY.attempts if code == "store_unavailable" else 1)
     assert calls[0].headers["Authorization"] == f"Bearer {API_KEY}"
+
+
+# One of each error, with what it adds to its problem document.
+WRITTEN = [
+    InvalidRequest("d", {"scope": ["bad"]}),
+    Unauthorized("d"),
+    TokenMismatch("d", field="subject"),
+    TokenInvalid("d"),
+    TokenUsed("d"),
+    TokenInProgress("d", retry_after_seconds=7),
+    TokenFailed("d", error={"reason": "declined"}),
+    LeaseLost("d"),
+    PayloadTooLarge("d"),
+    RateLimited("d", retry_after_seconds=9),
+    ServiceUnavailable("d", retry_after_seconds=3),
+]
+
+
+def test_every_error_code_has_a_written_example() -> None:
+    assert sorted(error.code for error in WRITTEN) == sorted(ERRORS_BY_CODE)
+
+
+@pytest.mark.parametrize("error", WRITTEN, ids=lambda error: error.code)
+def test_a_problem_document_reads_back_as_the_error_that_wrote_it(error: TokenError) -> None:
+    # the service writes it (problems.problem_for), the SDK's HTTP transport reads it
+    from token_service.client._http import error_from_response
+    from token_service.problems import problem_for
+
+    status, headers, body = problem_for(error)
+    back = error_from_response(httpx.Response(status, headers=headers, content=body))
+    assert type(back) is type(error)
+    assert back.detail == error.detail
+    assert back.problem_extras() == error.problem_extras()
 
 
 def test_responses_without_a_code_map_by_status() -> None:

@@ -22,9 +22,6 @@ from token_service.errors import (
     RateLimited,
     ServiceUnavailable,
     TokenError,
-    TokenFailed,
-    TokenInProgress,
-    TokenMismatch,
     Unauthorized,
 )
 from token_service.records import Completed, Consumed, FailRecorded, Finished, Renewed, Started
@@ -48,14 +45,6 @@ def _datetime(value: str) -> datetime:
     return datetime.fromisoformat(value).astimezone(UTC)
 
 
-def _retry_after(response: httpx.Response, body: dict[str, Any]) -> int:
-    raw = response.headers.get("Retry-After", "")
-    if raw.isdigit():
-        return max(1, int(raw))
-    value = body.get("retry_after_seconds")
-    return value if isinstance(value, int) and value >= 1 else 1
-
-
 def error_from_response(response: httpx.Response) -> TokenError:
     """The exception an error response stands for (its problem+json ``code`` decides)."""
     try:
@@ -73,17 +62,10 @@ def error_from_response(response: httpx.Response) -> TokenError:
         return TokenError(
             f"Unexpected HTTP {response.status_code} ({code or 'no code'}): {detail or ''}".strip()
         )
-    if issubclass(cls, TokenInProgress | RateLimited | ServiceUnavailable):
-        return cls(detail, retry_after_seconds=_retry_after(response, body))
-    if cls is TokenFailed:
-        return TokenFailed(detail, error=body.get("error"))
-    if cls is TokenMismatch:
-        field = body.get("field")
-        return TokenMismatch(detail, field=field if isinstance(field, str) else None)
-    if cls is InvalidRequest:
-        errors = body.get("errors")
-        return InvalidRequest(detail, errors if isinstance(errors, dict) else None)
-    return cls(detail)
+    retry_after = response.headers.get("Retry-After", "")
+    if retry_after.isdigit():  # the header first (a proxy may answer without a document)
+        body["retry_after_seconds"] = max(1, int(retry_after))
+    return cls.from_problem(detail, body)
 
 
 def _encode(body: dict[str, Any]) -> bytes:
