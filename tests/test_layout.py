@@ -105,6 +105,18 @@ def test_nothing_refers_outside_the_project() -> None:
     assert found == []
 
 
+def test_the_package_holds_no_benchmark_figures() -> None:
+    # measured costs go stale in a comment: docs/performance.md keeps them, with the run they are from
+    figure = re.compile(r"\b\d+(\.\d+)? ?(us|µs)\b|~ ?\d+(\.\d+)? ?%")
+    found = [
+        f"{path.relative_to(REPO_ROOT)}:{number}"
+        for path in sorted([*PACKAGE.rglob("*.py"), *(REPO_ROOT / "lua").glob("*.lua")])
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if figure.search(line)
+    ]
+    assert found == []
+
+
 TEST_FILES = sorted((REPO_ROOT / "tests").rglob("test_*.py"))
 
 

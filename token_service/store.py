@@ -354,7 +354,7 @@ def _release(pool: Any, conn: Any) -> None:
 
 # Connections a store parks at most. One per concurrent caller: a gevent worker's greenlets or
 # a threaded worker's threads would otherwise find the one parked connection taken and check
-# one out of the pool (~10% of a token request's server CPU at 4 callers a worker).
+# one out of the pool, a cost on every request (docs/performance.md).
 _MAX_PARKED = 8
 
 

@@ -28,8 +28,8 @@ Every choice here can be overridden the usual gunicorn ways (command line,
   line end and obsolete line folding, both of which gunicorn's parser refuses
   (400) -- room for a proxy in front and the service to read one request two
   ways, and an obs-fold line reaches gunicorn as a header with an empty
-  name. It would save only 3.5-4.4 us of a token request's ~230 us of
-  worker CPU (docs/performance.md).
+  name. What it would save of a token request's worker CPU is small
+  (measured in docs/performance.md).
 - **Errors before the app.** gunicorn's own error replies (a request it
   cannot parse, a header too large, a worker timeout) are problem+json, not
   its HTML pages (``post_fork``, token_service/server/gunicorn_errors.py).

@@ -3,8 +3,8 @@
 A gunicorn worker reads its settings (``worker.cfg``) about twenty times a
 request -- the parser's limits, ``is_ssl``, the forwarded-header rules,
 ``keepalive`` -- and every read of a ``Config`` runs ``Config.__getattr__``
-and the setting's ``get()``: about half a microsecond each, some 10 us of
-a token request's CPU. A worker's settings cannot change while it lives (a
+and the setting's ``get()`` (what that costs a request: docs/performance.md,
+step 6). A worker's settings cannot change while it lives (a
 reload replaces the workers), so :class:`FrozenConfig` keeps each value
 after its first read.
 """
