@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from examples.checkout import shop as shop_module
 from tests.support.browser import RunningDemo
 from tests.support.processes import wait_until
 
@@ -371,6 +373,96 @@ def test_a_token_that_expired_while_the_page_sat_open_is_replaced(
     order_id = order_of(page)
     assert len(charge_posts(demo, order_id)) == 1  # the stale token was never sent
     assert len(demo.charges(order_id)) == 1
+
+
+def test_a_token_that_expired_after_an_unanswered_attempt_is_replaced_for_the_order(
+    context: Any, demo_factory: Callable[..., RunningDemo]
+) -> None:
+    # The helper never replaces a token a request carried (its work may be done); the order can be
+    # charged only once whatever the token, so the page may take a fresh one for it.
+    demo = demo_factory(token_ttl_seconds=2)
+    page = open_checkout(context, demo.shop_url + "/")
+    page.route("**/api/orders/*/charge", lambda route: route.abort("connectionrefused"))
+    page.click("#pay")
+    assert [outcome for outcome, _ in results(page, 1)] == ["unconfirmed"]
+    page.unroute("**/api/orders/*/charge")
+    page.wait_for_timeout(2_500)  # the shopper comes back after the token's lifetime
+    page.click("#pay")
+    lines = results(page, 2)
+    assert [outcome for outcome, _ in lines] == ["unconfirmed", "charged"], (
+        lines,
+        page.locator("#log").text_content(),
+    )
+    wait_state(page, "paid")
+    assert (
+        "the payment token had expired; got a fresh one for this order" in page.locator("#log").text_content()
+    )
+    order_id = order_of(page)
+    assert len(demo.charges(order_id)) == 1
+    assert token_posts(demo) == 2
+    assert len({seen.headers["idempotency-token"] for seen in charge_posts(demo, order_id)}) == 2
+
+
+def test_after_a_charge_that_failed_in_the_shop_paying_again_works(
+    context: Any, demo: RunningDemo, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The payment provider fails once: the charge rolls back, the shop answers 500 (its guard
+    # releases the token), the page finds the order unpaid and says so; the next Pay charges it.
+    failures = {"left": 1}
+
+    class FlakyProvider:
+        @staticmethod
+        def sleep(seconds: float) -> None:
+            if failures["left"]:
+                failures["left"] -= 1
+                raise ConnectionError("the payment provider hung up")
+            time.sleep(seconds)
+
+    monkeypatch.setattr(shop_module, "time", FlakyProvider)
+    page = open_checkout(context, demo.shop_url + "/")
+    page.click("#pay")
+    assert results(page, 1) == [("not-charged", "The payment didn't go through. You were not charged.")]
+    assert page.locator("#pay").is_enabled()
+    order_id = order_of(page)
+    assert demo.charges(order_id) == []
+    page.click("#pay")
+    lines = results(page, 2)
+    assert [outcome for outcome, _ in lines] == ["not-charged", "charged"], (
+        lines,
+        page.locator("#log").text_content(),
+    )
+    assert len(demo.charges(order_id)) == 1
+
+
+def test_a_token_that_failed_for_good_is_replaced_for_the_order(context: Any, demo: RunningDemo) -> None:
+    # A terminal failure stays with its token: every later request carrying it is refused with
+    # 409 token_failed. The order is unpaid, so the page pays it with a fresh token, not that one.
+    page = open_checkout(context, demo.shop_url + "/")
+    failed: dict[str, str] = {}
+
+    def the_shop_recorded_a_terminal_failure(route: Any) -> None:
+        token = route.request.headers["idempotency-token"]
+        failed.setdefault("token", token)
+        if token != failed["token"]:
+            return route.continue_()
+        route.fulfill(
+            status=409,
+            headers={"Content-Type": "application/problem+json"},
+            body='{"code": "token_failed", "status": 409, "error": {"type": "Declined"}}',
+        )
+
+    page.route("**/api/orders/*/charge", the_shop_recorded_a_terminal_failure)
+    page.click("#pay")
+    assert results(page, 1) == [("not-charged", "The payment didn't go through. You were not charged.")]
+    page.click("#pay")
+    lines = results(page, 2)
+    assert [outcome for outcome, _ in lines] == ["not-charged", "charged"], (
+        lines,
+        page.locator("#log").text_content(),
+    )
+    order_id = order_of(page)
+    assert len(demo.charges(order_id)) == 1
+    assert token_posts(demo) == 2
 
 
 def test_after_the_wait_the_page_tries_again_by_itself(context: Any, demo: RunningDemo) -> None:

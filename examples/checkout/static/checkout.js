@@ -1,6 +1,8 @@
 // The checkout page. One order = one action = one token, bound to the order
 // (fingerprint) and the shopper (subject); the shop charges an order at most
-// once whatever the page does (reload, Back, a second tab, a new token).
+// once whatever the page does (reload, Back, a second tab, a new token). So
+// when the order's token is gone (expired after a request carried it, or failed
+// with a payment that did not go through), the page takes a fresh one for it.
 // Everything the shopper reads is in #status and #results; #log is for the curious.
 
 export function startCheckout(TokenClient, config) {
@@ -50,11 +52,20 @@ export function startCheckout(TokenClient, config) {
     }
   };
   const client = new TokenClient({ baseUrl: config.tokenService, fetch: loggedFetch, onRetry: retryNote });
-  const action = client.action(config.scope, {
-    subject: order.shopper,
-    fingerprint: order.id,
-    ttlSeconds: config.tokenTtlSeconds ?? undefined,
-  });
+  const newAction = () =>
+    client.action(config.scope, {
+      subject: order.shopper,
+      fingerprint: order.id,
+      ttlSeconds: config.tokenTtlSeconds ?? undefined,
+    });
+  let action = newAction();
+  const problemCode = async (response) => {
+    try {
+      return (await response.clone().json())?.code ?? "";
+    } catch {
+      return "";
+    }
+  };
 
   let paid = order.status === "paid";
   let busy = false;
@@ -142,6 +153,8 @@ export function startCheckout(TokenClient, config) {
       finish("charged", `Paid — charge ${current.charge.id}.`);
       showPaid(current.charge);
     } else if (current?.status === "unpaid" && !unclear) {
+      // The token may be spent or failed by now: the next Pay takes a fresh one for this order.
+      action = newAction();
       finish("not-charged", "The payment didn't go through. You were not charged.");
       setStatus("not-charged", "The payment didn't go through and you were not charged. Please try again.", {
         canPay: true,
@@ -162,15 +175,26 @@ export function startCheckout(TokenClient, config) {
     newOrder.disabled = true; // leaving the order mid-payment would hide its outcome
     const finish = addLine();
     setStatus("paying", "Paying… please keep this page open.");
-    const renewals = action.renewals;
+    const first = action;
+    const renewals = first.renewals;
     let lostReply = false;
-    try {
-      const response = await action.fetch(
+    const send = () =>
+      action.fetch(
         chargeUrl,
         { method: "POST", headers: { "Content-Type": "application/json" }, body: "{}" },
         { onRetry: ({ stage, reason }) => (lostReply ||= stage === "request" && reason === "network") },
       );
-      if (action.renewals > renewals) note("page: the payment token had expired unused; got a fresh one");
+    try {
+      let response = await send();
+      if (first.renewals > renewals) note("page: the payment token had expired unused; got a fresh one");
+      if (response.status === 404 && (await problemCode(response)) === "token_invalid") {
+        // The token ran out after an earlier attempt carried it (the helper renews only unused
+        // ones), so the shop refused this one before charging. The order is charged once whatever
+        // the token: a fresh one is safe.
+        note("page: the payment token had expired; got a fresh one for this order");
+        action = newAction();
+        response = await send();
+      }
       if (response.ok) {
         const { charge } = await response.json();
         if (!isReplayed(response)) {
