@@ -192,16 +192,13 @@ def test_a_rate_above_one_per_millisecond_keeps_its_whole_burst_and_pace(
 ) -> None:
     # the limiter's state is kept to the microsecond: rounded to whole milliseconds, every
     # call moved it on by 1 ms at least, and 5000/second let 1000 through, then 1 a ms.
-    # The burst is one batch, then 20 single calls (each 0.2 or 0.4 ms of the period): the
-    # record's expiry runs on Redis's own clock while this test's clock stands still, and
-    # after the batch it is the period's length away, not the 0.2 ms of a first single call
+    # The record expires in Redis's real time while this test's clock stands still: with the
+    # rate alone it would be kept a millisecond after a first single call, and a loaded
+    # machine, slower than that between two calls, would find it gone and let more through.
+    # An outstanding cap it never reaches keeps the record for its bucket (a minute at
+    # least), and the burst is a batch then 20 single calls (each 0.2-0.4 ms of the period).
     clock = Clock()
     store = TokenStore(redis_client, clock_ms=clock)
-    # The record expires in Redis's real time while this test's clock stands still. With the rate
-    # alone it would be kept only as far ahead as the limiter's state (a millisecond after the
-    # first call), and a loaded machine, slower than that between two calls, would find it gone
-    # and let more through. An outstanding cap it never reaches keeps the record for its bucket
-    # (a minute at least): the rate's arithmetic is the same, the machine's speed no longer matters.
     limits = IssuanceLimits(RateLimit(limit, period_seconds), max_outstanding=3 * limit)
     client = f"ts:c:pace-{limit}"
     singles = min(limit, 20)
