@@ -267,3 +267,23 @@ def _up(url: str) -> bool:
         return httpx.get(url).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+def test_the_demos_own_token_service_takes_the_shops_key_whatever_the_environment() -> None:
+    from examples.checkout.demo import DEMO_API_KEY, token_service_settings
+    from token_service.config import Settings
+
+    def digests(keys: str) -> set[str]:
+        return set(Settings.from_mapping({"api_keys": keys}).api_keys)
+
+    shop = "http://127.0.0.1:5555"
+    assert set(token_service_settings({}, shop).api_keys) == digests(DEMO_API_KEY)
+    # TOKEN_SERVICE_API_KEYS exported for something else, no CHECKOUT_API_KEY: both keys work.
+    mixed = token_service_settings({"TOKEN_SERVICE_API_KEYS": "another-key-0123456789"}, shop)
+    assert set(mixed.api_keys) == digests(f"another-key-0123456789,{DEMO_API_KEY}")
+    own = token_service_settings({}, shop, shop_api_key="the-shops-own-key-0123")
+    assert set(own.api_keys) == digests("the-shops-own-key-0123")
+    assert shop in own.cors_origins
+    # make run's development key (the Makefile's) is the shop's default: `--token-service` works against it.
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    assert f"export TOKEN_SERVICE_API_KEYS ?= {DEMO_API_KEY}\n" in makefile
