@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
+import redis
 import redis.asyncio
 from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -145,3 +147,24 @@ async def slow_report() -> dict[str, int]:
     if run == 1:
         await counters.blpop(["release:slow_report"], timeout=30)
     return {"run": run}
+
+
+hook_counts = redis.Redis.from_url(REDIS_URL)  # hooks are plain (sync) callables
+
+
+def _hook(name: str) -> Any:
+    return lambda guard, *error: hook_counts.incr(f"hooks:{name}")
+
+
+@app.post("/hooked", status_code=201)
+@require_token(
+    tokens,
+    "payment.create",
+    subject=user,
+    on_replay=_hook("replay"),
+    on_conflict=_hook("conflict"),
+    on_mismatch=_hook("mismatch"),
+)
+async def hooked() -> dict[str, bool]:
+    await counters.incr("runs:hooked")
+    return {"ok": True}

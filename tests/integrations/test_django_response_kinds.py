@@ -114,3 +114,24 @@ def test_a_429_or_503_is_not_replayed(
         again = send(server, f"{prefix}/kinds/status?status=201", headers)
         assert (again.status_code, again.headers["Idempotent-Replayed"]) == (201, "true")
         assert runs(real_redis, name) == 3
+
+
+def test_require_token_passes_the_guard_hooks(
+    server: AppServer, tokens: TokenClient, real_redis: redis.Redis
+) -> None:
+    """on_replay / on_conflict / on_mismatch given to Django's @require_token reach the guard."""
+    token = tokens.generate("payment.create", subject="alice").token
+
+    def hooked(token: str, user: str) -> int:
+        headers = {"Idempotency-Token": token, "X-User-Id": user}
+        return send(server, "/hooked", headers).status_code
+
+    assert hooked(token, "bob") == 403  # another subject: a mismatch, the token is not used up
+    assert hooked(token, "alice") == 201
+    assert hooked(token, "alice") == 201  # replayed
+    used = tokens.generate("payment.create", subject="alice").token
+    tokens.consume(used, "payment.create", subject="alice")
+    assert hooked(used, "alice") == 409  # token_used: a conflict
+    counts = {name: int(real_redis.get(f"hooks:{name}") or 0) for name in ("mismatch", "replay", "conflict")}
+    assert counts == {"mismatch": 1, "replay": 1, "conflict": 1}
+    assert runs(real_redis, "hooked") == 1

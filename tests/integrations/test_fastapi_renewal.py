@@ -1,4 +1,4 @@
-"""FastAPI's ``@require_token(..., lease_seconds=2)`` around an endpoint slower than two of its leases,
+"""FastAPI's ``@require_token``: its hooks, and ``lease_seconds=2`` around an endpoint slower than two leases,
 under uvicorn on a real redis-server: the lease is renewed while it runs (its AsyncGuard), so the
 duplicates at 2.5 s and 4.5 s get 409 instead of running it again, and once it finished a duplicate
 gets the stored response. (The ASGI Idempotency-Key middleware on FastAPI: test_renewal_asgi.py.)"""
@@ -54,3 +54,23 @@ def test_an_endpoint_slower_than_its_lease_runs_once(server: AppServer, real_red
     assert (replay.status_code, replay.headers["Idempotent-Replayed"]) == (201, "true")
     assert replay.json() == first[0].json() == {"run": 1}
     assert int(real_redis.get("runs:slow_report") or 0) == 1
+
+
+def test_require_token_passes_the_guard_hooks(server: AppServer, real_redis: redis.Redis) -> None:
+    """on_replay / on_conflict / on_mismatch given to FastAPI's @require_token reach the guard."""
+    tokens = TokenClient.from_redis(real_redis)
+    token = tokens.generate("payment.create", subject="alice").token
+
+    def hooked(token: str, user: str) -> int:
+        headers = {"Idempotency-Token": token, "X-User-Id": user}
+        return httpx.post(server.url + "/hooked", headers=headers, timeout=60).status_code
+
+    assert hooked(token, "bob") == 403
+    assert hooked(token, "alice") == 201
+    assert hooked(token, "alice") == 201  # replayed
+    used = tokens.generate("payment.create", subject="alice").token
+    tokens.consume(used, "payment.create", subject="alice")
+    assert hooked(used, "alice") == 409
+    counts = {name: int(real_redis.get(f"hooks:{name}") or 0) for name in ("mismatch", "replay", "conflict")}
+    assert counts == {"mismatch": 1, "replay": 1, "conflict": 1}
+    assert int(real_redis.get("runs:hooked") or 0) == 1

@@ -392,6 +392,10 @@ def require_token(
     wait_seconds: float = 0.0,
     store_status: StorePolicy = default_store_status,
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+    on_replay: Callable[[Any], Any] | None = None,
+    on_conflict: Callable[[Any, TokenError], Any] | None = None,
+    on_mismatch: Callable[[Any, TokenError], Any] | None = None,
+    on_lease_lost: Callable[[Any, TokenError], Any] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a Django view (sync or ``async def``) so each token runs it at most once.
 
@@ -401,6 +405,13 @@ def require_token(
     :class:`TokenClient`, an async one an :class:`AsyncTokenClient`).
     """
     wanted = {name.lower() for name in replay_headers}
+    # the guard's hooks (on_replay(guard), on_conflict(guard, error), ...), as Flask's require_token
+    hooks: dict[str, Any] = {
+        "on_replay": on_replay,
+        "on_conflict": on_conflict,
+        "on_mismatch": on_mismatch,
+        "on_lease_lost": on_lease_lost,
+    }
 
     def options(request: HttpRequest) -> dict[str, Any]:
         return {
@@ -409,6 +420,7 @@ def require_token(
             "lease_seconds": lease_seconds,
             "terminal": terminal,
             "wait_seconds": wait_seconds,
+            **hooks,
         }
 
     def token_of(request: HttpRequest) -> str | HttpResponse:

@@ -179,6 +179,10 @@ def require_token(
     wait_seconds: float = 0.0,
     store_status: StorePolicy = default_store_status,
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+    on_replay: Callable[[Any], Any] | None = None,
+    on_conflict: Callable[[Any, TokenError], Any] | None = None,
+    on_mismatch: Callable[[Any, TokenError], Any] | None = None,
+    on_lease_lost: Callable[[Any, TokenError], Any] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]]:
     """Decorate a FastAPI endpoint (below ``@app.post(...)``) so each token runs it at most once.
 
@@ -192,6 +196,13 @@ def require_token(
     if not isinstance(client, AsyncTokenClient):
         raise TypeError("FastAPI's require_token takes an AsyncTokenClient")
     wanted = {name.lower() for name in replay_headers}
+    # the guard's hooks (on_replay(guard), on_conflict(guard, error), ...), as Flask's require_token
+    hooks: dict[str, Any] = {
+        "on_replay": on_replay,
+        "on_conflict": on_conflict,
+        "on_mismatch": on_mismatch,
+        "on_lease_lost": on_lease_lost,
+    }
 
     def decorate(endpoint: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
         signature, request_name, response_name, added = _signature(endpoint)
@@ -222,6 +233,7 @@ def require_token(
                     lease_seconds=lease_seconds,
                     terminal=terminal,
                     wait_seconds=wait_seconds,
+                    **hooks,
                 )
                 fresh = await guard.start()
             except TokenError as exc:

@@ -28,4 +28,5 @@ urlpatterns = [
     path("kinds/file", csrf_exempt(views.token_file)),
     path("kinds/stream", csrf_exempt(views.token_stream)),
     path("kinds/status", csrf_exempt(views.token_status)),
+    path("hooked", csrf_exempt(views.hooked)),
 ]

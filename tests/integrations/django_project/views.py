@@ -6,6 +6,7 @@ import asyncio
 import io
 import json
 import time
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -193,3 +194,20 @@ def token_stream(request: HttpRequest) -> HttpResponseBase:
 @require_token("report.create")
 def token_status(request: HttpRequest) -> HttpResponseBase:
     return _status(request, "token_status")
+
+
+# -- the guard's hooks, passed through @require_token (test_django_response_kinds.py) -----------------
+def _hook(name: str) -> Any:
+    return lambda guard, *error: counters.incr(f"hooks:{name}")
+
+
+@require_token(
+    "payment.create",
+    subject=user,
+    on_replay=_hook("replay"),
+    on_conflict=_hook("conflict"),
+    on_mismatch=_hook("mismatch"),
+)
+def hooked(request: HttpRequest) -> HttpResponseBase:
+    counters.incr("runs:hooked")
+    return JsonResponse({"ok": True}, status=201)
