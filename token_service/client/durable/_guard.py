@@ -217,6 +217,23 @@ def _fenced(table: sa.Table, key: str, lease_id: str) -> list[sa.ColumnElement[b
     return [table.c.record_key == key, table.c.status == PROCESSING, table.c.lease_id == lease_id]
 
 
+def _settle(
+    conn: Connection, table: sa.Table, claimed: Claim, what: str, values: dict[str, Any] | None
+) -> None:
+    """End the claim: the record takes ``values`` and loses its lease, or is deleted (``None``).
+
+    Fenced by the lease id: a claim another request has taken over raises ``LeaseLost``.
+    """
+    fenced = _fenced(table, claimed.key, claimed.lease_id)
+    statement: Any
+    if values is None:
+        statement = sa.delete(table).where(*fenced)
+    else:
+        statement = sa.update(table).where(*fenced).values(lease_id=None, lease_expires_at=None, **values)
+    if conn.execute(statement).rowcount != 1:
+        raise LeaseLost(f"the lease on key {claimed.key!r} was taken over; the {what} was not stored")
+
+
 def complete(
     conn: Connection,
     claimed: Claim,
@@ -229,21 +246,14 @@ def complete(
     _require_transaction(conn)
     if not isinstance(response, StoredResponse):
         raise TypeError(f"store a StoredResponse, not {type(response).__name__}")
-    done = conn.execute(
-        sa.update(table)
-        .where(*_fenced(table, claimed.key, claimed.lease_id))
-        .values(
-            status=SUCCEEDED,
-            lease_id=None,
-            lease_expires_at=None,
-            response_status=response.status,
-            response_headers=response.headers_json(),
-            response_body=response.body,
-            updated_at=clock(),
-        )
-    )
-    if done.rowcount != 1:
-        raise LeaseLost(f"the lease on key {claimed.key!r} was taken over; the outcome was not stored")
+    outcome = {
+        "status": SUCCEEDED,
+        "response_status": response.status,
+        "response_headers": response.headers_json(),
+        "response_body": response.body,
+        "updated_at": clock(),
+    }
+    _settle(conn, table, claimed, "outcome", outcome)
 
 
 def fail(
@@ -257,23 +267,10 @@ def fail(
 ) -> None:
     """Give the key up: delete the record (``retryable``) or mark it FAILED with ``error`` (JSON)."""
     _require_transaction(conn)
-    fenced = _fenced(table, claimed.key, claimed.lease_id)
-    if retryable:
-        done = conn.execute(sa.delete(table).where(*fenced))
-    else:
-        done = conn.execute(
-            sa.update(table)
-            .where(*fenced)
-            .values(
-                status=FAILED,
-                lease_id=None,
-                lease_expires_at=None,
-                error=json.dumps(error, separators=(",", ":")),
-                updated_at=clock(),
-            )
-        )
-    if done.rowcount != 1:
-        raise LeaseLost(f"the lease on key {claimed.key!r} was taken over; the failure was not stored")
+    failure = None  # retryable: the record goes, the key is free again
+    if not retryable:
+        failure = {"status": FAILED, "error": json.dumps(error, separators=(",", ":")), "updated_at": clock()}
+    _settle(conn, table, claimed, "failure", failure)
 
 
 def run_once(
