@@ -75,6 +75,8 @@ def charge(order_id: str, amount: int) -> dict[str, Any]:
 def slow(job: str) -> dict[str, Any]:
     """The first run hangs until its worker is killed; the next finishes."""
     start = counters.incr(f"starts:slow:{job}")
+    seconds, micros = counters.time()  # when, on the clock leases are kept by
+    counters.set(f"at:slow:{job}:{start}", seconds * 1000 + micros // 1000)
     if start == 1:
         time.sleep(120)
     return {"job": job, "start": start}
