@@ -94,6 +94,7 @@ class MeteredStore(TokenStore):
     def __init__(self, client: Any, **options: Any) -> None:
         super().__init__(client, **options)
         self.scopes = scope_labels(MAX_SCOPES)
+        self._zeroed: set[str] = set()  # scope labels whose use outcomes exist (at 0 or more)
         # the last token noted and its key: the store's key() reuses the digest just made
         self._noted: tuple[str | None, str] = (None, "")
 
@@ -106,8 +107,21 @@ class MeteredStore(TokenStore):
         noted = self._noted
         return noted[1] if noted[0] is token else super().key(token)
 
+    def _label(self, scope: str) -> str:
+        """The scope's label value. The first time this process meets it (its first issuance, as a
+        rule), every consume and begin outcome of that scope is created at 0: a series born at 1
+        is one whose first increment Prometheus never sees (rate() starts from its first sample),
+        so without this a scope's first duplicate went uncounted by the duplicate-spike alert."""
+        label = self.scopes(scope)
+        if label not in self._zeroed:
+            for operation in SCOPED_OPERATIONS:
+                for code in OUTCOME_CODES[operation]:
+                    _outcomes(operation, code, label)
+            self._zeroed.add(label)
+        return label
+
     def _outcome(self, operation: str, code: str, scope: str | None) -> None:
-        _outcomes(operation, code, self.scopes(scope) if scope else "").inc()
+        _outcomes(operation, code, self._label(scope) if scope else NO_SCOPE).inc()
 
     def _measured(self, operation: str, scope: str | None, call: Any) -> Any:
         try:
@@ -126,7 +140,7 @@ class MeteredStore(TokenStore):
 
     def issue(self, request: IssueRequest, count: int = 1) -> list[str]:
         tokens = super().issue(request, count)
-        _issued(self.scopes(request.scope)).inc(len(tokens))
+        _issued(self._label(request.scope)).inc(len(tokens))
         return tokens
 
     def admit_and_issue(
@@ -139,7 +153,7 @@ class MeteredStore(TokenStore):
         except RateLimited as refused:
             RATE_LIMITED.labels("outstanding" if isinstance(refused, OutstandingCapReached) else "rate").inc()
             raise
-        _issued(self.scopes(request.scope)).inc(len(tokens))
+        _issued(self._label(request.scope)).inc(len(tokens))
         return tokens
 
     def consume(
@@ -264,6 +278,8 @@ OUTCOME_CODES: dict[str, tuple[str, ...]] = {
     "inspect": ("token_invalid", "store_unavailable"),
     "revoke": ("revoked", "token_invalid", "store_unavailable"),
 }
+# the operations whose outcomes carry the request's scope
+SCOPED_OPERATIONS = ("consume", "begin")
 REPLAYED_OPERATIONS = ("consume", "begin", "complete", "fail")
 LIMITS = ("rate", "outstanding")
 NO_SCOPE = ""
@@ -275,7 +291,9 @@ def zero_series(app: Flask) -> None:
     Alerts and dashboards then read a 0 (not "no data") before the first event,
     and ``rate``/``increase`` count that first event. Client-chosen labels (scopes)
     cannot be listed ahead: the outcomes' scope-less series (scope ``""``, as the
-    operations that carry no scope have) and the issued counter's ``_other`` stand in.
+    operations that carry no scope have) and the issued counter's ``_other`` stand in,
+    and a scope's consume and begin outcomes are created at 0 when the process first
+    meets the scope (``MeteredStore._label``), usually at its first issuance.
     """
     for operation, codes in OUTCOME_CODES.items():
         for code in codes:
