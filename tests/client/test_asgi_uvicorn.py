@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -303,3 +304,43 @@ def test_a_request_whose_lock_ran_out_is_fenced_out(server: Server) -> None:
     assert replay.content == second.content  # the second's response, not the late first one's
     assert server.post({"sleep": 3, "sku": "A"}).json()["code"] == "idempotency_key_mismatch"
     assert server.runs == 2
+
+
+def test_a_server_killed_mid_request_frees_the_key_after_its_lock(
+    redis_server: RedisServer, real_redis: redis.Redis
+) -> None:
+    """uvicorn SIGKILLed while the app runs: nothing stores or frees the key and nothing renews
+    its claim, which runs out within lock_seconds (2 s here); then the key is free again."""
+    process, url = start_uvicorn("starlette_app", redis_server.url, TEST_LOCK_SECONDS="2")
+    server = Server(url, real_redis)
+    try:
+        thread = threading.Thread(target=post_ignoring_errors, args=(server, {"sleep": 60}))
+        thread.start()
+        wait_until(lambda: server.runs == 1, 30, what="the app to start")
+    finally:
+        process.kill()  # SIGKILL: no settle, no release, no more renewals
+        process.wait(timeout=20)
+    thread.join(30)
+    for record in real_redis.keys("ts:ik:*"):  # (gone already, should this process have been slow)
+        assert real_redis.pttl(record) <= 2000
+    process, url = start_uvicorn("starlette_app", redis_server.url, TEST_LOCK_SECONDS="2")
+    try:
+        heir = Server(url, real_redis)
+        answers: list[httpx.Response] = []
+
+        def retried() -> bool:
+            answers.append(heir.post({"sleep": 0}))
+            return answers[-1].status_code != 422  # the dead request's live claim: another request
+
+        wait_until(retried, 30, interval_seconds=0.1, what="the dead request's lock to run out")
+        assert answers[-1].status_code == 201, [a.status_code for a in answers]
+        assert "idempotent-replayed" not in answers[-1].headers
+        assert server.runs == 2
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+def post_ignoring_errors(server: Server, body: Any) -> None:
+    with contextlib.suppress(httpx.HTTPError):
+        server.post(body)
