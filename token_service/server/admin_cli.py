@@ -208,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
 def _count(text: str) -> int:
     # ASCII digits, and few of them: int() refuses a string of over 4300 digits (a traceback)
     if not re.fullmatch(r"[0-9]{1,9}", text) or not 1 <= int(text) <= 10000:
-        raise argparse.ArgumentTypeError(f"{text!r} is not between 1 and 10000")
+        shown = text if len(text) <= 20 else text[:20] + "…"  # a 5000-digit argument is not echoed whole
+        raise argparse.ArgumentTypeError(f"{shown!r} is not between 1 and 10000")
     return int(text)
 
 
