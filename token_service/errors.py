@@ -20,11 +20,17 @@ from typing import Any, ClassVar
 
 
 class TokenError(Exception):
-    """Base class of every error token-service reports."""
+    """Base class of every error token-service reports.
+
+    ``token_ref``: over HTTP, the digest of the token the refused request named, as the
+    service's problem document and access line carry it (what an operator finds the
+    record by: ``token-service admin show <token_ref>``); None otherwise.
+    """
 
     code: ClassVar[str] = "token_error"
     status: ClassVar[int] = 500
     title: ClassVar[str] = "Token service error"
+    token_ref: str | None = None
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or self.title)

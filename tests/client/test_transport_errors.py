@@ -58,6 +58,25 @@ def mock_client(handler: Any, retry: RetryPolicy = FAST_RETRY) -> TokenClient:
     return TokenClient("http://mock", API_KEY, retry=retry, transport=httpx.MockTransport(handler))
 
 
+@pytest.mark.parametrize(
+    ("sent", "kept"),
+    [
+        ("AbCdEfGhIjKlMnOpQr-_09", "AbCdEfGhIjKlMnOpQr-_09"),
+        (None, None),
+        ("short", None),
+        ("AbCdEfGhIjKlMnOpQr-_0*", None),
+        (22, None),
+    ],
+)
+def test_the_problems_token_ref_is_kept_on_the_error(sent: Any, kept: str | None) -> None:
+    extra = {} if sent is None else {"token_ref": sent}
+    client = mock_client(lambda request: problem_response(409, "token_used", **extra))
+    with pytest.raises(TokenError) as raised:
+        client.consume(TOKEN, "pay")
+    assert raised.value.code == "token_used"
+    assert raised.value.token_ref == kept
+
+
 @pytest.mark.parametrize("code", sorted(ERRORS_BY_CODE))
 def test_every_problem_code_becomes_its_class(code: str) -> None:
     cls = ERRORS_BY_CODE[code]

@@ -6,6 +6,7 @@ import hashlib
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 import redis
 
@@ -13,6 +14,7 @@ from tests.support import raw_http
 from tests.support.processes import Gunicorn, RedisServer, free_port
 from tests.support.service import API_KEY, AUTH, service_env
 from token_service import create_app
+from token_service.client import TokenClient, TokenUsed
 from token_service.config import ConfigError, Settings
 from token_service.server.routes import TOKEN_ROUTES
 from token_service.store import IssueRequest, TokenStore
@@ -287,3 +289,16 @@ def test_hostile_bytes_are_problems_never_500(
     assert reply.headers["content-type"] == "application/problem+json"
     assert reply.json()["code"] in STABLE_CODES
     assert ADMIN_KEY.encode() not in gunicorn_admin.log().encode()  # not even in a log line
+
+
+@pytest.mark.slow
+def test_the_sdks_error_carries_the_token_ref_that_finds_the_record(gunicorn_admin: Gunicorn) -> None:
+    """A backend on the SDK logs the refusal's token_ref; the operator's admin call finds the record."""
+    with TokenClient(gunicorn_admin.url, API_KEY) as client:
+        token = client.generate("pay", subject="user-9")
+        client.consume(token.token, "pay", subject="user-9", request_id="order-31")
+        with pytest.raises(TokenUsed) as refused:
+            client.consume(token.token, "pay", subject="user-9", request_id="order-32")
+    assert refused.value.token_ref == token_digest(token.token)
+    shown = httpx.get(f"{gunicorn_admin.url}/admin/records/{refused.value.token_ref}", headers=ADMIN)
+    assert (shown.json()["state"], shown.json()["request_id"]) == ("CONSUMED", "order-31")

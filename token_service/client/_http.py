@@ -10,6 +10,7 @@ connection, timeouts, a connection dropped before the reply) become
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,6 +42,9 @@ _BY_STATUS: dict[int, type[TokenError]] = {
 _TRANSIENT = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
 
 
+_TOKEN_REF = re.compile(r"[A-Za-z0-9_-]{22}")
+
+
 def _datetime(value: str) -> datetime:
     return datetime.fromisoformat(value).astimezone(UTC)
 
@@ -65,7 +69,11 @@ def error_from_response(response: httpx.Response) -> TokenError:
     retry_after = response.headers.get("Retry-After", "")
     if retry_after.isdigit():  # the header first (a proxy may answer without a document)
         body["retry_after_seconds"] = max(1, int(retry_after))
-    return cls.from_problem(detail, body)
+    error = cls.from_problem(detail, body)
+    token_ref = body.get("token_ref")
+    if isinstance(token_ref, str) and _TOKEN_REF.fullmatch(token_ref):
+        error.token_ref = token_ref  # for the caller's logs: the operators find the record by it
+    return error
 
 
 def _encode(body: dict[str, Any]) -> bytes:
