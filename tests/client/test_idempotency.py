@@ -226,7 +226,8 @@ def test_a_stale_claim_is_fenced_out(redis_client: Any) -> None:
         ("idempotency_begin", ["fp\x1fx", "owner", "1000"]),
         ("idempotency_begin", ["fp", "", "1000"]),
         ("idempotency_begin", ["fp", "owner", "0"]),
-        ("idempotency_store", ["fp", "owner", "resp", "-5"]),
+        ("idempotency_store", ["fp", "owner", "head\n", "body", "-5"]),
+        ("idempotency_store", ["fp", "owner", "head\nbody", "60000"]),  # the 4-argument form of old
         ("idempotency_release", ["fp", ""]),
     ],
 )

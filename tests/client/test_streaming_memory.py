@@ -1,7 +1,10 @@
 """A 64 MB streamed response through the middlewares: passed through, never buffered past the cap.
 
 Measured with tracemalloc around the whole request (the app's own chunks
-included), on a real redis-server: the peak stays under twice the storage cap.
+included), on a real redis-server: the peak stays under twice the storage cap,
+also for a body just under the cap, which is kept. (tracemalloc sees Python's
+heap: hiredis's own C buffer when it packs the command is not in it.
+tests/client/test_response_kinds_gunicorn.py measures a worker's resident set.)
 """
 
 from __future__ import annotations
@@ -64,6 +67,32 @@ def test_a_64_mb_wsgi_stream_peaks_under_twice_the_cap(real_redis: redis.Redis) 
     )
     assert replay == b""
     assert ("Idempotent-Body-Omitted", str(CHUNK * CHUNKS)) in replay_headers
+
+
+def test_a_body_just_under_the_cap_is_stored_with_its_peak_under_twice_the_cap(
+    real_redis: redis.Redis,
+) -> None:
+    """The worst case of the bound: a body that is kept is held once, then sent to Redis (a second copy:
+    redis-py's packed command); its pieces, the head joined to it, are not held beside those two."""
+    chunks = CAP // CHUNK - 2  # kept: all but two chunks' worth of the cap
+
+    def report(environ: Any, start_response: Any) -> Iterator[bytes]:
+        start_response("200 OK", [("Content-Type", "application/octet-stream")])
+        for _ in range(chunks):
+            yield b"x" * CHUNK
+
+    middleware = IdempotencyMiddleware(report, real_redis, max_stored_bytes=CAP)
+    environ = EnvironBuilder(method="POST", headers=HEADERS, json={"month": 11}).get_environ()
+    tracemalloc.start()
+    body = middleware(environ, lambda status, headers, exc_info=None: None)
+    received = sum(len(chunk) for chunk in body)
+    body.close()  # type: ignore[attr-defined]
+    peak = measured_peak()
+    assert received == CHUNK * chunks
+    assert peak < 2 * CAP, f"peak {peak} bytes, {peak / received:.2f}x the body, cap {CAP}"
+    environ = EnvironBuilder(method="POST", headers=HEADERS, json={"month": 11}).get_environ()
+    replay = b"".join(middleware(environ, lambda status, headers, exc_info=None: None))
+    assert replay == b"x" * received  # kept whole: a duplicate gets it
 
 
 async def test_a_64_mb_asgi_stream_peaks_under_twice_the_cap(redis_server: RedisServer) -> None:

@@ -164,7 +164,9 @@ class Recorder:
             # over the cap, or the client left mid-body: the work is done, the body not kept
             kept = [(n, v) for n, v in kept if n.lower() not in ("content-length", OMITTED_HEADER.lower())]
             return StoredResponse(self.status, b"", kept, omitted=self.size)
-        return StoredResponse(self.status, b"".join(self._chunks), kept)
+        body = b"".join(self._chunks)
+        self._chunks = [body]  # the pieces go: the body is held once (join of one bytes returns it)
+        return StoredResponse(self.status, body, kept)
 
 
 def _legacy_fingerprint(facts: RequestFacts) -> str | None:

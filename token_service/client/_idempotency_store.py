@@ -103,7 +103,7 @@ class IdempotencyStore(_Scripts):
         self, key: str, fingerprint: str, owner: str, response: StoredResponse, ttl_seconds: int
     ) -> bool:
         """Keep ``response`` for duplicates; False when this attempt no longer held the key."""
-        args = [fingerprint, owner, response.encode(), str(ttl_seconds * 1000)]
+        args = [fingerprint, owner, response.encode_head(), response.body, str(ttl_seconds * 1000)]
         return records.text(self._run("idempotency_store", key, args)[0]) == "stored"
 
     def release(self, key: str, fingerprint: str, owner: str) -> bool:
@@ -133,7 +133,7 @@ class AsyncIdempotencyStore(_Scripts):
     async def store(
         self, key: str, fingerprint: str, owner: str, response: StoredResponse, ttl_seconds: int
     ) -> bool:
-        args = [fingerprint, owner, response.encode(), str(ttl_seconds * 1000)]
+        args = [fingerprint, owner, response.encode_head(), response.body, str(ttl_seconds * 1000)]
         return records.text((await self._run("idempotency_store", key, args))[0]) == "stored"
 
     async def release(self, key: str, fingerprint: str, owner: str) -> bool:

@@ -127,10 +127,15 @@ class StoredResponse:
 
     def encode(self) -> bytes:
         """Compact: a one-line JSON head, a newline, then the body's raw bytes."""
+        return self.encode_head() + self.body
+
+    def encode_head(self) -> bytes:
+        """:meth:`encode` up to the body: the JSON head and its newline (a store may send the two apart
+        rather than copy a large body once more to join them)."""
         head: dict[str, Any] = {"s": self.status, "h": self.headers}
         if self.omitted is not None:
             head["o"] = self.omitted
-        return json.dumps(head, separators=(",", ":"), ensure_ascii=True).encode("ascii") + b"\n" + self.body
+        return json.dumps(head, separators=(",", ":"), ensure_ascii=True).encode("ascii") + b"\n"
 
     @classmethod
     def decode(cls, raw: bytes) -> StoredResponse:

@@ -81,7 +81,8 @@ def problem_response(error: TokenError) -> Response:
 
 def _result(stored: StoredResponse, max_body_bytes: int, max_result_bytes: int) -> dict[str, Any]:
     """The token's result: with the body when it fits both limits, else with the body omitted."""
-    if stored.omitted is None and len(stored.body) <= max_body_bytes:
+    # a body longer than max_result_bytes cannot fit once JSON-encoded: not encoded to find out
+    if stored.omitted is None and len(stored.body) <= min(max_body_bytes, max_result_bytes):
         result = stored.to_result()
         # counted the way the store counts it (ASCII-only JSON: a CJK character takes 6 bytes)
         if len(dump_json(result)) <= max_result_bytes:
@@ -290,7 +291,9 @@ def require_token(
                     assert stored is not None
                     _succeed(guard, scope, _result(stored, max_body_bytes, max_result_bytes))
 
-                recorder = Recorder(response.status_code, kept, max_body_bytes, True, response.content_length)
+                # held up to what could be kept, never more (the rest is only counted)
+                cap = min(max_body_bytes, max_result_bytes)
+                recorder = Recorder(response.status_code, kept, cap, True, response.content_length)
                 response.response = _Recorded(response.response, recorder, settle)
                 return response
             stored = StoredResponse(response.status_code, response.get_data(), kept)
