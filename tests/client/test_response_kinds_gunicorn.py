@@ -294,7 +294,10 @@ def test_a_64_mb_stream_grows_the_worker_by_less_than_twice_the_cap(
                     > MEMORY_CAP
                 )
                 before = _kib(worker, "VmRSS")
-                Path(f"/proc/{worker}/clear_refs").write_text("5")  # VmHWM := VmRSS
+                try:
+                    Path(f"/proc/{worker}/clear_refs").write_text("5")  # VmHWM := VmRSS
+                except PermissionError:
+                    pytest.skip("this machine does not let us reset a process's high-water mark")
                 received = _streamed(
                     app, f"{prefix}/stream", guard_headers(tokens, prefix, "big"), STREAM_CHUNKS
                 )
