@@ -454,3 +454,32 @@ def test_a_dead_keyed_holder_past_the_key_lifetime_is_claimed_afresh(
     now[0] += 6_000
     with pytest.raises(TokenInvalid):
         store.begin("op:t", "s.a", lease_seconds=5)
+
+
+def test_the_guard_hooks_reach_keyed_functions(client: TokenClient) -> None:
+    """on_replay / on_conflict / on_mismatch of idempotent() and keyed_guard() are the guard's."""
+    seen: list[tuple[str, str]] = []
+
+    def hook(name: str) -> Any:
+        return lambda guard, *error: seen.append((name, error[0].code if error else guard.scope))
+
+    hooks = {"on_replay": hook("replay"), "on_conflict": hook("conflict"), "on_mismatch": hook("mismatch")}
+
+    @idempotent(client, "invoice.send", key="invoice_id", fingerprint="amount", **hooks)
+    def send(invoice_id: int, amount: int) -> str:
+        return f"sent {invoice_id}"
+
+    assert send(1, 100) == "sent 1"
+    assert send(1, 100) == "sent 1"
+    with pytest.raises(TokenMismatch):
+        send(1, 999)
+    held = keyed_guard(client, "invoice.send", 2, **hooks)
+    assert held.start()
+    with pytest.raises(TokenInProgress), keyed_guard(client, "invoice.send", 2, **hooks):
+        pass
+    held.succeed("done")
+    assert seen == [
+        ("replay", "invoice.send"),
+        ("mismatch", "token_mismatch"),
+        ("conflict", "token_in_progress"),
+    ]

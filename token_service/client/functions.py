@@ -41,7 +41,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from token_service.errors import TokenInvalid
+from token_service.errors import TokenError, TokenInvalid
 from token_service.records import Completed, FailRecorded, Finished, Renewed, Started
 
 from . import _validate as check
@@ -254,6 +254,7 @@ def _guard_for(
     wait_seconds: float,
     renew: bool = True,
     result_type: Any = None,
+    hooks: dict[str, Any] | None = None,
 ) -> Guard | AsyncGuard:
     return keyed.guard(
         operation_token(scope, key),
@@ -265,6 +266,7 @@ def _guard_for(
         wait_seconds=wait_seconds,
         renew=renew,
         result_type=result_type,
+        **(hooks or {}),
     )
 
 
@@ -280,6 +282,10 @@ def keyed_guard(
     terminal: Terminal = (),
     wait_seconds: float = 0.0,
     renew: bool = True,
+    on_replay: Callable[[Any], Any] | None = None,
+    on_conflict: Callable[[Any, TokenError], Any] | None = None,
+    on_mismatch: Callable[[Any, TokenError], Any] | None = None,
+    on_lease_lost: Callable[[Any, TokenError], Any] | None = None,
 ) -> Any:
     """A guard on ``key`` in ``scope``: ``with`` it (``async with`` for an AsyncTokenClient).
 
@@ -298,12 +304,28 @@ def keyed_guard(
     that answers another question. ``ttl_seconds`` is how long an unfinished key
     is remembered (a finished one: at least the store's ``result_ttl_seconds``).
     ``renew=False`` skips the background lease renewal (work that always ends well
-    within ``lease_seconds``).
+    within ``lease_seconds``). ``on_replay``, ``on_conflict``, ``on_mismatch`` and
+    ``on_lease_lost`` are the guard's hooks.
     """
     keyed = _keyed_client(client, ttl_seconds)
+    hooks = _hooks(on_replay, on_conflict, on_mismatch, on_lease_lost)
     return _guard_for(
-        keyed, scope, key, fingerprint, request_id, lease_seconds, terminal, wait_seconds, renew
+        keyed, scope, key, fingerprint, request_id, lease_seconds, terminal, wait_seconds, renew, None, hooks
     )
+
+
+def _hooks(
+    on_replay: Callable[[Any], Any] | None,
+    on_conflict: Callable[[Any, TokenError], Any] | None,
+    on_mismatch: Callable[[Any, TokenError], Any] | None,
+    on_lease_lost: Callable[[Any, TokenError], Any] | None,
+) -> dict[str, Any]:
+    return {
+        "on_replay": on_replay,
+        "on_conflict": on_conflict,
+        "on_mismatch": on_mismatch,
+        "on_lease_lost": on_lease_lost,
+    }
 
 
 def _key_reader(
@@ -343,6 +365,10 @@ def idempotent(
     renew: bool = True,
     durable: Any = None,
     durable_table: Any = None,
+    on_replay: Callable[[Any], Any] | None = None,
+    on_conflict: Callable[[Any, TokenError], Any] | None = None,
+    on_mismatch: Callable[[Any, TokenError], Any] | None = None,
+    on_lease_lost: Callable[[Any, TokenError], Any] | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a function so it runs at most once per key (see the module docs).
 
@@ -365,9 +391,13 @@ def idempotent(
     lost the write), the record refuses the second execution and its stored
     result is returned. ``durable_table`` is the records table (default
     ``idempotency_records``).
+
+    ``on_replay(guard)``, ``on_conflict(guard, error)``, ``on_mismatch(guard, error)``
+    and ``on_lease_lost(guard, error)`` are the guard's hooks (see the SDK docs).
     """
     check.scope(scope)
     keyed = _keyed_client(client, ttl_seconds)
+    hooks = _hooks(on_replay, on_conflict, on_mismatch, on_lease_lost)
 
     def decorate(operation: Callable[..., Any]) -> Callable[..., Any]:
         read_key = _key_reader(operation, key, "key")
@@ -386,7 +416,17 @@ def idempotent(
             described = read_fingerprint(args, kwargs) if read_fingerprint else None
             key_value = read_key(args, kwargs)
             return _guard_for(
-                keyed, scope, key_value, described, None, lease_seconds, terminal, wait_seconds, renew, typed
+                keyed,
+                scope,
+                key_value,
+                described,
+                None,
+                lease_seconds,
+                terminal,
+                wait_seconds,
+                renew,
+                typed,
+                hooks,
             )
 
         if is_async:
