@@ -96,6 +96,7 @@ def _median_us(call: Call, keys: list[str]) -> float:
 
 
 def run(rounds: int, calls: int) -> dict[str, Any]:
+    load_at_start = os.getloadavg()[0]
     server = RedisServer().start()
     contenders: dict[str, tuple[Call, Callable[[], None]]] = {}
     try:
@@ -128,6 +129,7 @@ def run(rounds: int, calls: int) -> dict[str, Any]:
                 summary[f"{name}_ratio_range"] = [min(ratios), max(ratios)]
             phases[phase.removesuffix("_us")] = summary
         return {
+            "load_average_at_start": load_at_start,
             "load_average": os.getloadavg()[0],
             "cpus": os.cpu_count(),
             "rounds": rounds,
@@ -169,16 +171,17 @@ def section(result: dict[str, Any]) -> str:
             f"{result['rounds']} rounds of {result['calls']} keys, the contenders' order rotated each round.",
             "Median latency per call (µs). A ratio is the median over rounds of",
             "`ours / Powertools` (below 1: ours is faster), with the range across rounds.",
-            "`@idempotent` renews its lease in the background while the function runs (a thread per",
-            "call, the default); `renew=False` leaves that out, as Powertools does (its in-progress",
-            "record simply expires).",
+            "`@idempotent` renews its lease in the background while the function runs (the default:",
+            "a renewer scheduled per call, which gets a thread only once a renewal is due);",
+            "`renew=False` leaves that out, as Powertools does (its in-progress record simply expires).",
             "",
             "| phase | ours (µs) | ours, renew=False (µs) | Powertools (µs) | ratio | ratio, renew=False |",
             "|---|---|---|---|---|---|",
             *rows,
             "",
-            f"Versions: {versions}. Load average at the end: {result['load_average']:.1f} on "
-            f"{result['cpus']} CPUs (the machine was shared: read the ratios, not the microseconds).",
+            f"Versions: {versions}. Load average {result.get('load_average_at_start', float('nan')):.1f} "
+            f"at the start, {result['load_average']:.1f} at the end, on {result['cpus']} CPUs (a shared "
+            "machine: read the ratios, not the microseconds).",
             SECTION_END,
         ]
     )
