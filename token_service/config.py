@@ -349,7 +349,7 @@ class Settings:
             if f.metadata.get("secret"):
                 text = f"<{len(value)} configured>"
             elif f.name == "redis_url":
-                text = _mask_url(value) or "(embedded in-memory store)"
+                text = masked_url(value) or "(embedded in-memory store)"
             elif isinstance(value, tuple):
                 text = ",".join(value)
             elif f.name == "rate_limit":
@@ -387,6 +387,6 @@ def _parse(f: dataclasses.Field[Any], name: str, raw: str) -> Any:
         raise ConfigError(f"{name}: {exc}") from None
 
 
-def _mask_url(url: str) -> str:
-    # redis://user:password@host → redis://user:***@host
+def masked_url(url: str) -> str:
+    """The URL with its password hidden, for printing: redis://user:password@host → redis://user:***@host."""
     return re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)

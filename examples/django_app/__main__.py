@@ -5,12 +5,14 @@ import sys
 
 from django.core.management import execute_from_command_line
 
+from token_service.config import masked_url
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "examples.django_app.settings")
 port = os.environ.get("PORT", "8000")
 url = f"http://127.0.0.1:{port}"
 redis_url = os.environ.get("TOKEN_SERVICE_REDIS_URL", "redis://127.0.0.1:6379/0")
 print(
-    f"""Payments (Django) on {url}; Redis {redis_url} (TOKEN_SERVICE_REDIS_URL to change it).
+    f"""Payments (Django) on {url}; Redis {masked_url(redis_url)} (TOKEN_SERVICE_REDIS_URL to change it).
 Try it from another shell: a token, then a double click on Pay, then the bank's list (one charge):
 
   TOKEN=$(curl -s -X POST -H 'X-User-Id: ada' {url}/checkout/token | cut -d'"' -f4)

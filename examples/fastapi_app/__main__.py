@@ -5,11 +5,12 @@ import os
 import uvicorn
 
 from examples.fastapi_app.app import REDIS_URL
+from token_service.config import masked_url
 
 port = int(os.environ.get("PORT", "8000"))
 url = f"http://127.0.0.1:{port}"
 print(
-    f"""Payments (FastAPI) on {url}; Redis {REDIS_URL} (TOKEN_SERVICE_REDIS_URL to change it).
+    f"""Payments (FastAPI) on {url}; Redis {masked_url(REDIS_URL)} (TOKEN_SERVICE_REDIS_URL to change it).
 Try it from another shell: a token, then a double click on Pay, then the bank's list (one charge):
 
   TOKEN=$(curl -s -X POST -H 'X-User-Id: ada' {url}/checkout/token | cut -d'"' -f4)

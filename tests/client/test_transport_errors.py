@@ -330,3 +330,19 @@ async def test_async_transport_failures_are_retried_with_the_same_request_id() -
 def test_a_client_needs_somewhere_to_go() -> None:
     with pytest.raises(ValueError, match="base_url"):
         TokenClient()
+
+
+@pytest.mark.parametrize("header", [b"\xb2", "²".encode(), b"9" * 5000, b"Wed, 21 Oct 2026 07:28:00 GMT"])
+def test_a_retry_after_header_that_is_not_a_small_number_leaves_the_documents(header: bytes) -> None:
+    # "²" is a digit to str.isdigit() and an error to int(); 5000 digits are past int()'s limit:
+    # either escaped as a ValueError, which a caller's `except TokenError` let through as a 500
+    from token_service.client._http import error_from_response
+
+    response = httpx.Response(
+        409,
+        headers=[(b"Retry-After", header)],
+        json={"code": "token_in_progress", "detail": "busy", "retry_after_seconds": 2},
+    )
+    error = error_from_response(response)
+    assert isinstance(error, TokenInProgress)
+    assert error.retry_after_seconds == 2

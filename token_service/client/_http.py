@@ -43,6 +43,9 @@ _TRANSIENT = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolEr
 
 
 _TOKEN_REF = re.compile(r"[A-Za-z0-9_-]{22}")
+# Retry-After in seconds: ASCII digits only (str.isdigit() takes "²", which int() refuses), and
+# few enough that int() never refuses them; a date or anything else is left to the document
+_SECONDS = re.compile(r"[0-9]{1,9}")
 
 
 def _datetime(value: str) -> datetime:
@@ -67,7 +70,7 @@ def error_from_response(response: httpx.Response) -> TokenError:
             f"Unexpected HTTP {response.status_code} ({code or 'no code'}): {detail or ''}".strip()
         )
     retry_after = response.headers.get("Retry-After", "")
-    if retry_after.isdigit():  # the header first (a proxy may answer without a document)
+    if _SECONDS.fullmatch(retry_after):  # the header first (a proxy may answer without a document)
         body["retry_after_seconds"] = max(1, int(retry_after))
     error = cls.from_problem(detail, body)
     token_ref = body.get("token_ref")

@@ -53,6 +53,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import re
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -165,6 +166,21 @@ def _answer_response(answer: Answer) -> HttpResponse:
     return response
 
 
+# Content-Length as a number, when it is one: ASCII digits ("²" is a digit to str.isdigit()
+# and an error to int()), and few enough of them that int() never refuses it
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
+
+
+def _declared_length(request: HttpRequest) -> int | None:
+    """The request's Content-Length, or None when it has none or is not a number.
+
+    Django's own development server passes any header through; gunicorn and
+    uvicorn refuse a malformed one before the app sees it.
+    """
+    declared = request.META.get("CONTENT_LENGTH") or ""
+    return int(declared) if _CONTENT_LENGTH.fullmatch(declared) else None
+
+
 def _facts(request: HttpRequest, body: bytes) -> RequestFacts:
     return RequestFacts(
         method=(request.method or "GET").upper(),
@@ -241,8 +257,8 @@ class IdempotencyKeyMiddleware:
         screened = self._screen(request)
         if screened is None or isinstance(screened, Answer):
             return screened
-        declared = request.META.get("CONTENT_LENGTH") or "0"
-        if declared.isdigit() and int(declared) > core.max_body_bytes:
+        declared = _declared_length(request)
+        if declared is not None and declared > core.max_body_bytes:
             return core.too_large()
         try:
             body = request.body  # read once; the view reads it again from Django's cache
@@ -250,7 +266,7 @@ class IdempotencyKeyMiddleware:
             return core.truncated()
         if len(body) > core.max_body_bytes:
             return core.too_large()
-        if declared.isdigit() and len(body) < int(declared):
+        if declared is not None and len(body) < declared:
             # the client sent less than it declared (then closed): neither claim the key nor run the view
             return core.truncated()
         store = self.async_store if self.is_async else self.store
@@ -325,14 +341,14 @@ def _body_ended_early(request: HttpRequest) -> bool:
     the token is touched; a body larger than ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is left
     for the view to stream (Django does not hold it in memory).
     """
-    declared = request.META.get("CONTENT_LENGTH") or ""
-    if not declared.isdigit() or int(declared) == 0:
+    declared = _declared_length(request)
+    if not declared:
         return False
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    if limit is not None and int(declared) > limit:
+    if limit is not None and declared > limit:
         return False
     try:
-        return len(request.body) < int(declared)
+        return len(request.body) < declared
     except RawPostDataException:
         return False  # read already as a stream, by something before this view
     except OSError:  # UnreadablePostError: the client went away mid-body
