@@ -35,6 +35,7 @@ import base64
 import contextlib
 import hashlib
 import logging
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -63,6 +64,21 @@ from token_service.client._response import (
 from token_service.client._telemetry import DEFAULT_TELEMETRY, IDEMPOTENCY_SPAN_NAME, GuardSpan, Telemetry
 from token_service.errors import InvalidRequest, LeaseLost, PayloadTooLarge, ServiceUnavailable, TokenError
 from token_service.problems import problem, problem_for
+
+# A Content-Length as a number: ASCII digits ("²" is a digit to str.isdigit() and an error to
+# int()), and few enough that int() never refuses them (it does past 4300 digits)
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
+
+
+def declared_length(header: str) -> int | None:
+    """A Content-Length header's value as a number, or None when it is absent or not a number.
+
+    Servers differ in what they let through to the app (gunicorn and uvicorn refuse a
+    malformed one, Django's development server does not): every reader goes through here.
+    """
+    header = header.strip()
+    return int(header) if _CONTENT_LENGTH.fullmatch(header) else None
+
 
 log = logging.getLogger("token_service.client.idempotency")
 
@@ -479,8 +495,7 @@ class IdempotencyCore:
 
     def recorder(self, status: int, headers: Iterable[tuple[str, str]]) -> Recorder:
         headers = list(headers)
-        declared = next((v.strip() for n, v in headers if n.lower() == "content-length"), "")
-        length = int(declared) if declared.isdigit() else None
+        length = declared_length(next((v for n, v in headers if n.lower() == "content-length"), ""))
         return Recorder(status, headers, self.max_stored_bytes, self.store_status(status), length)
 
     # -- after the app ---------------------------------------------------------------------

@@ -40,6 +40,7 @@ from token_service.client._idempotency_core import (
     Attempt,
     IdempotencyCore,
     Recorder,
+    declared_length,
 )
 from token_service.client._idempotency_store import AsyncIdempotencyStore
 from token_service.client._response import StorePolicy, default_store_status
@@ -177,8 +178,8 @@ class IdempotencyMiddleware:
         :class:`_BodyEndedEarly` when the client disconnects before the last body
         message, or the body is shorter than its Content-Length."""
         limit = self.core.max_body_bytes
-        declared = headers.get("content-length", "").strip()
-        if declared.isdigit() and int(declared) > limit:
+        declared = declared_length(headers.get("content-length", ""))
+        if declared is not None and declared > limit:
             return None
         chunks: list[bytes] = []
         size = 0
@@ -193,7 +194,7 @@ class IdempotencyMiddleware:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        if declared.isdigit() and size < int(declared):
+        if declared is not None and size < declared:
             raise _BodyEndedEarly
         return b"".join(chunks)
 

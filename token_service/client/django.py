@@ -53,7 +53,6 @@ import asyncio
 import functools
 import inspect
 import logging
-import re
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -81,6 +80,7 @@ from ._idempotency_core import (
     Answer,
     Attempt,
     IdempotencyCore,
+    declared_length,
 )
 from ._idempotency_store import AsyncIdempotencyStore, IdempotencyStore
 from ._response import (
@@ -166,19 +166,9 @@ def _answer_response(answer: Answer) -> HttpResponse:
     return response
 
 
-# Content-Length as a number, when it is one: ASCII digits ("²" is a digit to str.isdigit()
-# and an error to int()), and few enough of them that int() never refuses it
-_CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
-
-
 def _declared_length(request: HttpRequest) -> int | None:
-    """The request's Content-Length, or None when it has none or is not a number.
-
-    Django's own development server passes any header through; gunicorn and
-    uvicorn refuse a malformed one before the app sees it.
-    """
-    declared = request.META.get("CONTENT_LENGTH") or ""
-    return int(declared) if _CONTENT_LENGTH.fullmatch(declared) else None
+    """The request's Content-Length, or None (Django's own development server passes any through)."""
+    return declared_length(request.META.get("CONTENT_LENGTH") or "")
 
 
 def _facts(request: HttpRequest, body: bytes) -> RequestFacts:
@@ -367,8 +357,7 @@ def _stored(response: HttpResponseBase, wanted: set[str], max_result_bytes: int)
     kept = [(name, value) for name, value in response.items() if name.lower() in wanted]
     if response.streaming or not isinstance(response, HttpResponse):
         # never buffered; its length when declared (a FileResponse's), as the middleware records it
-        declared = str(response.get("Content-Length") or "").strip()
-        omitted = int(declared) if declared.isdigit() else 0
+        omitted = declared_length(str(response.get("Content-Length") or "")) or 0
         return StoredResponse(response.status_code, b"", kept, omitted=omitted).to_result()
     stored = StoredResponse(response.status_code, response.content, kept).to_result()
     if len(dump_json(stored)) <= max_result_bytes:
