@@ -91,7 +91,7 @@ from ._response import (
     default_store_status,
     refusal,
 )
-from .guard import AsyncGuard, Guard, Terminal
+from .guard import AsyncGuard, Guard, Terminal, guard_hooks
 
 __all__ = [
     "IdempotencyKeyMiddleware",
@@ -411,12 +411,7 @@ def require_token(
     """
     wanted = {name.lower() for name in replay_headers}
     # the guard's hooks (on_replay(guard), on_conflict(guard, error), ...), as Flask's require_token
-    hooks: dict[str, Any] = {
-        "on_replay": on_replay,
-        "on_conflict": on_conflict,
-        "on_mismatch": on_mismatch,
-        "on_lease_lost": on_lease_lost,
-    }
+    hooks = guard_hooks(on_replay, on_conflict, on_mismatch, on_lease_lost)
 
     def options(request: HttpRequest) -> dict[str, Any]:
         return {

@@ -68,7 +68,7 @@ from ._response import (
     default_store_status,
     refusal,
 )
-from .guard import AsyncGuard, Terminal
+from .guard import AsyncGuard, Terminal, guard_hooks
 
 __all__ = ["DEFAULT_REPLAY_HEADERS", "problem_response", "require_token"]
 
@@ -197,12 +197,7 @@ def require_token(
         raise TypeError("FastAPI's require_token takes an AsyncTokenClient")
     wanted = {name.lower() for name in replay_headers}
     # the guard's hooks (on_replay(guard), on_conflict(guard, error), ...), as Flask's require_token
-    hooks: dict[str, Any] = {
-        "on_replay": on_replay,
-        "on_conflict": on_conflict,
-        "on_mismatch": on_mismatch,
-        "on_lease_lost": on_lease_lost,
-    }
+    hooks = guard_hooks(on_replay, on_conflict, on_mismatch, on_lease_lost)
 
     def decorate(endpoint: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
         signature, request_name, response_name, added = _signature(endpoint)

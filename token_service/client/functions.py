@@ -50,7 +50,7 @@ from ._direct import AsyncDirectTransport, DirectTransport, _info
 from ._fingerprint import canonical_json, fingerprint
 from ._results import return_type
 from ._types import Consumed, IssuedToken, TokenInfo
-from .guard import AsyncGuard, Guard, Terminal, as_json
+from .guard import AsyncGuard, Guard, Terminal, as_json, guard_hooks
 
 if TYPE_CHECKING:
     from token_service.store import AsyncTokenStore, TokenStore
@@ -308,24 +308,10 @@ def keyed_guard(
     ``on_lease_lost`` are the guard's hooks.
     """
     keyed = _keyed_client(client, ttl_seconds)
-    hooks = _hooks(on_replay, on_conflict, on_mismatch, on_lease_lost)
+    hooks = guard_hooks(on_replay, on_conflict, on_mismatch, on_lease_lost)
     return _guard_for(
         keyed, scope, key, fingerprint, request_id, lease_seconds, terminal, wait_seconds, renew, None, hooks
     )
-
-
-def _hooks(
-    on_replay: Callable[[Any], Any] | None,
-    on_conflict: Callable[[Any, TokenError], Any] | None,
-    on_mismatch: Callable[[Any, TokenError], Any] | None,
-    on_lease_lost: Callable[[Any, TokenError], Any] | None,
-) -> dict[str, Any]:
-    return {
-        "on_replay": on_replay,
-        "on_conflict": on_conflict,
-        "on_mismatch": on_mismatch,
-        "on_lease_lost": on_lease_lost,
-    }
 
 
 def _key_reader(
@@ -397,7 +383,7 @@ def idempotent(
     """
     check.scope(scope)
     keyed = _keyed_client(client, ttl_seconds)
-    hooks = _hooks(on_replay, on_conflict, on_mismatch, on_lease_lost)
+    hooks = guard_hooks(on_replay, on_conflict, on_mismatch, on_lease_lost)
 
     def decorate(operation: Callable[..., Any]) -> Callable[..., Any]:
         read_key = _key_reader(operation, key, "key")

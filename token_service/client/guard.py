@@ -165,6 +165,22 @@ def describe_error(exc: BaseException) -> dict[str, str]:
     return {"type": type(exc).__name__, "message": str(exc)}
 
 
+def guard_hooks(
+    on_replay: Callable[[Any], Any] | None = None,
+    on_conflict: Callable[[Any, TokenError], Any] | None = None,
+    on_mismatch: Callable[[Any, TokenError], Any] | None = None,
+    on_lease_lost: Callable[[Any, TokenError], Any] | None = None,
+) -> dict[str, Any]:
+    """The guard's hooks as guard options (``client.guard(..., **guard_hooks(...))``): what the
+    integrations that take them (Django, FastAPI, keyed functions) hand on unchanged."""
+    return {
+        "on_replay": on_replay,
+        "on_conflict": on_conflict,
+        "on_mismatch": on_mismatch,
+        "on_lease_lost": on_lease_lost,
+    }
+
+
 def as_json(value: Any) -> Any:
     """The JSON form of ``value`` (what a duplicate will be handed back)."""
     return json.loads(dump_json(value))
