@@ -8,6 +8,7 @@ import secrets
 import pytest
 
 from token_service import tokens
+from token_service.tokens import whole_number
 
 
 def test_each_batch_token_is_32_csprng_bytes_encoded_as_token_urlsafe(
@@ -54,3 +55,23 @@ def test_a_batch_of_one_and_of_none() -> None:
     (token,), (key,) = tokens.new_tokens(1, "", "ts:")
     assert key == tokens.record_key("ts:", token)
     assert tokens.new_tokens(0, "", "ts:") == ([], [])
+
+
+@pytest.mark.parametrize(
+    ("text", "most", "number"),
+    [
+        ("0", 9, 0),
+        ("42", 9, 42),
+        ("123456789", 9, 123456789),
+        ("1234567890", 9, None),
+        ("", 9, None),
+        ("²", 9, None),
+        ("٣", 9, None),
+        ("-1", 9, None),
+        (" 1", 9, None),
+        ("1e3", 9, None),
+        ("9" * 5000, 18, None),
+    ],
+)
+def test_a_whole_number_is_ascii_digits_and_few_of_them(text: str, most: int, number: int | None) -> None:
+    assert whole_number(text, max_digits=most) == number

@@ -59,6 +59,15 @@ def is_plain_text(value: str) -> bool:
     return (value.isascii() and value.isprintable()) or NO_CONTROL_RE.match(value) is not None
 
 
+def whole_number(text: str, max_digits: int = 18) -> int | None:
+    """``text`` as a whole number (>= 0) when it is one, else None: ASCII digits only ("²" is
+    a digit to str.isdigit() and an error to int()), at most ``max_digits`` of them (int()
+    refuses a string of over 4300). For numbers read from headers, query strings and argv."""
+    if 0 < len(text) <= max_digits and text.isascii() and text.isdigit():
+        return int(text)
+    return None
+
+
 _sha256 = hashlib.sha256
 _b2a_base64 = binascii.b2a_base64
 _URLSAFE = bytes.maketrans(b"+/", b"-_")

@@ -26,6 +26,7 @@ from token_service.errors import (
     Unauthorized,
 )
 from token_service.records import Completed, Consumed, FailRecorded, Finished, Renewed, Started
+from token_service.tokens import whole_number
 
 from ._types import IssuedToken, TokenInfo
 
@@ -43,9 +44,6 @@ _TRANSIENT = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolEr
 
 
 _TOKEN_REF = re.compile(r"[A-Za-z0-9_-]{22}")
-# Retry-After in seconds: ASCII digits only (str.isdigit() takes "²", which int() refuses), and
-# few enough that int() never refuses them; a date or anything else is left to the document
-_SECONDS = re.compile(r"[0-9]{1,9}")
 
 
 def _datetime(value: str) -> datetime:
@@ -69,9 +67,10 @@ def error_from_response(response: httpx.Response) -> TokenError:
         return TokenError(
             f"Unexpected HTTP {response.status_code} ({code or 'no code'}): {detail or ''}".strip()
         )
-    retry_after = response.headers.get("Retry-After", "")
-    if _SECONDS.fullmatch(retry_after):  # the header first (a proxy may answer without a document)
-        body["retry_after_seconds"] = max(1, int(retry_after))
+    # the header first (a proxy may answer without a document); a date or anything else: the document's
+    retry_after = whole_number(response.headers.get("Retry-After", ""), max_digits=9)
+    if retry_after is not None:
+        body["retry_after_seconds"] = max(1, retry_after)
     error = cls.from_problem(detail, body)
     token_ref = body.get("token_ref")
     if isinstance(token_ref, str) and _TOKEN_REF.fullmatch(token_ref):

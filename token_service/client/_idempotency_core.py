@@ -35,7 +35,6 @@ import base64
 import contextlib
 import hashlib
 import logging
-import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -64,10 +63,7 @@ from token_service.client._response import (
 from token_service.client._telemetry import DEFAULT_TELEMETRY, IDEMPOTENCY_SPAN_NAME, GuardSpan, Telemetry
 from token_service.errors import InvalidRequest, LeaseLost, PayloadTooLarge, ServiceUnavailable, TokenError
 from token_service.problems import problem, problem_for
-
-# A Content-Length as a number: ASCII digits ("²" is a digit to str.isdigit() and an error to
-# int()), and few enough that int() never refuses them (it does past 4300 digits)
-_CONTENT_LENGTH = re.compile(r"[0-9]{1,18}")
+from token_service.tokens import whole_number
 
 
 def declared_length(header: str) -> int | None:
@@ -76,8 +72,7 @@ def declared_length(header: str) -> int | None:
     Servers differ in what they let through to the app (gunicorn and uvicorn refuse a
     malformed one, Django's development server does not): every reader goes through here.
     """
-    header = header.strip()
-    return int(header) if _CONTENT_LENGTH.fullmatch(header) else None
+    return whole_number(header.strip())
 
 
 log = logging.getLogger("token_service.client.idempotency")

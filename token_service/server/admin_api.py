@@ -11,7 +11,6 @@ of its SHA-256, never the key.
 from __future__ import annotations
 
 import hashlib
-import re
 from typing import Any
 
 from flask import Blueprint, Response, request
@@ -22,10 +21,9 @@ from token_service.ops.admin import KINDS, STATES, Admin, Filter
 from token_service.server.api import parse_json_object
 from token_service.server.auth import check_service_key
 from token_service.server.responses import json_response
-from token_service.tokens import is_plain_text
+from token_service.tokens import is_plain_text, whole_number
 
 MAX_IDENTITY_CHARS = 4096
-_DIGITS = re.compile(r"[0-9]{1,9}")
 
 
 def _admin_actor(settings: Settings) -> str:
@@ -51,10 +49,10 @@ def _number(name: str, default: int, high: int) -> int:
     raw = request.args.get(name)
     if raw is None:
         return default
-    # ASCII digits, and few of them: int() refuses a string of over 4300 digits (a 500)
-    if not _DIGITS.fullmatch(raw) or not 1 <= int(raw) <= high:
+    number = whole_number(raw, max_digits=9)  # not int(): "²" or 5000 digits were a 500
+    if number is None or not 1 <= number <= high:
         raise InvalidRequest(f"Bad {name}.", {name: [f"A whole number from 1 to {high}."]})
-    return int(raw)
+    return number
 
 
 def _text(name: str, limit: int = 128) -> str | None:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from token_service.errors import TokenError
+from token_service.tokens import whole_number
 
 _KINDS = ("token", "idempotency")
 _DASHED_REF = re.compile(r"-[A-Za-z0-9_-]{5,}")
@@ -206,11 +207,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _count(text: str) -> int:
-    # ASCII digits, and few of them: int() refuses a string of over 4300 digits (a traceback)
-    if not re.fullmatch(r"[0-9]{1,9}", text) or not 1 <= int(text) <= 10000:
+    number = whole_number(text, max_digits=9)  # not int(): 5000 digits were a traceback
+    if number is None or not 1 <= number <= 10000:
         shown = text if len(text) <= 20 else text[:20] + "…"  # a 5000-digit argument is not echoed whole
         raise argparse.ArgumentTypeError(f"{shown!r} is not between 1 and 10000")
-    return int(text)
+    return number
 
 
 _TAKES_A_REF = ("show", "revoke", "release")
