@@ -41,7 +41,11 @@ It is ``token_service.client.flask.require_token`` for Django: the token from
 the ``Idempotency-Token`` header, the response (status, body, the
 ``replay_headers``) stored and replayed to duplicates, 5xx and exceptions free
 the token, ``terminal`` exceptions are recorded (409 ``token_failed``), token
-errors are problem+json. A Django REST framework view works too: decorate
+errors are problem+json. A streamed response (``StreamingHttpResponse``,
+``FileResponse``) is recorded as it goes out: replayed byte for byte when it
+fits ``max_result_bytes``, else empty with ``Idempotent-Body-Omitted: <length>``
+(the decisions are :mod:`token_service.client._require_token_core`'s, shared
+with Flask and FastAPI). A Django REST framework view works too: decorate
 ``MyView.as_view()`` (its response is rendered before it is stored).
 
 Only this module imports Django.
@@ -52,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import itertools
 import logging
 import threading
 import weakref
@@ -60,15 +65,20 @@ from typing import Any
 
 import redis
 import redis.asyncio
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, RawPostDataException
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    RawPostDataException,
+    StreamingHttpResponse,
+)
 from django.utils.module_loading import import_string
 
 from token_service import defaults
-from token_service.errors import InvalidRequest, TokenError
+from token_service.errors import TokenError
 from token_service.problems import problem_for
-from token_service.records import dump_json
 
 from ._client import AsyncTokenClient, TokenClient
 from ._fingerprint import RequestFacts, body_fingerprint
@@ -83,15 +93,15 @@ from ._idempotency_core import (
     declared_length,
 )
 from ._idempotency_store import AsyncIdempotencyStore, IdempotencyStore
+from ._require_token_core import Refusal, Replay, Reply, RequireToken, fingerprint_fields
 from ._response import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_REPLAY_HEADERS,
     StoredResponse,
     StorePolicy,
     default_store_status,
-    refusal,
 )
-from .guard import AsyncGuard, Guard, Terminal, guard_hooks
+from .guard import AsyncGuard, Guard, Terminal
 
 __all__ = [
     "IdempotencyKeyMiddleware",
@@ -345,26 +355,6 @@ def _body_ended_early(request: HttpRequest) -> bool:
         return True
 
 
-def _fingerprint(spec: Callable[[HttpRequest], Any] | Sequence[str] | None, request: HttpRequest) -> Any:
-    if spec is None or callable(spec):
-        return spec(request) if spec else None
-    if isinstance(spec, str):
-        raise TypeError("fingerprint fields must be a sequence of names, not one string")
-    return body_fingerprint(request.body, request.META.get("CONTENT_TYPE"), spec)
-
-
-def _stored(response: HttpResponseBase, wanted: set[str], max_result_bytes: int) -> dict[str, Any]:
-    kept = [(name, value) for name, value in response.items() if name.lower() in wanted]
-    if response.streaming or not isinstance(response, HttpResponse):
-        # never buffered; its length when declared (a FileResponse's), as the middleware records it
-        omitted = declared_length(str(response.get("Content-Length") or "")) or 0
-        return StoredResponse(response.status_code, b"", kept, omitted=omitted).to_result()
-    stored = StoredResponse(response.status_code, response.content, kept).to_result()
-    if len(dump_json(stored)) <= max_result_bytes:
-        return stored
-    return StoredResponse(response.status_code, b"", kept, omitted=len(response.content)).to_result()
-
-
 def _replay(result: Any) -> HttpResponse:
     replayed = StoredResponse.from_result(result)
     response = HttpResponse(replayed.body, status=replayed.status)
@@ -372,6 +362,12 @@ def _replay(result: Any) -> HttpResponse:
     for name, value in replayed.replay_headers():
         response.headers[name] = value
     return response
+
+
+def _answer(outcome: Refusal | Replay) -> HttpResponse:
+    if isinstance(outcome, Refusal):
+        return problem_response(outcome.error)
+    return _replay(outcome.result)
 
 
 def _rendered(response: Any) -> HttpResponseBase:
@@ -409,34 +405,36 @@ def require_token(
     the one ``settings.TOKEN_SERVICE`` describes (a sync view needs a
     :class:`TokenClient`, an async one an :class:`AsyncTokenClient`).
     """
-    wanted = {name.lower() for name in replay_headers}
-    # the guard's hooks (on_replay(guard), on_conflict(guard, error), ...), as Flask's require_token
-    hooks = guard_hooks(on_replay, on_conflict, on_mismatch, on_lease_lost)
+    core = RequireToken(
+        scope,
+        header=header,
+        replay_headers=replay_headers,
+        lease_seconds=lease_seconds,
+        terminal=terminal,
+        wait_seconds=wait_seconds,
+        max_result_bytes=max_result_bytes,
+        store_status=store_status,
+        on_replay=on_replay,
+        on_conflict=on_conflict,
+        on_mismatch=on_mismatch,
+        on_lease_lost=on_lease_lost,
+    )
+    fields = fingerprint_fields(fingerprint)
 
-    def options(request: HttpRequest) -> dict[str, Any]:
-        return {
-            "subject": subject(request) if subject else None,
-            "fingerprint": _fingerprint(fingerprint, request),
-            "lease_seconds": lease_seconds,
-            "terminal": terminal,
-            "wait_seconds": wait_seconds,
-            **hooks,
-        }
+    def checked(request: HttpRequest) -> str | HttpResponse:
+        """The token, or the 400 to answer (no header; a body shorter than its Content-Length)."""
+        token = core.token_of(request.headers.get(header))
+        if isinstance(token, Refusal):
+            return _answer(token)
+        return _answer(core.truncated()) if _body_ended_early(request) else token
 
-    def token_of(request: HttpRequest) -> str | HttpResponse:
-        token = request.headers.get(header, "").strip()
-        if not token:
-            return problem_response(
-                InvalidRequest(f"The {header} header is required.", {header: ["Missing."]})
-            )
-        if _body_ended_early(request):
-            return problem_response(
-                InvalidRequest("The request body ended before its Content-Length.", {"body": ["Incomplete."]})
-            )
-        return token
-
-    def refused(exc: TokenError) -> HttpResponse:
-        return problem_response(refusal(exc))
+    def identity(request: HttpRequest) -> tuple[str | None, str | None]:
+        found: str | None = None
+        if fields is not None:
+            found = body_fingerprint(request.body, request.META.get("CONTENT_TYPE"), fields)
+        elif callable(fingerprint):
+            found = fingerprint(request)
+        return (subject(request) if subject else None), found
 
     def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.iscoroutinefunction(view) or iscoroutinefunction(view):
@@ -444,31 +442,21 @@ def require_token(
             @functools.wraps(view)
             async def guarded_async_view(*args: Any, **kwargs: Any) -> HttpResponseBase:
                 request = _find_request(args)
-                token = token_of(request)
+                token = checked(request)
                 if isinstance(token, HttpResponse):
                     return token
                 tokens = client or async_token_client()
                 if not isinstance(tokens, AsyncTokenClient):
                     raise TypeError("an async view needs an AsyncTokenClient")
-                try:
-                    guard: AsyncGuard = tokens.guard(token, scope, **options(request))
-                    fresh = await guard.start()
-                except TokenError as exc:
-                    return refused(exc)
-                if not fresh:
-                    return _replay(guard.result)
+                guard = await core.abegin(tokens, token, *identity(request))
+                if isinstance(guard, Refusal | Replay):
+                    return _answer(guard)
                 try:
                     response = _rendered(await view(*args, **kwargs))
                 except BaseException as exc:
-                    await guard.abandon_quietly(exc)
+                    await core.afailed(guard, exc)
                     raise
-                if not store_status(response.status_code):
-                    await guard.abandon_quietly(None, retryable=True)
-                    return response
-                try:
-                    await guard.succeed(_stored(response, wanted, max_result_bytes))
-                except TokenError as exc:
-                    log.error("could not store the response of a %s request: %s", scope, exc)
+                await _asettle(core, guard, request, response)
                 return response
 
             return guarded_async_view
@@ -476,33 +464,80 @@ def require_token(
         @functools.wraps(view)
         def guarded_view(*args: Any, **kwargs: Any) -> HttpResponseBase:
             request = _find_request(args)
-            token = token_of(request)
+            token = checked(request)
             if isinstance(token, HttpResponse):
                 return token
             tokens = client or token_client()
             if not isinstance(tokens, TokenClient):
                 raise TypeError("a sync view needs a TokenClient")
-            try:
-                guard: Guard = tokens.guard(token, scope, **options(request))
-                fresh = guard.start()
-            except TokenError as exc:
-                return refused(exc)
-            if not fresh:
-                return _replay(guard.result)
+            guard = core.begin(tokens, token, *identity(request))
+            if isinstance(guard, Refusal | Replay):
+                return _answer(guard)
             try:
                 response = _rendered(view(*args, **kwargs))
             except BaseException as exc:
-                guard.abandon_quietly(exc)
+                core.failed(guard, exc)
                 raise
-            if not store_status(response.status_code):
-                guard.abandon_quietly(None, retryable=True)
-                return response
-            try:
-                guard.succeed(_stored(response, wanted, max_result_bytes))
-            except TokenError as exc:
-                log.error("could not store the response of a %s request: %s", scope, exc)
+            _settle(core, guard, request, response)
             return response
 
         return guarded_view
 
     return decorate
+
+
+def _parts(response: HttpResponseBase) -> tuple[int, list[tuple[str, str]], int | None]:
+    length = declared_length(str(response.get("Content-Length") or ""))
+    return response.status_code, list(response.items()), length
+
+
+def _settle(core: RequireToken, guard: Guard, request: HttpRequest, response: HttpResponseBase) -> None:
+    """Settle a sync view's response; a streamed one is recorded as it goes out."""
+    status, headers, length = _parts(response)
+    if isinstance(response, HttpResponse):
+        core.settle(guard, Reply(status, headers, response.content))
+    elif not isinstance(response, StreamingHttpResponse) or not core.keeps(status):
+        core.settle(guard, Reply(status, headers, omitted=length or 0))
+    elif request.method == "HEAD":
+        core.settle(guard, core.head_of_stream(status, headers, length))
+    elif response.is_async:
+        response.streaming_content = core.arecord(guard, response.streaming_content, status, headers, length)
+    else:
+        response.streaming_content = core.record(guard, response.streaming_content, status, headers, length)
+
+
+async def _asettle(
+    core: RequireToken, guard: AsyncGuard, request: HttpRequest, response: HttpResponseBase
+) -> None:
+    """Settle an async view's response; a streamed one is recorded as it goes out."""
+    status, headers, length = _parts(response)
+    if isinstance(response, HttpResponse):
+        await core.asettle(guard, Reply(status, headers, response.content))
+    elif not isinstance(response, StreamingHttpResponse) or not core.keeps(status):
+        await core.asettle(guard, Reply(status, headers, omitted=length or 0))
+    elif request.method == "HEAD":
+        await core.asettle(guard, core.head_of_stream(status, headers, length))
+    elif response.is_async:
+        response.streaming_content = core.arecord(guard, response.streaming_content, status, headers, length)
+    else:
+        # A synchronous stream (a FileResponse): Django may iterate it after this view's event loop
+        # is gone (an async view under WSGI), where its guard cannot be settled. Read ahead up to the
+        # caps here: kept when it ends within them; else omitted with its declared length (0 when it
+        # declares none: it cannot be counted before it goes out).
+        chunks = iter(response.streaming_content)
+        head: list[bytes] = []
+
+        def read_ahead() -> bool:
+            size = 0
+            for chunk in chunks:
+                head.append(chunk)
+                size += len(chunk)
+                if size > core.cap_bytes:
+                    return False
+            return True
+
+        if await sync_to_async(read_ahead)():
+            await core.asettle(guard, Reply(status, headers, b"".join(head)))
+        else:
+            await core.asettle(guard, Reply(status, headers, omitted=length or 0))
+        response.streaming_content = itertools.chain(head, chunks)

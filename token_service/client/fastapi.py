@@ -23,9 +23,11 @@ without the endpoint running:
   a duplicate returns that value, so FastAPI renders it exactly as the first
   (same ``status_code``, ``response_model``, response class);
 - an endpoint that returns a ``Response``: its status, body bytes and
-  ``replay_headers`` are stored (:class:`StoredResponse`) and replayed as they are
-  (a ``StreamingResponse`` or ``FileResponse``: without its body, marked
-  ``Idempotent-Body-Omitted``);
+  ``replay_headers`` are stored (:class:`StoredResponse`) and replayed as they are;
+  a ``StreamingResponse`` is recorded as it goes out and a ``FileResponse`` read
+  when it fits, so both replay byte for byte under the caps; over them, or a
+  body over ``max_result_bytes`` of JSON, the replay is empty, marked
+  ``Idempotent-Body-Omitted: <length>``;
 - ``HTTPException``: a status worth storing (4xx but 408/409/425/429) is stored
   and replayed as FastAPI renders it (``{"detail": ...}``); a 5xx frees the token.
 
@@ -44,21 +46,23 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
+import anyio
 from fastapi import HTTPException, Request, Response
 from fastapi.encoders import jsonable_encoder
+from fastapi.responses import FileResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from token_service.errors import InvalidRequest, TokenError
+from token_service.errors import TokenError
 from token_service.problems import problem_for
-from token_service.records import dump_json
 
 from ._client import AsyncTokenClient
 from ._fingerprint import body_fingerprint
+from ._idempotency_core import declared_length
+from ._require_token_core import Refusal, Replay, Reply, RequireToken, ValueReply, fingerprint_fields
 from ._response import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_REPLAY_HEADERS,
@@ -66,13 +70,10 @@ from ._response import (
     StoredResponse,
     StorePolicy,
     default_store_status,
-    refusal,
 )
-from .guard import AsyncGuard, Terminal, guard_hooks
+from .guard import AsyncGuard, Terminal
 
 __all__ = ["DEFAULT_REPLAY_HEADERS", "problem_response", "require_token"]
-
-log = logging.getLogger(__name__)
 
 # The hidden parameters the decorator adds to the endpoint's signature (FastAPI injects them).
 _REQUEST = "token_service_request"
@@ -92,18 +93,12 @@ async def _value(source: RequestValue | None, request: Request) -> Any:
     return await value if inspect.isawaitable(value) else value
 
 
-async def _fingerprint(spec: RequestValue | Sequence[str] | None, request: Request) -> str | None:
-    if spec is None or callable(spec):
+async def _fingerprint(spec: Any, fields: Sequence[str] | None, request: Request) -> str | None:
+    if fields is None:
         value: str | None = await _value(spec, request)
         return value
-    if isinstance(spec, str):
-        raise TypeError("fingerprint fields must be a sequence of names, not one string")
     body = await request.body()  # FastAPI has read it for the endpoint already: cached
-    return body_fingerprint(body, request.headers.get("content-type"), spec)
-
-
-def _kept(headers: Iterable[tuple[str, str]], wanted: set[str]) -> list[tuple[str, str]]:
-    return [(name, value) for name, value in headers if name.lower() in wanted]
+    return body_fingerprint(body, request.headers.get("content-type"), fields)
 
 
 def _replay(stored: Any, response: Response) -> Any:
@@ -195,9 +190,21 @@ def require_token(
     """
     if not isinstance(client, AsyncTokenClient):
         raise TypeError("FastAPI's require_token takes an AsyncTokenClient")
-    wanted = {name.lower() for name in replay_headers}
-    # the guard's hooks (on_replay(guard), on_conflict(guard, error), ...), as Flask's require_token
-    hooks = guard_hooks(on_replay, on_conflict, on_mismatch, on_lease_lost)
+    core = RequireToken(
+        scope,
+        header=header,
+        replay_headers=replay_headers,
+        lease_seconds=lease_seconds,
+        terminal=terminal,
+        wait_seconds=wait_seconds,
+        max_result_bytes=max_result_bytes,
+        store_status=store_status,
+        on_replay=on_replay,
+        on_conflict=on_conflict,
+        on_mismatch=on_mismatch,
+        on_lease_lost=on_lease_lost,
+    )
+    fields = fingerprint_fields(fingerprint)
 
     def decorate(endpoint: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
         signature, request_name, response_name, added = _signature(endpoint)
@@ -214,59 +221,37 @@ def require_token(
             response: Response = kwargs[response_name]
             for name in added:
                 del kwargs[name]
-            token = request.headers.get(header, "").strip()
-            if not token:
-                return problem_response(
-                    InvalidRequest(f"The {header} header is required.", {header: ["Missing."]})
-                )
-            try:
-                guard = client.guard(
-                    token,
-                    scope,
-                    subject=await _value(subject, request),
-                    fingerprint=await _fingerprint(fingerprint, request),
-                    lease_seconds=lease_seconds,
-                    terminal=terminal,
-                    wait_seconds=wait_seconds,
-                    **hooks,
-                )
-                fresh = await guard.start()
-            except TokenError as exc:
-                return problem_response(refusal(exc))
-            if not fresh:
+            token = core.token_of(request.headers.get(header))
+            if isinstance(token, Refusal):
+                return problem_response(token.error)
+            guard = await core.abegin(
+                client,
+                token,
+                await _value(subject, request),
+                await _fingerprint(fingerprint, fields, request),
+            )
+            if isinstance(guard, Refusal):
+                return problem_response(guard.error)
+            if isinstance(guard, Replay):
                 return _replay(guard.result, response)
             request.state.token_guard = guard
             try:
                 value = await call(args, kwargs)
             except HTTPException as exc:
-                await _settle_http_exception(guard, scope, exc, wanted, store_status)
+                # stored as FastAPI's default handler answers it (or, a 5xx, the token freed)
+                headers = {"Content-Type": "application/json", **(exc.headers or {})}
+                body = StoredResponse.json(exc.status_code, {"detail": exc.detail}).body
+                await core.asettle(guard, Reply(exc.status_code, list(headers.items()), body))
                 raise
             except BaseException as exc:
-                await guard.abandon_quietly(exc)
+                await core.afailed(guard, exc)
                 raise
             if isinstance(value, Response):
-                status = value.status_code
-                headers = _kept(value.headers.items(), wanted)
-                body = getattr(value, "body", None)  # a StreamingResponse (FileResponse) has none
-                if isinstance(body, bytes | bytearray | memoryview):
-                    kept = StoredResponse(status, bytes(body), headers)
-                    result = _fit(kept.to_result(), len(body), max_result_bytes)
-                else:
-                    # streamed: never buffered here; duplicates get the status and headers
-                    result = StoredResponse(status, b"", headers, omitted=0).to_result()
+                await _settle_response(core, guard, request, value)
             else:
-                status = response.status_code or 200
-                document = {
-                    "kind": "value",
-                    "v": jsonable_encoder(value),
-                    "s": response.status_code,
-                    "h": _kept(response.headers.items(), wanted),
-                }
-                result = _fit(document, len(dump_json(document["v"])), max_result_bytes)
-            if not store_status(status):
-                await guard.abandon_quietly(None, retryable=True)
-                return value
-            await _succeed(guard, scope, result)
+                document = jsonable_encoder(value)
+                reply = ValueReply(response.status_code, response.headers.items(), document)
+                await core.asettle(guard, reply)
             return value
 
         guarded_endpoint.__signature__ = signature  # type: ignore[attr-defined]
@@ -275,31 +260,25 @@ def require_token(
     return decorate
 
 
-def _fit(result: dict[str, Any], body_length: int, max_result_bytes: int) -> dict[str, Any]:
-    """``result``, or the same without its body when it is over the store's limit."""
-    if len(dump_json(result)) <= max_result_bytes:
-        return result
-    smaller = {name: value for name, value in result.items() if name not in ("b", "e", "v")}
-    smaller["omitted"] = body_length
-    return smaller
-
-
-async def _settle_http_exception(
-    guard: AsyncGuard, scope: str, exc: HTTPException, wanted: set[str], store_status: StorePolicy
-) -> None:
-    if not store_status(exc.status_code):
-        await guard.abandon_quietly(None, retryable=True)
-        return
-    # what FastAPI's default handler answers for it
-    headers = {"Content-Type": "application/json", **(exc.headers or {})}
-    stored = StoredResponse.json(exc.status_code, {"detail": exc.detail})
-    kept = _kept(headers.items(), wanted)
-    await _succeed(guard, scope, StoredResponse(stored.status, stored.body, kept).to_result())
-
-
-async def _succeed(guard: AsyncGuard, scope: str, result: Any) -> None:
-    try:
-        await guard.succeed(result)
-    except TokenError as exc:
-        # The work is done and its response goes out; only the record of it is missing.
-        log.error("could not store the response of a %s request: %s", scope, exc)
+async def _settle_response(core: RequireToken, guard: AsyncGuard, request: Request, value: Response) -> None:
+    """Settle a returned ``Response``; a streamed one is recorded as it goes out."""
+    status, headers = value.status_code, list(value.headers.items())
+    if isinstance(value, FileResponse):
+        # sent by Starlette from its path: kept when it fits the caps (read now), else its size
+        size = (await anyio.Path(value.path).stat()).st_size
+        if size > core.cap_bytes or request.method == "HEAD":
+            await core.asettle(guard, Reply(status, headers, omitted=size))
+        else:
+            await core.asettle(guard, Reply(status, headers, await anyio.Path(value.path).read_bytes()))
+    elif isinstance(value, StreamingResponse):
+        length = declared_length(value.headers.get("content-length", ""))
+        if not core.keeps(status):
+            await core.asettle(guard, Reply(status, headers))  # frees the token, the body untouched
+        elif request.method == "HEAD":
+            await core.asettle(guard, core.head_of_stream(status, headers, length))
+        else:
+            value.body_iterator = core.arecord(guard, value.body_iterator, status, headers, length)
+    else:
+        body = getattr(value, "body", None)  # a Response class of its own may send without one
+        kept = bytes(body) if isinstance(body, bytes | bytearray | memoryview) else None
+        await core.asettle(guard, Reply(status, headers, kept or b"", None if kept is not None else 0))

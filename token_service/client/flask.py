@@ -32,20 +32,18 @@ itself does not.
 from __future__ import annotations
 
 import functools
-import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from flask import Request, Response, g, make_response, request
 from werkzeug.exceptions import ClientDisconnected
 
-from token_service.errors import InvalidRequest, TokenError
+from token_service.errors import TokenError
 from token_service.problems import problem_for
-from token_service.records import dump_json
 
 from ._client import TokenClient
 from ._fingerprint import body_fingerprint
-from ._idempotency_core import Recorder
+from ._require_token_core import Refusal, Replay, Reply, RequireToken, fingerprint_fields
 from ._response import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_REPLAY_HEADERS,
@@ -54,11 +52,8 @@ from ._response import (
     StoredResponse,
     StorePolicy,
     default_store_status,
-    refusal,
 )
 from .guard import Guard, Terminal
-
-log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_MAX_RESULT_BYTES",
@@ -79,21 +74,10 @@ def problem_response(error: TokenError) -> Response:
     return Response(body, status=status, headers=headers)
 
 
-def _result(stored: StoredResponse, max_body_bytes: int, max_result_bytes: int) -> dict[str, Any]:
-    """The token's result: with the body when it fits both limits, else with the body omitted."""
-    # a body longer than max_result_bytes cannot fit once JSON-encoded: not encoded to find out
-    if stored.omitted is None and len(stored.body) <= min(max_body_bytes, max_result_bytes):
-        result = stored.to_result()
-        # counted the way the store counts it (ASCII-only JSON: a CJK character takes 6 bytes)
-        if len(dump_json(result)) <= max_result_bytes:
-            return result
-    omitted = stored.omitted if stored.omitted is not None else len(stored.body)
-    return StoredResponse(stored.status, b"", stored.headers, omitted=omitted).to_result()
-
-
-def _kept_headers(response: Response, replay_headers: Iterable[str]) -> list[tuple[str, str]]:
-    wanted = {name.lower() for name in replay_headers}
-    return [(name, value) for name, value in response.headers.items() if name.lower() in wanted]
+def _answer(outcome: Refusal | Replay) -> Response:
+    if isinstance(outcome, Refusal):
+        return problem_response(outcome.error)
+    return replay_response(outcome.result)
 
 
 def stored_response(
@@ -108,10 +92,12 @@ def stored_response(
     stored form fits ``max_result_bytes`` once JSON-encoded the way the store counts
     it (ASCII-only: a CJK character takes 6 bytes). Otherwise the body is omitted.
     """
-    stored = StoredResponse(
-        response.status_code, response.get_data(), _kept_headers(response, replay_headers)
+    core = RequireToken(
+        "", replay_headers=replay_headers, max_body_bytes=max_body_bytes, max_result_bytes=max_result_bytes
     )
-    return _result(stored, max_body_bytes, max_result_bytes)
+    result = core.result(Reply(response.status_code, list(response.headers.items()), response.get_data()))
+    assert result is not None
+    return result
 
 
 def replay_response(stored: Any) -> Response:
@@ -122,44 +108,6 @@ def replay_response(stored: Any) -> Response:
     for name, value in replayed.replay_headers():
         response.headers.add(name, value)
     return response
-
-
-class _Recorded:
-    """A streamed or direct-passthrough body on its way out: passed through, recorded, then settled."""
-
-    def __init__(self, body: Iterable[Any], recorder: Recorder, settle: Callable[[Recorder, bool], None]):
-        self.body = body
-        self.recorder = recorder
-        self.settle_with = settle
-        self.settled = False
-
-    def __iter__(self) -> Iterator[Any]:
-        try:
-            for chunk in self.body:
-                # a streamed view may yield text: Werkzeug encodes it as UTF-8 after this
-                if self.recorder.feed(chunk.encode() if isinstance(chunk, str) else chunk):
-                    self._settle(failed=False)  # a Content-Length body is complete: record, then send
-                yield chunk
-        except GeneratorExit:
-            raise  # closed early: close() records what went out
-        except BaseException:
-            self._settle(failed=True)
-            raise
-        self.recorder.complete = True
-        self._settle(failed=False)
-
-    def close(self) -> None:
-        try:
-            close = getattr(self.body, "close", None)
-            if close is not None:
-                close()
-        finally:
-            self._settle(failed=False)
-
-    def _settle(self, *, failed: bool) -> None:
-        if not self.settled:
-            self.settled = True
-            self.settle_with(self.recorder, failed)
 
 
 def current_guard() -> Guard | None:
@@ -182,16 +130,6 @@ def _body_ended_early() -> bool:
         return len(request.get_data(cache=True)) < declared
     except (OSError, ClientDisconnected):
         return True
-
-
-def _request_fingerprint(spec: Callable[[Request], str | None] | Sequence[str] | None) -> str | None:
-    if spec is None:
-        return None
-    if callable(spec):
-        return spec(request)
-    if isinstance(spec, str):
-        raise TypeError("fingerprint fields must be a sequence of names, not one string")
-    return body_fingerprint(request.get_data(), request.content_type, spec)
 
 
 def require_token(
@@ -228,87 +166,59 @@ def require_token(
     The hooks are the guard's (``on_replay(guard)``, ``on_conflict(guard, error)``, ...);
     the lease is renewed while the view runs and its response streams out.
     """
-    replay_headers = tuple(replay_headers)
+    core = RequireToken(
+        scope,
+        header=header,
+        replay_headers=replay_headers,
+        lease_seconds=lease_seconds,
+        terminal=terminal,
+        wait_seconds=wait_seconds,
+        max_body_bytes=max_body_bytes,
+        max_result_bytes=max_result_bytes,
+        store_status=store_status,
+        on_replay=on_replay,
+        on_conflict=on_conflict,
+        on_mismatch=on_mismatch,
+        on_lease_lost=on_lease_lost,
+    )
+    fields = fingerprint_fields(fingerprint)
+
+    def request_fingerprint() -> str | None:
+        if fields is not None:
+            return body_fingerprint(request.get_data(), request.content_type, fields)
+        return fingerprint(request) if callable(fingerprint) else None
 
     def decorate(view: Callable[..., Any]) -> Callable[..., Response]:
         @functools.wraps(view)
         def guarded_view(*args: Any, **kwargs: Any) -> Response:
-            token = request.headers.get(header, "").strip()
-            if not token:
-                return problem_response(
-                    InvalidRequest(f"The {header} header is required.", {header: ["Missing."]})
-                )
+            token = core.token_of(request.headers.get(header))
+            if isinstance(token, Refusal):
+                return _answer(token)
             if _body_ended_early():
-                return problem_response(
-                    InvalidRequest(
-                        "The request body ended before its Content-Length.", {"body": ["Incomplete."]}
-                    )
-                )
-            guard = client.guard(
-                token,
-                scope,
-                subject=subject(request) if subject else None,
-                fingerprint=_request_fingerprint(fingerprint),
-                lease_seconds=lease_seconds,
-                terminal=terminal,
-                wait_seconds=wait_seconds,
-                on_replay=on_replay,
-                on_conflict=on_conflict,
-                on_mismatch=on_mismatch,
-                on_lease_lost=on_lease_lost,
-            )
-            try:
-                fresh = guard.start()
-            except TokenError as exc:
-                return problem_response(refusal(exc))
-            if not fresh:
-                return replay_response(guard.result)
+                return _answer(core.truncated())
+            guard = core.begin(client, token, subject(request) if subject else None, request_fingerprint())
+            if isinstance(guard, Refusal | Replay):
+                return _answer(guard)
             g.token_guard = guard
             try:
                 response = make_response(view(*args, **kwargs))
             except BaseException as exc:
-                guard.abandon_quietly(exc)
+                core.failed(guard, exc)
                 raise
-            if not store_status(response.status_code):
-                # not an answer to keep (a 5xx, a 429...): free the token so the client can retry with it
-                guard.abandon_quietly(None, retryable=True)
-                return response
-            kept = _kept_headers(response, replay_headers)
-            if request.method == "HEAD" and (response.is_streamed or response.direct_passthrough):
-                # no body goes out: what the view answered is its status and headers
-                omitted = StoredResponse(
-                    response.status_code, b"", kept, omitted=response.content_length or 0
-                )
-                _succeed(guard, scope, omitted.to_result())
-                return response
-            if response.is_streamed or response.direct_passthrough:
+            status, headers = response.status_code, list(response.headers.items())
+            if not (response.is_streamed or response.direct_passthrough):
+                core.settle(guard, Reply(status, headers, response.get_data()))
+            elif not core.keeps(status):
+                core.settle(guard, Reply(status, headers))  # frees the token, the body untouched
+            elif request.method == "HEAD":
+                # Werkzeug sends no body for HEAD and never iterates it
+                core.settle(guard, core.head_of_stream(status, headers, response.content_length))
+            else:
                 # a file or a stream: never buffered whole, recorded as it goes out
-                def settle(recorder: Recorder, failed: bool) -> None:
-                    if failed:
-                        guard.abandon_quietly(None, retryable=True)
-                        return
-                    stored = recorder.stored()
-                    assert stored is not None
-                    _succeed(guard, scope, _result(stored, max_body_bytes, max_result_bytes))
-
-                # held up to what could be kept, never more (the rest is only counted)
-                cap = min(max_body_bytes, max_result_bytes)
-                recorder = Recorder(response.status_code, kept, cap, True, response.content_length)
-                response.response = _Recorded(response.response, recorder, settle)
-                return response
-            stored = StoredResponse(response.status_code, response.get_data(), kept)
-            _succeed(guard, scope, _result(stored, max_body_bytes, max_result_bytes))
+                length = response.content_length
+                response.response = core.record(guard, response.response, status, headers, length)
             return response
 
         return guarded_view
 
     return decorate
-
-
-def _succeed(guard: Guard, scope: str, result: dict[str, Any]) -> None:
-    try:
-        guard.succeed(result)
-    except TokenError as exc:
-        # The work is done and its response goes out; only the record of it is missing
-        # (LeaseLost: the view outlived its lease, a duplicate may have run it again).
-        log.error("could not store the response of a %s request: %s", scope, exc)

@@ -1,0 +1,378 @@
+"""The request flow of ``@require_token``, once, for Flask, FastAPI and Django.
+
+``client/flask.py``, ``client/fastapi.py`` and ``client/django.py`` only map
+their framework's request and response to and from what is decided here (as
+the Idempotency-Key middlewares sit on :mod:`._idempotency_core`):
+
+1. :meth:`RequireToken.token_of`: the token from its header, or a 400 refusal;
+   :meth:`RequireToken.truncated`: the 400 for a body shorter than its
+   Content-Length (the token is not touched).
+2. :meth:`RequireToken.begin` / :meth:`abegin`: a guard on the token. Returns the
+   guard (this request holds the lease, renewed while the view runs and its body
+   streams), a :class:`Replay` of the stored result, or a :class:`Refusal`
+   (problem+json: 403 mismatch, 404 unknown, 409 in progress or used, 503).
+3. The view runs. An exception: :meth:`failed` / :meth:`afailed` (terminal
+   exceptions are recorded, the others free the token).
+4. :meth:`settle` / :meth:`asettle` with a :class:`Reply` (a status, headers and a
+   body, or an endpoint's value): the one place that decides what is kept.
+
+   - **Storage policy**: ``store_status(status)`` (by default 2xx, 3xx and 4xx
+     but 408/409/425/429; never a 5xx). Any other status frees the token.
+   - **Body fit**: the body is kept when it is at most ``max_body_bytes`` raw
+     (Flask's option; FastAPI's and Django's decorators have no raw cap) *and* the
+     whole stored result is at most ``max_result_bytes`` once JSON-encoded the way
+     the store counts it (ASCII-only: a CJK character takes 6 bytes). Both, because
+     the raw cap is the operator's "never keep more than this" and the result cap
+     is what the service accepts (``TOKEN_SERVICE_MAX_RESULT_BYTES``): storing over
+     it would be refused and record a terminal failure after the work was done.
+   - **Body omitted**: otherwise the status and ``replay_headers`` are stored with
+     the body's real length: a duplicate gets an empty body marked
+     ``Idempotent-Body-Omitted: <length>``.
+   - A store that fails at this point is logged: the work is done and its
+     response goes out; only the record of it is missing.
+
+   A streamed body (a file, a generator) is never buffered whole:
+   :meth:`record` / :meth:`arecord` wrap it so it passes through, is held up to
+   the caps (the rest only counted) and is settled when its last byte is handed
+   on, when it is closed early (what went out is recorded: the work is done),
+   or freed when it raises. So a streamed body under the caps is replayed byte
+   for byte, one over them as omitted with its real length. A HEAD request sends
+   no body: a streamed answer to it is settled at once as omitted (its declared
+   Content-Length, else 0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from token_service.errors import InvalidRequest, TokenError
+from token_service.records import dump_json
+
+from ._idempotency_core import Recorder
+from ._response import DEFAULT_MAX_RESULT_BYTES, StoredResponse, StorePolicy, default_store_status, refusal
+from .guard import AsyncGuard, Guard, Terminal, guard_hooks
+
+log = logging.getLogger("token_service.client.require_token")
+
+__all__ = ["Refusal", "Replay", "Reply", "RequireToken", "ValueReply", "fingerprint_fields"]
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What a view answered: its status, its headers (all of them) and its body, or only the body's length."""
+
+    status: int
+    headers: Sequence[tuple[str, str]]
+    body: bytes = b""
+    omitted: int | None = None  # the body is not kept: its length
+
+
+@dataclass(frozen=True, slots=True)
+class ValueReply:
+    """What a FastAPI endpoint returned: a JSON-able value, rendered again by FastAPI on a replay.
+
+    ``status`` is the one it set on its injected ``Response`` (None: the route's own)."""
+
+    status: int | None
+    headers: Sequence[tuple[str, str]]
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """A duplicate: answer the token's stored result."""
+
+    result: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Answer this error as problem+json; the view does not run."""
+
+    error: TokenError
+
+
+def fingerprint_fields(spec: Any) -> Sequence[str] | None:
+    """The body field names of ``fingerprint=[...]``, or None (no fingerprint, or a callable)."""
+    if spec is None or callable(spec):
+        return None
+    if isinstance(spec, str):
+        raise TypeError("fingerprint fields must be a sequence of names, not one string")
+    return tuple(spec)
+
+
+class RequireToken:
+    """The options and decisions of one ``@require_token`` (see the module docs)."""
+
+    def __init__(
+        self,
+        scope: str,
+        *,
+        header: str = "Idempotency-Token",
+        replay_headers: Iterable[str] = (),
+        lease_seconds: int | None = None,
+        terminal: Terminal = (),
+        wait_seconds: float = 0.0,
+        max_body_bytes: int | None = None,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        store_status: StorePolicy = default_store_status,
+        on_replay: Callable[[Any], Any] | None = None,
+        on_conflict: Callable[[Any, TokenError], Any] | None = None,
+        on_mismatch: Callable[[Any, TokenError], Any] | None = None,
+        on_lease_lost: Callable[[Any, TokenError], Any] | None = None,
+    ) -> None:
+        self.scope = scope
+        self.header = header
+        self.replay_headers = frozenset(name.lower() for name in replay_headers)
+        self.store_status = store_status
+        self.max_result_bytes = max_result_bytes
+        # a body longer than max_result_bytes cannot fit once JSON-encoded: never held past it
+        self.cap_bytes = max_result_bytes if max_body_bytes is None else min(max_body_bytes, max_result_bytes)
+        self.guard_options: dict[str, Any] = {
+            "lease_seconds": lease_seconds,
+            "terminal": terminal,
+            "wait_seconds": wait_seconds,
+            **guard_hooks(on_replay, on_conflict, on_mismatch, on_lease_lost),
+        }
+
+    # -- before the view ---------------------------------------------------------------------
+
+    def token_of(self, raw: str | None) -> str | Refusal:
+        token = (raw or "").strip()
+        if not token:
+            return Refusal(
+                InvalidRequest(f"The {self.header} header is required.", {self.header: ["Missing."]})
+            )
+        return token
+
+    @staticmethod
+    def truncated() -> Refusal:
+        return Refusal(
+            InvalidRequest("The request body ended before its Content-Length.", {"body": ["Incomplete."]})
+        )
+
+    def begin(
+        self, client: Any, token: str, subject: str | None, fingerprint: str | None
+    ) -> Guard | Replay | Refusal:
+        try:
+            guard: Guard = client.guard(
+                token, self.scope, subject=subject, fingerprint=fingerprint, **self.guard_options
+            )
+            fresh = guard.start()
+        except TokenError as exc:
+            return Refusal(refusal(exc))
+        return guard if fresh else Replay(guard.result)
+
+    async def abegin(
+        self, client: Any, token: str, subject: str | None, fingerprint: str | None
+    ) -> AsyncGuard | Replay | Refusal:
+        try:
+            guard: AsyncGuard = client.guard(
+                token, self.scope, subject=subject, fingerprint=fingerprint, **self.guard_options
+            )
+            fresh = await guard.start()
+        except TokenError as exc:
+            return Refusal(refusal(exc))
+        return guard if fresh else Replay(guard.result)
+
+    # -- after the view ----------------------------------------------------------------------
+
+    @staticmethod
+    def failed(guard: Guard, exc: BaseException) -> None:
+        """The view raised: record a terminal failure, or free the token for a retry."""
+        guard.abandon_quietly(exc)
+
+    @staticmethod
+    async def afailed(guard: AsyncGuard, exc: BaseException) -> None:
+        await guard.abandon_quietly(exc)
+
+    def keeps(self, status: int) -> bool:
+        """Whether a response with this status is stored (the others free the token)."""
+        return self.store_status(status)
+
+    def settle(self, guard: Guard, reply: Reply | ValueReply | None) -> None:
+        """Store what duplicates get, or free the token (``None``: the body broke on its way out).
+
+        Never raises a store error: the work is done and its response goes out."""
+        result = self.result(reply)
+        if result is None:
+            guard.abandon_quietly(None, retryable=True)
+            return
+        try:
+            guard.succeed(result)
+        except TokenError as exc:
+            self._not_stored(exc)
+
+    async def asettle(self, guard: AsyncGuard, reply: Reply | ValueReply | None) -> None:
+        result = self.result(reply)
+        if result is None:
+            await guard.abandon_quietly(None, retryable=True)
+            return
+        try:
+            await guard.succeed(result)
+        except TokenError as exc:
+            self._not_stored(exc)
+
+    def _not_stored(self, exc: TokenError) -> None:
+        # LeaseLost: the view outlived its lease, a duplicate may have run it again
+        log.error("could not store the response of a %s request: %s", self.scope, exc)
+
+    def result(self, reply: Reply | ValueReply | None) -> dict[str, Any] | None:
+        """The token's result for ``reply``, or None: not kept (the token is freed)."""
+        if reply is None:
+            return None
+        if not self.store_status(reply.status or 200):
+            return None
+        kept = [(name, value) for name, value in reply.headers if name.lower() in self.replay_headers]
+        if isinstance(reply, ValueReply):
+            length = len(dump_json(reply.value))
+            document = {"kind": "value", "v": reply.value, "s": reply.status, "h": kept}
+            if length <= self.cap_bytes and len(dump_json(document)) <= self.max_result_bytes:
+                return document
+            return {"kind": "value", "s": reply.status, "h": kept, "omitted": length}
+        if reply.omitted is None and len(reply.body) <= self.cap_bytes:
+            result = StoredResponse(reply.status, reply.body, kept).to_result()
+            # counted the way the store counts it (ASCII-only JSON: a CJK character takes 6 bytes)
+            if len(dump_json(result)) <= self.max_result_bytes:
+                return result
+        omitted = len(reply.body) if reply.omitted is None else reply.omitted
+        return StoredResponse(reply.status, b"", kept, omitted=omitted).to_result()
+
+    # -- a streamed body ---------------------------------------------------------------------
+
+    def head_of_stream(self, status: int, headers: Sequence[tuple[str, str]], length: int | None) -> Reply:
+        """A streamed answer to HEAD: no body goes out, its status and headers are what it answered."""
+        return Reply(status, headers, omitted=length or 0)
+
+    def _recorder(self, status: int, headers: Sequence[tuple[str, str]], length: int | None) -> Recorder:
+        # held up to what could be kept, never more (the rest is only counted)
+        return Recorder(status, list(headers), self.cap_bytes, True, length)
+
+    @staticmethod
+    def reply_of(recorder: Recorder, failed: bool) -> Reply | None:
+        if failed:
+            return None
+        stored = recorder.stored()
+        assert stored is not None
+        return Reply(stored.status, stored.headers, stored.body, stored.omitted)
+
+    def record(
+        self,
+        guard: Guard,
+        chunks: Iterable[Any],
+        status: int,
+        headers: Sequence[tuple[str, str]],
+        length: int | None = None,
+    ) -> Recording:
+        """``chunks`` passed through and recorded; settled at its end or when closed, freed if it raises."""
+        recorder = self._recorder(status, headers, length)
+        return Recording(chunks, recorder, lambda failed: self.settle(guard, self.reply_of(recorder, failed)))
+
+    def arecord(
+        self,
+        guard: AsyncGuard | Guard,
+        chunks: AsyncIterable[Any],
+        status: int,
+        headers: Sequence[tuple[str, str]],
+        length: int | None = None,
+    ) -> AsyncRecording:
+        recorder = self._recorder(status, headers, length)
+
+        async def settle(failed: bool) -> None:
+            if isinstance(guard, AsyncGuard):
+                await self.asettle(guard, self.reply_of(recorder, failed))
+            else:  # a sync view's async stream (Django serves it on its event loop)
+                self.settle(guard, self.reply_of(recorder, failed))
+
+        return AsyncRecording(chunks, recorder, settle)
+
+
+def _as_bytes(chunk: Any) -> bytes:
+    # a streamed view may yield text: the frameworks encode it as UTF-8 after this
+    return chunk.encode() if isinstance(chunk, str) else bytes(chunk)
+
+
+class Recording:
+    """A streamed body on its way out: passed through, recorded, then settled once."""
+
+    def __init__(self, chunks: Iterable[Any], recorder: Recorder, settle: Callable[[bool], None]) -> None:
+        self.chunks = chunks
+        self.recorder = recorder
+        self.settle_with = settle
+        self.settled = False
+
+    def __iter__(self) -> Iterator[Any]:
+        try:
+            for chunk in self.chunks:
+                if self.recorder.feed(_as_bytes(chunk)):
+                    self._settle(failed=False)  # a body of declared length is whole: record, then send
+                yield chunk
+        except GeneratorExit:
+            raise  # closed early: close() records what went out
+        except BaseException:
+            self._settle(failed=True)
+            raise
+        self.recorder.complete = True
+        self._settle(failed=False)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self.chunks, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._settle(failed=False)
+
+    def _settle(self, *, failed: bool) -> None:
+        if not self.settled:
+            self.settled = True
+            self.settle_with(failed)
+
+
+class AsyncRecording:
+    """:class:`Recording` for an async iterator (FastAPI's ``StreamingResponse``, Django's async streams).
+
+    Settled at its end, when it is closed early (``aclose``: the client left) or
+    cancelled, in a task of its own: a cancelled request (anyio cancels every later
+    await in its scope) must still store or free its token, never leave it held.
+    """
+
+    def __init__(
+        self, chunks: AsyncIterable[Any], recorder: Recorder, settle: Callable[[bool], Awaitable[None]]
+    ) -> None:
+        self.chunks = chunks
+        self.recorder = recorder
+        self.settle_with = settle
+        self.settled = False
+
+    async def __aiter__(self) -> AsyncIterator[Any]:
+        try:
+            async for chunk in self.chunks:
+                if self.recorder.feed(_as_bytes(chunk)):
+                    await self._settle(failed=False)
+                yield chunk
+        except (GeneratorExit, asyncio.CancelledError):
+            await self._settle(failed=False)  # what went out is recorded: the work is done
+            raise
+        except BaseException:
+            await self._settle(failed=True)
+            raise
+        self.recorder.complete = True
+        await self._settle(failed=False)
+
+    async def _settle(self, *, failed: bool) -> None:
+        if self.settled:
+            return
+        self.settled = True
+        task = asyncio.ensure_future(self.settle_with(failed))
+        _SETTLING.add(task)
+        task.add_done_callback(_SETTLING.discard)
+        await asyncio.shield(task)
+
+
+# settling tasks a cancelled request left running (a reference keeps them from being collected)
+_SETTLING: set[asyncio.Future[None]] = set()
