@@ -43,6 +43,7 @@ RUN_ELSEWHERE = {
     "docs/operations.md": "tests/ops/test_operations_docs.py",
     "docs/performance.md": "tests/docs/test_pages_without_code.py",
     "docs/deployment.md": "tests/docs/test_deployment_docs.py",
+    "docs/kubernetes.md": "tests/deploy/test_kubernetes.py",
     "docs/durable.md": "tests/durable/test_docs_examples.py",
     "docs/integrations/functions.md": "tests/integrations/test_docs.py",
     "docs/integrations/celery.md": "tests/integrations/test_docs.py",

@@ -1,0 +1,70 @@
+"""The Dockerfile read as data: its instructions, the runtime stage's ENV and USER.
+
+For the tests that hold other files to the image (deploy/kubernetes/, docker-compose.yml):
+a number the image sets (its PORT, its user, its drain) is read from here, not written twice.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.support.processes import REPO_ROOT
+
+DOCKERFILE = REPO_ROOT / "Dockerfile"
+
+
+def instructions(path: Path = DOCKERFILE) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    result: list[tuple[str, str]] = []
+    pending = ""
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = pending + line
+        pending = ""
+        keyword, _, rest = line.partition(" ")
+        result.append((keyword.upper(), rest.strip()))
+    return result
+
+
+def final_stage(steps: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    last_from = max(i for i, (keyword, _) in enumerate(steps) if keyword == "FROM")
+    return steps[last_from:]
+
+
+def image_env(stage: list[tuple[str, str]]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for keyword, arguments in stage:
+        if keyword == "ENV":
+            for pair in shlex.split(arguments):
+                name, _, value = pair.partition("=")
+                env[name] = value
+    return env
+
+
+@dataclass(frozen=True)
+class Image:
+    """What the runtime stage sets that a deployment must agree with."""
+
+    env: dict[str, str]
+    uid: int
+    gid: int | None
+
+    @property
+    def port(self) -> int:
+        return int(self.env["PORT"])
+
+
+def runtime_image(path: Path = DOCKERFILE) -> Image:
+    stage = final_stage(instructions(path))
+    users = [arguments for keyword, arguments in stage if keyword == "USER"]
+    assert len(users) == 1, "one USER in the runtime stage"
+    uid, _, gid = users[0].partition(":")
+    assert uid.isdigit(), f"USER is numeric (runAsNonRoot can only check a number): {users[0]}"
+    return Image(image_env(stage), int(uid), int(gid) if gid.isdigit() else None)
