@@ -1,14 +1,15 @@
 """Flask's, FastAPI's and Django's ``@require_token`` answer every request of one script alike.
 
 Three apps that do the same thing (plain JSON, a returned value, a response
-object, a streamed body under and over the caps, HEAD, 429 and 503 from the
-view, an exception), each behind its framework's decorator, on one Redis, each
-driven through its framework's in-process test client. The same script runs
-against each (every app with tokens of its own); every answer (status, body,
-the replay headers) and every run of a view must be the same: the three are one
-flow (``client/_require_token_core.py``) under three thin adapters, not three
-implementations. Django runs twice, with sync views (a ``TokenClient``) and with
-``async def`` views (an ``AsyncTokenClient``): its module has both flows.
+object, a streamed body and a file under and over the caps, HEAD, 429 and 503
+from the view, an exception), each behind its framework's decorator, on one
+Redis, each driven through its framework's in-process test client. The same
+script runs against each (every app with tokens of its own); every answer
+(status, body, the replay headers) and every run of a view must be the same: the
+three are one flow (``client/_require_token_core.py``) under three thin
+adapters, not three implementations. Django runs twice, with sync views (a
+``TokenClient``) and with ``async def`` views (an ``AsyncTokenClient``; its file
+stays a synchronous stream): its module has both flows.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import django
@@ -26,6 +28,7 @@ import pytest
 import redis
 import redis.asyncio
 from django.conf import settings
+from django.http import FileResponse as DjangoFileResponse
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
 from django.test import AsyncClient as DjangoAsyncClient
 from django.test import Client as DjangoClient
@@ -33,8 +36,8 @@ from django.test import override_settings
 from django.urls import path
 from fastapi import FastAPI, Request
 from fastapi import Response as FastAPIResponse
-from fastapi.responses import JSONResponse, StreamingResponse
-from flask import Flask
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from flask import Flask, send_file
 from flask import Response as FlaskResponse
 from flask import request as flask_request
 
@@ -50,6 +53,10 @@ TEXT = "text/plain; charset=utf-8"
 CRASH_BODY = "a crash's 500 page is each framework's own: only its status is compared"
 
 
+FILES = {"small": b"%PDF-1.4 small receipt", "large": b"%PDF-1.4 " + b"x" * 5000}  # under, over the caps
+PDF = "application/pdf"
+
+
 def lines(count: int) -> list[bytes]:
     return [b"line %04d\n" % number for number in range(count)]
 
@@ -62,7 +69,7 @@ def subject_of(headers: Any) -> str | None:
 # -- the three apps: each view counts its runs in `runs` and answers the same bytes -----------------
 
 
-def flask_app(tokens: TokenClient, runs: Counter[str]) -> Flask:
+def flask_app(tokens: TokenClient, runs: Counter[str], files: dict[str, Path]) -> Flask:
     app = Flask("parity")
     guard = flask_require_token(
         tokens,
@@ -97,6 +104,12 @@ def flask_app(tokens: TokenClient, runs: Counter[str]) -> Flask:
         runs["stream"] += 1
         return FlaskResponse(iter(lines(int(flask_request.args["n"]))), content_type=TEXT)
 
+    @app.post("/file")
+    @guard
+    def file() -> Any:
+        runs["file"] += 1
+        return send_file(files[flask_request.args["size"]], mimetype=PDF)
+
     @app.post("/status")
     @guard
     def status() -> Any:
@@ -112,7 +125,7 @@ def flask_app(tokens: TokenClient, runs: Counter[str]) -> Flask:
     return app
 
 
-def fastapi_app(tokens: AsyncTokenClient, runs: Counter[str]) -> FastAPI:
+def fastapi_app(tokens: AsyncTokenClient, runs: Counter[str], files: dict[str, Path]) -> FastAPI:
     app = FastAPI()
     guard = fastapi_require_token(
         tokens, SCOPE, subject=lambda request: subject_of(request.headers), max_result_bytes=CAP_BYTES
@@ -149,6 +162,12 @@ def fastapi_app(tokens: AsyncTokenClient, runs: Counter[str]) -> FastAPI:
 
         return StreamingResponse(chunks(), media_type="text/plain")
 
+    @app.post("/file")
+    @guard
+    async def file(request: Request) -> FileResponse:
+        runs["file"] += 1
+        return FileResponse(files[request.query_params["size"]], media_type=PDF)
+
     @app.post("/status")
     @guard
     async def status(request: Request) -> FastAPIResponse:
@@ -167,7 +186,12 @@ def fastapi_app(tokens: AsyncTokenClient, runs: Counter[str]) -> FastAPI:
 
 
 def django_views(
-    tokens: TokenClient, async_tokens: AsyncTokenClient, runs: Counter[str], *, is_async: bool
+    tokens: TokenClient,
+    async_tokens: AsyncTokenClient,
+    runs: Counter[str],
+    files: dict[str, Path],
+    *,
+    is_async: bool,
 ) -> list[Any]:
     """The same views for Django, sync (on ``tokens``) or ``async def`` (on ``async_tokens``)."""
 
@@ -185,6 +209,8 @@ def django_views(
             )
         if name == "stream":
             return StreamingHttpResponse(iter(lines(int(request.GET["n"]))), content_type=TEXT)
+        if name == "file":  # a sync stream, in an async view too
+            return DjangoFileResponse(files[request.GET["size"]].open("rb"), content_type=PDF)
         if name == "status":
             return HttpResponse(b"status", status=int(request.GET["code"]), content_type=TEXT)
         raise RuntimeError("bug")
@@ -196,7 +222,7 @@ def django_views(
 
             async def async_view(request: HttpRequest) -> HttpResponseBase:
                 made = answer(name, request)
-                if isinstance(made, StreamingHttpResponse):  # an async stream for an async view
+                if type(made) is StreamingHttpResponse:  # an async stream for an async view
                     sync_chunks = list(made.streaming_content)
 
                     async def chunks() -> AsyncIterator[bytes]:
@@ -216,7 +242,7 @@ def django_views(
     prefix = "async/" if is_async else ""
     return [
         path(f"{prefix}{name}", guarded(name))
-        for name in ("json", "value", "response", "stream", "status", "crash")
+        for name in ("json", "value", "response", "stream", "file", "status", "crash")
     ]
 
 
@@ -250,6 +276,10 @@ SCRIPT = [
     Step("a stream over the caps: replayed omitted, with its length", "POST", "/stream?n=300", "e"),
     Step("HEAD of a stream: runs", "HEAD", "/stream?n=5", "f"),
     Step("after HEAD: replayed (its status and headers)", "POST", "/stream?n=5", "f"),
+    Step("a file under the caps: runs", "POST", "/file?size=small", "i"),
+    Step("a file under the caps: replayed byte for byte", "POST", "/file?size=small", "i"),
+    Step("a file over the caps: runs", "POST", "/file?size=large", "j"),
+    Step("a file over the caps: replayed omitted, with its length", "POST", "/file?size=large", "j"),
     Step("429 from the view: not stored", "POST", "/status?code=429", "g"),
     Step("429 again: runs again", "POST", "/status?code=429", "g"),
     Step("503 from the view: not stored", "POST", "/status?code=503", "g"),
@@ -375,10 +405,10 @@ def backend(request: pytest.FixtureRequest) -> Iterator[tuple[redis.Redis, Calla
         sync.close()
 
 
-async def run_script(drivers: list[Driver], issuer: TokenClient) -> list[int]:
-    """Every step against every app; returns the statuses (the same for all)."""
+async def run_script(drivers: list[Driver], issuer: TokenClient) -> dict[str, tuple[Any, ...]]:
+    """Every step against every app; returns each step's answer (the same from all)."""
     slots: dict[str, dict[str, str]] = {driver.name: {} for driver in drivers}
-    statuses = []
+    same: dict[str, tuple[Any, ...]] = {}
     for number, step in enumerate(SCRIPT):
         answers = []
         for driver in drivers:
@@ -395,22 +425,27 @@ async def run_script(drivers: list[Driver], issuer: TokenClient) -> list[int]:
         for name, answer, runs in answers[1:]:
             assert answer == first_answer, (number, step.what, first_name, name)
             assert runs == first_runs, (number, step.what, first_name, name)
-        statuses.append(first_answer[0])
-    return statuses
+        same[step.what] = first_answer
+    return same
 
 
 @pytest.mark.parametrize("django_kind", ["sync", "async"])
 async def test_the_three_decorators_answer_one_script_alike(
-    backend: tuple[redis.Redis, Callable[[], Any]], django_kind: str
+    backend: tuple[redis.Redis, Callable[[], Any]], django_kind: str, tmp_path: Path
 ) -> None:
     raw, async_redis = backend
+    files = {name: tmp_path / f"{name}.pdf" for name in FILES}
+    for name, content in FILES.items():
+        files[name].write_bytes(content)
     is_async = django_kind == "async"
     configure_django()
     runs: dict[str, Counter[str]] = {name: Counter() for name in ("flask", "fastapi", "django")}
     async_tokens = AsyncTokenClient.from_redis(async_redis())
-    asgi = httpx.ASGITransport(app=fastapi_app(async_tokens, runs["fastapi"]), raise_app_exceptions=False)
+    asgi = httpx.ASGITransport(
+        app=fastapi_app(async_tokens, runs["fastapi"], files), raise_app_exceptions=False
+    )
     with TokenClient.from_redis(raw) as issuer, TokenClient.from_redis(raw) as tokens:
-        urlpatterns[:] = django_views(tokens, async_tokens, runs["django"], is_async=is_async)
+        urlpatterns[:] = django_views(tokens, async_tokens, runs["django"], files, is_async=is_async)
         async with httpx.AsyncClient(transport=asgi, base_url="http://t") as fastapi_client:
             with override_settings(ROOT_URLCONF=__name__, ALLOWED_HOSTS=["testserver"]):
                 django_client = (
@@ -419,17 +454,23 @@ async def test_the_three_decorators_answer_one_script_alike(
                     else DjangoClient(raise_request_exception=False)
                 )
                 drivers: list[Driver] = [
-                    FlaskDriver(flask_app(tokens, runs["flask"]), runs["flask"]),
+                    FlaskDriver(flask_app(tokens, runs["flask"], files), runs["flask"]),
                     FastAPIDriver(fastapi_client, runs["fastapi"]),
                     DjangoDriver(django_client, runs["django"], "/async/" if is_async else "/"),
                 ]
                 try:
-                    statuses = await run_script(drivers, issuer)
+                    answers = await run_script(drivers, issuer)
                 finally:
                     await async_tokens.close()
     # the script meant what its steps say
-    assert statuses == [
+    assert [answer[0] for answer in answers.values()] == [
         400, 201, 201, 403, 200, 200, 202, 202, 200, 200, 200, 200, 200, 200,
-        429, 429, 503, 201, 201, 500, 500, 409, 201,
+        200, 200, 200, 200, 429, 429, 503, 201, 201, 500, 500, 409, 201,
     ]  # fmt: skip
-    assert dict(runs["flask"]) == {"json": 1, "value": 1, "response": 1, "stream": 3, "status": 4, "crash": 2}
+    counted = {"json": 1, "value": 1, "response": 1, "stream": 3, "file": 2, "status": 4, "crash": 2}
+    assert dict(runs["flask"]) == counted
+    assert answers["a file over the caps: replayed omitted, with its length"][2] == {
+        "Idempotent-Replayed": "true",
+        "Idempotent-Body-Omitted": str(len(FILES["large"])),
+        "Location": None,
+    }

@@ -45,7 +45,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,7 +63,7 @@ from token_service.records import dump_json
 
 from ._idempotency_core import Recorder
 from ._response import DEFAULT_MAX_RESULT_BYTES, StoredResponse, StorePolicy, default_store_status, refusal
-from .guard import AsyncGuard, Guard, Terminal, guard_hooks
+from .guard import AsyncGuard, Guard
 
 log = logging.getLogger("token_service.client.require_token")
 
@@ -105,6 +114,19 @@ def fingerprint_fields(spec: Any) -> Sequence[str] | None:
     return tuple(spec)
 
 
+# what a decorator hands on to its guards unchanged (the guard's own options and hooks)
+GUARD_OPTIONS = (
+    "lease_seconds",
+    "terminal",
+    "wait_seconds",
+    "on_replay",
+    "on_conflict",
+    "on_mismatch",
+    "on_lease_lost",
+)
+_OWN_OPTIONS = ("header", "replay_headers", "max_body_bytes", "max_result_bytes", "store_status")
+
+
 class RequireToken:
     """The options and decisions of one ``@require_token`` (see the module docs)."""
 
@@ -114,16 +136,10 @@ class RequireToken:
         *,
         header: str = "Idempotency-Token",
         replay_headers: Iterable[str] = (),
-        lease_seconds: int | None = None,
-        terminal: Terminal = (),
-        wait_seconds: float = 0.0,
         max_body_bytes: int | None = None,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         store_status: StorePolicy = default_store_status,
-        on_replay: Callable[[Any], Any] | None = None,
-        on_conflict: Callable[[Any, TokenError], Any] | None = None,
-        on_mismatch: Callable[[Any, TokenError], Any] | None = None,
-        on_lease_lost: Callable[[Any, TokenError], Any] | None = None,
+        guard_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.scope = scope
         self.header = header
@@ -132,12 +148,15 @@ class RequireToken:
         self.max_result_bytes = max_result_bytes
         # a body longer than max_result_bytes cannot fit once JSON-encoded: never held past it
         self.cap_bytes = max_result_bytes if max_body_bytes is None else min(max_body_bytes, max_result_bytes)
-        self.guard_options: dict[str, Any] = {
-            "lease_seconds": lease_seconds,
-            "terminal": terminal,
-            "wait_seconds": wait_seconds,
-            **guard_hooks(on_replay, on_conflict, on_mismatch, on_lease_lost),
-        }
+        self.guard_options = dict(guard_options or {})
+
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any]) -> RequireToken:
+        """The core of a decorator from its own arguments: ``RequireToken.of(locals())`` first thing
+        in ``require_token``, so the options are spelled once, in the public signature."""
+        own = {name: arguments[name] for name in _OWN_OPTIONS if name in arguments}
+        hand_on = {name: arguments[name] for name in GUARD_OPTIONS if name in arguments}
+        return cls(arguments["scope"], **own, guard_options=hand_on)
 
     # -- before the view ---------------------------------------------------------------------
 
@@ -283,10 +302,10 @@ class RequireToken:
         recorder = self._recorder(status, headers, length)
 
         async def settle(failed: bool) -> None:
-            if isinstance(guard, AsyncGuard):
-                await self.asettle(guard, self.reply_of(recorder, failed))
-            else:  # a sync view's async stream (Django serves it on its event loop)
+            if isinstance(guard, Guard):  # a sync view's async stream (Django serves it on its event loop)
                 self.settle(guard, self.reply_of(recorder, failed))
+            else:
+                await self.asettle(guard, self.reply_of(recorder, failed))
 
         return AsyncRecording(chunks, recorder, settle)
 

@@ -405,20 +405,7 @@ def require_token(
     the one ``settings.TOKEN_SERVICE`` describes (a sync view needs a
     :class:`TokenClient`, an async one an :class:`AsyncTokenClient`).
     """
-    core = RequireToken(
-        scope,
-        header=header,
-        replay_headers=replay_headers,
-        lease_seconds=lease_seconds,
-        terminal=terminal,
-        wait_seconds=wait_seconds,
-        max_result_bytes=max_result_bytes,
-        store_status=store_status,
-        on_replay=on_replay,
-        on_conflict=on_conflict,
-        on_mismatch=on_mismatch,
-        on_lease_lost=on_lease_lost,
-    )
+    core = RequireToken.of(locals())  # first: the arguments, before any other local
     fields = fingerprint_fields(fingerprint)
 
     def checked(request: HttpRequest) -> str | HttpResponse:

@@ -190,20 +190,7 @@ def require_token(
     """
     if not isinstance(client, AsyncTokenClient):
         raise TypeError("FastAPI's require_token takes an AsyncTokenClient")
-    core = RequireToken(
-        scope,
-        header=header,
-        replay_headers=replay_headers,
-        lease_seconds=lease_seconds,
-        terminal=terminal,
-        wait_seconds=wait_seconds,
-        max_result_bytes=max_result_bytes,
-        store_status=store_status,
-        on_replay=on_replay,
-        on_conflict=on_conflict,
-        on_mismatch=on_mismatch,
-        on_lease_lost=on_lease_lost,
-    )
+    core = RequireToken.of(locals())  # first: the arguments, before any other local
     fields = fingerprint_fields(fingerprint)
 
     def decorate(endpoint: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:

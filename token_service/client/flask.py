@@ -166,21 +166,7 @@ def require_token(
     The hooks are the guard's (``on_replay(guard)``, ``on_conflict(guard, error)``, ...);
     the lease is renewed while the view runs and its response streams out.
     """
-    core = RequireToken(
-        scope,
-        header=header,
-        replay_headers=replay_headers,
-        lease_seconds=lease_seconds,
-        terminal=terminal,
-        wait_seconds=wait_seconds,
-        max_body_bytes=max_body_bytes,
-        max_result_bytes=max_result_bytes,
-        store_status=store_status,
-        on_replay=on_replay,
-        on_conflict=on_conflict,
-        on_mismatch=on_mismatch,
-        on_lease_lost=on_lease_lost,
-    )
+    core = RequireToken.of(locals())  # first: the arguments, before any other local
     fields = fingerprint_fields(fingerprint)
 
     def request_fingerprint() -> str | None:
