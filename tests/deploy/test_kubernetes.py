@@ -17,7 +17,6 @@ can break a copy of the manifests one way at a time and see the check say so.
 
 from __future__ import annotations
 
-import ast
 import copy
 import functools
 import json
@@ -32,7 +31,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.support.dockerfile import runtime_image
+from tests.support.dockerfile import graceful_timeout_seconds, runtime_image
 from tests.support.docs import code_blocks
 from tests.support.processes import REPO_ROOT
 from token_service import config
@@ -91,20 +90,6 @@ def container(manifests: Manifests) -> dict[str, Any]:
 def openapi_paths() -> frozenset[str]:
     document = yaml.safe_load((REPO_ROOT / "openapi.yaml").read_text())
     return frozenset(document["paths"])
-
-
-def graceful_timeout_seconds() -> int:
-    """gunicorn's graceful_timeout as token_service/server/gunicorn_conf.py sets it (read, not
-    imported: importing the config creates the metrics directory and sets process variables)."""
-    source = (REPO_ROOT / "token_service" / "server" / "gunicorn_conf.py").read_text()
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(target, ast.Name) and target.id == "graceful_timeout" for target in node.targets
-        ):
-            assert isinstance(node.value, ast.Constant)
-            assert isinstance(node.value.value, int)
-            return node.value.value
-    raise AssertionError("gunicorn_conf.py sets no graceful_timeout")
 
 
 def plain_env(manifests: Manifests) -> dict[str, str]:

@@ -47,7 +47,7 @@ def shipped_server_block(listen_port: int, upstream_port: int, log_dir: Path) ->
     for old, new in [
         ("listen 8080;", f"listen 127.0.0.1:{listen_port};"),
         ("server token-service:8000;", f"server 127.0.0.1:{upstream_port};"),
-        ("/var/log/nginx/token-service.access.log", str(log_dir / "access.log")),
+        ("access_log /var/log/nginx/access.log ", f"access_log {log_dir / 'access.log'} "),
     ]:
         assert text.count(old) == 1, old
         text = text.replace(old, new)

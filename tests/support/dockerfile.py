@@ -1,4 +1,5 @@
-"""The Dockerfile read as data: its instructions, the runtime stage's ENV and USER.
+"""The Dockerfile read as data: its instructions, the runtime stage's ENV and USER, and the
+graceful timeout of the gunicorn config its CMD runs.
 
 For the tests that hold other files to the image (deploy/kubernetes/, docker-compose.yml):
 a number the image sets (its PORT, its user, its drain) is read from here, not written twice.
@@ -6,6 +7,7 @@ a number the image sets (its PORT, its user, its drain) is read from here, not w
 
 from __future__ import annotations
 
+import ast
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,3 +70,18 @@ def runtime_image(path: Path = DOCKERFILE) -> Image:
     uid, _, gid = users[0].partition(":")
     assert uid.isdigit(), f"USER is numeric (runAsNonRoot can only check a number): {users[0]}"
     return Image(image_env(stage), int(uid), int(gid) if gid.isdigit() else None)
+
+
+def graceful_timeout_seconds() -> int:
+    """gunicorn's graceful_timeout as token_service/server/gunicorn_conf.py (the image's CMD's
+    config) sets it; read, not imported: importing the config creates the metrics directory and
+    sets variables in this process's environment."""
+    source = (REPO_ROOT / "token_service" / "server" / "gunicorn_conf.py").read_text()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(target, ast.Name) and target.id == "graceful_timeout" for target in node.targets
+        ):
+            assert isinstance(node.value, ast.Constant)
+            assert isinstance(node.value.value, int)
+            return node.value.value
+    raise AssertionError("gunicorn_conf.py sets no graceful_timeout")
