@@ -23,7 +23,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 RUN groupadd --system --gid 10001 app \
  && useradd --system --uid 10001 --gid app --no-create-home --shell /usr/sbin/nologin app
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels "token-service[server]" \
+RUN pip install --no-cache-dir --no-index --find-links /wheels "idempotency-token-service[server]" \
  && rm -rf /wheels
 USER 10001:10001
 WORKDIR /tmp

@@ -44,6 +44,7 @@ RUN_ELSEWHERE = {
     "docs/performance.md": "tests/docs/test_pages_without_code.py",
     "docs/deployment.md": "tests/docs/test_deployment_docs.py",
     "docs/kubernetes.md": "tests/deploy/test_kubernetes.py",
+    "docs/install.md": "tests/test_shipped.py",
     "docs/durable.md": "tests/durable/test_docs_examples.py",
     "docs/integrations/functions.md": "tests/integrations/test_docs.py",
     "docs/integrations/celery.md": "tests/integrations/test_docs.py",

@@ -141,4 +141,4 @@ def test_serve_without_the_server_extra_names_it(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
-    assert "pip install 'token-service[server]'" in done.stderr
+    assert "pip install 'idempotency-token-service[server]'" in done.stderr

@@ -1,5 +1,6 @@
 """Each integration imports without the other frameworks installed (they are optional extras),
-and without the service's own dependencies (``token-service[celery]`` installs no Flask, httpx, ...)."""
+and without the service's own dependencies (``idempotency-token-service[celery]`` installs no
+Flask, httpx, ...)."""
 
 from __future__ import annotations
 

@@ -369,7 +369,7 @@ def idempotent(
     the key (after ``wait_seconds``), :class:`~token_service.errors.TokenFailed`
     after a terminal failure.
 
-    ``durable`` (a SQLAlchemy ``Engine``, ``pip install 'token-service[db]'``)
+    ``durable`` (a SQLAlchemy ``Engine``, ``pip install 'idempotency-token-service[db]'``)
     also records the key in the durable backstop (:mod:`token_service.client.durable`):
     the function is called with ``conn=``, a connection inside a transaction
     that also inserts the key's record, so its own writes and the record commit

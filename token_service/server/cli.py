@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from token_service import __version__
 from token_service.config import ConfigError, Settings, unknown_variables
 
 NO_KEYS_WARNING = (
@@ -67,7 +68,8 @@ def serve(args: argparse.Namespace) -> int:
         from gunicorn.app.wsgiapp import run
     except ImportError as exc:
         print(
-            f"token-service: serve needs the server extra (pip install 'token-service[server]'): {exc}",
+            "token-service: serve needs the server extra "
+            f"(pip install 'idempotency-token-service[server]'): {exc}",
             file=sys.stderr,
         )
         return 2
@@ -124,7 +126,8 @@ def db_cleanup(args: argparse.Namespace) -> int:
         from token_service.client.durable import delete_expired, records_table
     except ImportError as exc:
         print(
-            f"token-service: db-cleanup needs the db extra (pip install 'token-service[db]'): {exc}",
+            "token-service: db-cleanup needs the db extra "
+            f"(pip install 'idempotency-token-service[db]'): {exc}",
             file=sys.stderr,
         )
         return 2
@@ -160,6 +163,7 @@ def db_cleanup(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="token-service", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve_cmd = commands.add_parser("serve", help="run the HTTP service under gunicorn")
     serve_cmd.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")

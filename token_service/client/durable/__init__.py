@@ -7,7 +7,7 @@ package gives that line under the same key as the token (its digest), plus the
 two other database-side principles: state-machine transitions and optimistic
 locking. SQLAlchemy Core 2.x; PostgreSQL, MySQL/MariaDB and SQLite. No Flask.
 
-Install with ``pip install 'token-service[db]'``.
+Install with ``pip install 'idempotency-token-service[db]'``.
 """
 
 from token_service.client._fingerprint import fingerprint as request_fingerprint

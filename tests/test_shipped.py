@@ -1,0 +1,353 @@
+"""What we ship, installed as users install it, runs: the wheel, the sdist and the server lock.
+
+``python -m build`` makes the sdist and the wheel once for this module (the wheel is built
+from the sdist, so the sdist holds what a build needs); ``twine check`` accepts both. Then,
+each in a fresh venv created here and removed afterwards:
+
+- **a server host** (docs/install.md's block, run as written but for its paths):
+  ``requirements/server.lock`` with ``--require-hashes`` and the wheel with ``--no-deps``;
+  ``token-service serve`` on its default worker class (gevent) against a real redis-server
+  answers the README's walk-through (200, 409, 200 replayed). This is what the image and
+  a host without Docker run: with gunicorn's gevent worker missing ``packaging`` it
+  exited at start, while the dev install, which has ``packaging`` through pytest, passed.
+- **a backend**: the wheel with its ``client`` extra from the package index
+  (docs/install.md's line), holding no Flask, gunicorn or gevent, runs the README's SDK
+  snippet against that service.
+- **the sdist**, installed by pip (which builds it), serves the walk-through too.
+
+Installing from the package index needs the network: without it these tests skip
+(fail under CI). Venvs use pip's cache, so a second run downloads nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import tomllib
+import zipfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+import token_service
+from tests.support.docs import code_blocks, pointed_at, run_sh, section
+from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.real, pytest.mark.timeout(900)]
+
+PAGE = "docs/install.md"
+DISTRIBUTION = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["name"]
+# the Makefile's development key: the README's walk-through and SDK snippet send it as written
+README_KEY = "dev-service-key-change-me"
+# what only the server extra brings: a backend with the client extra has none of it
+SERVER_ONLY = {"flask", "werkzeug", "gunicorn", "gevent", "greenlet", "marshmallow", "fakeredis"}
+# the files the package reads at run time, at their place inside the installed package
+RUNTIME_FILES = (
+    "token_service/openapi.yaml",
+    "token_service/frontend/token-client.js",
+    "token_service/py.typed",
+)
+
+
+@dataclass(frozen=True)
+class Built:
+    sdist: Path
+    wheel: Path
+
+
+def run(
+    args: list[str], *, cwd: Path = REPO_ROOT, env: Mapping[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def from_the_index(done: subprocess.CompletedProcess[str], what: str) -> None:
+    """An install that reaches the package index: skip without it, but fail under CI."""
+    if done.returncode == 0:
+        return
+    message = f"{what} failed ({done.returncode}): {done.stdout[-1500:]}\n{done.stderr[-3000:]}"
+    unreachable = re.search(
+        r"NewConnectionError|Temporary failure in name resolution|Network is unreachable", done.stderr
+    )
+    if unreachable and not os.environ.get("CI"):
+        pytest.skip(f"the package index is unreachable: {message}")
+    pytest.fail(message, pytrace=False)
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without the project's settings, the checkout on sys.path or this venv."""
+    dropped = ("TOKEN_SERVICE_", "GUNICORN_", "WEB_CONCURRENCY", "PYTHONPATH", "VIRTUAL_ENV")
+    env = {key: value for key, value in os.environ.items() if not key.startswith(dropped)}
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(part for part in env.get("PATH", "").split(os.pathsep) if part != venv_bin)
+    return {**env, **extra}
+
+
+def distributions(venv: Path) -> set[str]:
+    listed = run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format", "json"], env=clean_env())
+    assert listed.returncode == 0, listed.stderr
+    return {entry["name"].lower().replace("_", "-") for entry in json.loads(listed.stdout)}
+
+
+def block(number: int) -> str:
+    return code_blocks(PAGE, "sh")[number].code
+
+
+@pytest.fixture(scope="module")
+def scratch() -> Iterator[Path]:
+    """One folder for this module's builds and venvs (a few hundred MB), removed at the end."""
+    folder = Path(tempfile.mkdtemp(prefix="ts-shipped-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def built(scratch: Path) -> Built:
+    """``python3 -m build`` as docs/install.md says, with the locked hatchling (no isolation)."""
+    assert "python3 -m build" in block(0)
+    out = scratch / "dist"
+    # --no-isolation: the build backend from requirements/dev.lock, not the newest from the index
+    done = run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(REPO_ROOT)])
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    [sdist] = out.glob("*.tar.gz")
+    [wheel] = out.glob("*.whl")
+    return Built(sdist, wheel)
+
+
+# --- the artifacts ------------------------------------------------------------------------------
+
+
+def test_the_wheel_and_the_sdist_are_named_and_versioned_as_pyproject_says(built: Built) -> None:
+    version = token_service.__version__
+    stem = DISTRIBUTION.replace("-", "_")
+    assert built.wheel.name == f"{stem}-{version}-py3-none-any.whl"
+    assert built.sdist.name == f"{stem}-{version}.tar.gz"
+    with zipfile.ZipFile(built.wheel) as wheel:
+        metadata = wheel.read(f"{stem}-{version}.dist-info/METADATA").decode()
+    assert f"\nName: {DISTRIBUTION}\n" in metadata
+    assert f"\nVersion: {version}\n" in metadata
+
+
+def test_the_version_has_one_source() -> None:
+    # __version__ is the source (hatchling reads it); the copies the contract and the
+    # browser helper's package carry are held to it here
+    assert tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dynamic"] == ["version"]
+    spec = yaml.safe_load((REPO_ROOT / "openapi.yaml").read_text(encoding="utf-8"))
+    assert spec["info"]["version"] == token_service.__version__
+    package = json.loads((REPO_ROOT / "frontend" / "package.json").read_text(encoding="utf-8"))
+    assert package["version"] == token_service.__version__
+    changelog = (REPO_ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert f"## [{token_service.__version__}]" in changelog
+
+
+def test_twine_accepts_both(built: Built) -> None:
+    done = run([sys.executable, "-m", "twine", "check", "--strict", str(built.sdist), str(built.wheel)])
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("PASSED") == 2, done.stdout
+
+
+def test_the_wheel_ships_the_type_marker_and_the_runtime_files(built: Built) -> None:
+    names = set(zipfile.ZipFile(built.wheel).namelist())
+    assert set(RUNTIME_FILES) <= names
+    assert {f"token_service/lua/{lua.name}" for lua in (REPO_ROOT / "lua").glob("*.lua")} <= names
+
+
+def test_the_sdist_holds_what_a_build_and_a_server_host_need(built: Built) -> None:
+    with tarfile.open(built.sdist) as sdist:
+        names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
+    needed = {"pyproject.toml", "README.md", "CHANGELOG.md", "openapi.yaml", "frontend/token-client.js"}
+    needed |= {"requirements/server.lock", "token_service/__init__.py", "token_service/py.typed"}
+    needed |= {f"lua/{lua.name}" for lua in (REPO_ROOT / "lua").glob("*.lua")}
+    assert needed <= names
+    # the package and what builds it, not the repository: no tests, benchmarks, node_modules, venvs
+    top_level = {name.split("/", 1)[0] for name in names}
+    assert top_level <= {
+        "token_service",
+        "lua",
+        "frontend",
+        "requirements",
+        *needed,
+        "PKG-INFO",
+        ".gitignore",
+    }
+
+
+# --- installed as users install it --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Served:
+    url: str
+    venv: Path
+    log: Path
+
+
+def serve_line() -> str:
+    """The `token-service serve` command of the server-host block (its continuation joined)."""
+    text = block(2).replace("\\\n", " ")
+    [line] = [line for line in text.splitlines() if " serve " in line]
+    return line
+
+
+@pytest.fixture(scope="module")
+def served(built: Built, scratch: Path, redis_server: RedisServer) -> Iterator[Served]:
+    """docs/install.md's server host: a venv from the server lock and the wheel, serving."""
+    venv = scratch / "server-venv"
+    install = "\n".join(line for line in block(2).replace("\\\n", " ").splitlines() if " serve " not in line)
+    assert "--require-hashes -r requirements/server.lock" in install
+    assert "--no-deps dist/" in install
+    install = install.replace("/opt/token-service", str(venv)).replace("dist/", f"{built.wheel.parent}/")
+    # python3 is the machine's, not this test run's venv (clean_env drops it from PATH)
+    done = run(["bash", "-e", "-o", "pipefail", "-c", install], env=clean_env())
+    from_the_index(done, "the server host's install")
+    port = free_port()
+    command = serve_line().replace("/opt/token-service", str(venv))
+    command = command.replace("redis://127.0.0.1:6379/0", redis_server.url)
+    command = command.replace("a-long-random-service-key", README_KEY)
+    command = command.replace("--host 0.0.0.0", "--host 127.0.0.1").replace("--port 8000", f"--port {port}")
+    log = scratch / "serve.log"
+    # two workers whatever the machine's cores; cwd outside the checkout, so nothing of it is imported
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            ["bash", "-c", command],
+            cwd=scratch,
+            env=clean_env(WEB_CONCURRENCY="2"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: process.poll() is not None or healthy(url), 120, 0.1, what="serve from the lock")
+        assert process.poll() is None, f"serve exited {process.returncode}: {log.read_text()[-3000:]}"
+        yield Served(url, venv, log)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def healthy(url: str) -> bool:
+    return httpx.get(url + "/healthz", timeout=1).status_code == 200
+
+
+def walk_through(url: str) -> None:
+    """The README's walk-through, as written, against the service at ``url``."""
+    walkthrough = code_blocks("README.md", "sh")[1]
+    assert walkthrough.code in section("README.md", "walkthrough")
+    output = run_sh(walkthrough, base_url=url).splitlines()
+    assert output[0] == '{"outcome":"consumed","replayed":false} 200'
+    assert output[1].endswith(" 409")
+    assert '"code":"token_used"' in output[1]
+    assert output[2] == '{"outcome":"consumed","replayed":true} 200'
+
+
+def test_the_server_lock_and_the_wheel_serve_the_walkthrough(served: Served) -> None:
+    walk_through(served.url)
+    installed = distributions(served.venv)
+    assert {DISTRIBUTION, "flask", "gunicorn", "gevent", "packaging"} <= installed
+    python = str(served.venv / "bin" / "python")
+    checked = run([python, "-m", "pip", "check"], env=clean_env())
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    where = run(
+        [python, "-c", "import token_service; print(token_service.__file__)"],
+        env=clean_env(),
+        cwd=served.venv,
+    )
+    assert where.stdout.startswith(str(served.venv)), where
+    version = run([str(served.venv / "bin" / "token-service"), "--version"], env=clean_env())
+    assert version.stdout.strip() == f"token-service {token_service.__version__}", version
+    lines = [json.loads(line) for line in served.log.read_text().splitlines() if line.startswith("{")]
+    booted = [line["message"] for line in lines if line.get("logger") == "gunicorn.error"]
+    assert any("gevent" in str(message) for message in booted), booted
+
+
+def test_the_client_extra_alone_runs_the_readme_sdk_snippet(
+    built: Built, scratch: Path, served: Served
+) -> None:
+    venv = scratch / "client-venv"
+    made = run([sys.executable, "-m", "venv", str(venv)], env=clean_env())
+    assert made.returncode == 0, made.stderr
+    [line] = [line for line in block(1).splitlines() if line.strip()]
+    assert line == f"pip install --find-links dist '{DISTRIBUTION}[client]'"
+    command = line.replace("--find-links dist", f"--find-links {built.wheel.parent}")
+    # the backend's own pip: its venv's bin first on PATH
+    env = clean_env()
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
+    done = run(["bash", "-e", "-c", command], env=env, cwd=scratch)
+    from_the_index(done, "the client extra's install")
+    installed = distributions(venv)
+    assert {DISTRIBUTION, "redis", "hiredis", "httpx"} <= installed
+    assert installed & SERVER_ONLY == set()
+    snippet = code_blocks("README.md", "python")[0]
+    assert snippet.code in section("README.md", "sdk")
+    ran = run(
+        [str(venv / "bin" / "python"), "-c", pointed_at(snippet.code, served.url)],
+        env=clean_env(),
+        cwd=scratch,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "Consumed(replayed=False)\n"
+
+
+def test_the_sdist_installs_and_serves_the_walkthrough(
+    built: Built, scratch: Path, redis_server: RedisServer
+) -> None:
+    # pip builds the sdist in an isolated environment (hatchling from the index), as a user's does
+    target = scratch / "from-sdist"
+    done = run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(target), str(built.sdist)],
+        env=clean_env(),
+    )
+    from_the_index(done, "installing the sdist")
+    for name in RUNTIME_FILES:
+        assert (target / name).is_file(), name
+    # this run's dependencies, the package from the sdist's install (first on the path)
+    port = free_port()
+    log = scratch / "sdist-serve.log"
+    env = {
+        **clean_env(WEB_CONCURRENCY="1", PYTHONPATH=str(target)),
+        "TOKEN_SERVICE_REDIS_URL": redis_server.url,
+        "TOKEN_SERVICE_API_KEYS": README_KEY,
+    }
+    where = run(
+        [sys.executable, "-c", "import token_service; print(token_service.__file__)"], env=env, cwd=scratch
+    )
+    assert where.stdout.startswith(str(target)), where
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "token_service.server.cli", "serve", "--port", str(port)],
+            cwd=scratch,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: process.poll() is not None or healthy(url), 120, 0.1, what="serve from the sdist")
+        assert process.poll() is None, f"serve exited {process.returncode}: {log.read_text()[-3000:]}"
+        walk_through(url)
+        assert httpx.get(url + "/openapi.yaml", timeout=10).text == (REPO_ROOT / "openapi.yaml").read_text()
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    assert process.returncode == 0, log.read_text()[-3000:]
