@@ -1,0 +1,23 @@
+"""Moved to :mod:`token_service.ops.admin` in 0.2.0: this alias of it goes in 0.3.0.
+
+Importing it warns (``DeprecationWarning``, naming the new path) and hands back the new
+module itself, so every name, private ones too, is the same object under both paths.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import TYPE_CHECKING
+
+import token_service.ops.admin as _moved
+
+if TYPE_CHECKING:
+    from token_service.ops.admin import *  # noqa: F403
+
+warnings.warn(
+    "token_service.admin moved to token_service.ops.admin; the old path goes in 0.3.0",
+    DeprecationWarning,
+    stacklevel=2,
+)
+sys.modules[__name__] = _moved

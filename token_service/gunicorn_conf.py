@@ -1,0 +1,27 @@
+"""Moved to :mod:`token_service.server.gunicorn_conf` in 0.2.0: this alias of it goes in 0.3.0.
+
+gunicorn reads it with ``-c python:token_service.gunicorn_conf``: use
+``-c python:token_service.server.gunicorn_conf``. Python hides a DeprecationWarning
+outside ``__main__``, so gunicorn does not print this one (CHANGELOG.md says so).
+
+Importing it warns (``DeprecationWarning``, naming the new path) and hands back the new
+module itself, so every name, private ones too, is the same object under both paths.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import TYPE_CHECKING
+
+import token_service.server.gunicorn_conf as _moved
+
+if TYPE_CHECKING:
+    from token_service.server.gunicorn_conf import *  # noqa: F403
+
+warnings.warn(
+    "token_service.gunicorn_conf moved to token_service.server.gunicorn_conf; the old path goes in 0.3.0",
+    DeprecationWarning,
+    stacklevel=2,
+)
+sys.modules[__name__] = _moved
