@@ -38,8 +38,8 @@ progress 409 with ``Retry-After`` (or ``wait_seconds`` to wait for the first
 request and replay it), used 409, store down 503. A request FastAPI rejects
 (422: the body does not validate) never reaches the guard: its token is not used.
 
-The lease is renewed while the endpoint runs (:class:`AsyncGuard`). Only this
-module imports FastAPI.
+The lease is renewed while the endpoint runs and while its stream goes out
+(:class:`AsyncGuard`). Only this module imports FastAPI.
 """
 
 from __future__ import annotations
