@@ -4,10 +4,14 @@
     python requirements/lock.py check   # `make install`: refuse a lock older than pyproject.toml
 
 ``dev.lock`` is the development install (the ``dev`` extra: everything the
-tests need), ``server.lock`` the image's (the ``server`` extra). uv resolves
-them for every platform and Python the project supports, with the hash of
-every file. The first line of each lock is a digest of what pyproject.toml
-asks for (``requires-python``, ``dependencies``, ``optional-dependencies``):
+tests need), ``server.lock`` the image's (the ``server`` extra), ``build.lock``
+the build backend the image builds the wheel with (pyproject.toml's
+``[build-system] requires``, at the versions dev.lock has, so the image's
+wheel is built by the backend the tests build it with). uv resolves them
+for every platform and Python the project supports, with the hash of every
+file. The first line of each lock is a digest of what pyproject.toml asks for
+(``build-system.requires``, ``requires-python``, ``dependencies``,
+``optional-dependencies``):
 ``check`` recomputes it, so a dependency added to pyproject.toml without a
 new lock stops ``make install`` with a message naming ``make lock``, instead
 of an install that quietly resolves something else. Standard library only,
@@ -19,19 +23,24 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-LOCKS = {"dev.lock": "dev", "server.lock": "server"}  # lock file → the extra it installs
+# lock file → the extra it installs (None: the build backend, [build-system] requires); dev.lock
+# comes first: build.lock is resolved within its versions
+LOCKS: dict[str, str | None] = {"dev.lock": "dev", "server.lock": "server", "build.lock": None}
 STAMP = "# pyproject.toml digest: "
 
 
 def digest(project_dir: Path) -> str:
-    project = tomllib.loads((project_dir / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    pyproject = tomllib.loads((project_dir / "pyproject.toml").read_text(encoding="utf-8"))
+    project = pyproject["project"]
     asked = {
+        "build-system": pyproject.get("build-system", {}).get("requires", []),
         "requires-python": project.get("requires-python"),
         "dependencies": project.get("dependencies", []),
         "optional-dependencies": project.get("optional-dependencies", {}),
@@ -62,8 +71,14 @@ def check(project_dir: Path, locks_dir: Path) -> int:
 
 def write(project_dir: Path, locks_dir: Path) -> int:
     wanted = digest(project_dir)
+    pyproject = tomllib.loads((project_dir / "pyproject.toml").read_text(encoding="utf-8"))
     for name, extra in LOCKS.items():
         lock = locks_dir / name
+        if extra is None:  # the build backend: its requirements on stdin, within dev.lock's versions
+            source = ["-", "--constraint", os.path.relpath(locks_dir / "dev.lock", project_dir)]
+            stdin = "\n".join(pyproject["build-system"]["requires"]) + "\n"
+        else:
+            source, stdin = [str(project_dir / "pyproject.toml"), "--extra", extra], ""
         subprocess.run(
             [
                 sys.executable,
@@ -71,9 +86,7 @@ def write(project_dir: Path, locks_dir: Path) -> int:
                 "uv",
                 "pip",
                 "compile",
-                str(project_dir / "pyproject.toml"),
-                "--extra",
-                extra,
+                *source,
                 "--universal",  # one lock for Linux and macOS, Python 3.11 and later
                 "--python-version",
                 "3.11",
@@ -86,6 +99,8 @@ def write(project_dir: Path, locks_dir: Path) -> int:
             ],
             check=True,
             cwd=project_dir,
+            input=stdin,
+            text=True,
         )
         lock.write_text(f"{STAMP}{wanted}\n" + lock.read_text(encoding="utf-8"), encoding="utf-8")
         print(f"wrote requirements/{name}")

@@ -54,7 +54,7 @@ def test_a_missing_lock_stops_the_install(tmp_path: Path) -> None:
     assert "requirements/server.lock" in result.stderr
 
 
-@pytest.mark.parametrize("name", ["dev.lock", "server.lock"])
+@pytest.mark.parametrize("name", ["dev.lock", "server.lock", "build.lock"])
 def test_every_pin_is_exact_and_hashed(name: str) -> None:
     text = (REPO_ROOT / "requirements" / name).read_text()
     requirements = re.split(r"\n(?=[A-Za-z0-9])", text.split("\n", 1)[1].split("\n", 2)[2])
@@ -67,12 +67,18 @@ def test_every_pin_is_exact_and_hashed(name: str) -> None:
     assert project not in pins(REPO_ROOT / "requirements" / name)  # the project installs with -e
 
 
-def test_the_image_and_the_dev_install_agree_on_versions() -> None:
-    dev, server = (
-        pins(REPO_ROOT / "requirements" / "dev.lock"),
-        pins(REPO_ROOT / "requirements" / "server.lock"),
-    )
-    assert {name: version for name, version in server.items() if dev.get(name) != version} == {}
+@pytest.mark.parametrize("name", ["server.lock", "build.lock"])
+def test_the_image_and_the_dev_install_agree_on_versions(name: str) -> None:
+    # build.lock: the image's wheel is built by the hatchling the packaging tests build it with
+    dev, image = pins(REPO_ROOT / "requirements" / "dev.lock"), pins(REPO_ROOT / "requirements" / name)
+    assert image
+    assert {name: version for name, version in image.items() if dev.get(name) != version} == {}
+
+
+def test_the_build_lock_holds_the_build_backend() -> None:
+    backend = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["build-system"]
+    assert backend["build-backend"] == "hatchling.build"
+    assert "hatchling" in pins(REPO_ROOT / "requirements" / "build.lock")
 
 
 def test_make_and_the_image_install_from_the_locks() -> None:
@@ -81,7 +87,10 @@ def test_make_and_the_image_install_from_the_locks() -> None:
     assert "pip install --quiet --require-hashes -r $(LOCK)" in makefile
     assert "pip install --quiet --no-deps -e ." in makefile
     dockerfile = (REPO_ROOT / "Dockerfile").read_text()
-    assert "--require-hashes --wheel-dir /wheels -r requirements/server.lock" in dockerfile
+    assert "pip install --require-hashes -r requirements/build.lock" in dockerfile
+    assert "install --require-hashes --no-deps -r requirements/server.lock" in dockerfile
+    # the wheel is built by the locked backend, not by one pip would fetch unpinned for isolation
+    assert "wheel --no-deps --no-build-isolation" in dockerfile
 
 
 def test_the_image_build_copies_every_file_the_wheel_needs() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from tests.support.dockerfile import graceful_timeout_seconds, runtime_image
 from tests.support.docs import code_blocks, run_sh, shell_env
 from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
 from tests.support.service import service_env
@@ -31,9 +33,30 @@ def commands(number: int) -> list[str]:
     return [line.split("   #", 1)[0].strip() for line in block.code.splitlines() if line.strip()]
 
 
-def test_the_page_has_two_command_blocks() -> None:
-    assert len(code_blocks(PAGE)) == 2
+def test_the_page_has_three_command_blocks() -> None:
+    assert len(code_blocks(PAGE)) == 3
     assert [command.split()[0] for command in commands(0)] == ["token-service", "token-service", "gunicorn"]
+
+
+def test_the_docker_build_labels_the_version_and_the_run_outlasts_the_drain() -> None:
+    # the image itself is built and run by tests/image/test_image.py (podman, on a stand-in base)
+    import token_service
+
+    block = code_blocks(PAGE, "sh")[1].code
+    assert block.startswith("docker build --build-arg VERSION=")
+    version_command = re.search(r'VERSION="\$\((.*)\)"', block)
+    assert version_command
+    printed = subprocess.run(
+        ["bash", "-c", version_command.group(1)], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert printed == token_service.__version__
+    drain_seconds = int(runtime_image().env["TOKEN_SERVICE_DRAIN_SECONDS"])
+    graceful_seconds = graceful_timeout_seconds()
+    stop_timeout = re.search(r"--stop-timeout (\d+)", block)
+    assert stop_timeout
+    assert int(stop_timeout.group(1)) > drain_seconds + graceful_seconds
+    # the Dockerfile's own example says the same
+    assert f"docker run --stop-timeout {stop_timeout.group(1)} " in (REPO_ROOT / "Dockerfile").read_text()
 
 
 @contextlib.contextmanager
@@ -78,7 +101,7 @@ def test_check_pings_redis(redis_server: RedisServer) -> None:
 
 
 def test_the_request_after_compose_up(redis_server: RedisServer) -> None:
-    block = code_blocks(PAGE, "sh")[1]
+    block = code_blocks(PAGE, "sh")[2]
     assert block.code.startswith("docker compose up --build\n")
     request = dataclasses.replace(block, code=block.code.split("\n", 1)[1])
     with started(commands(0)[0], free_port(), redis_server.url) as url:

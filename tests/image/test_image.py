@@ -1,0 +1,472 @@
+"""The Dockerfile built and run as an operator would, with podman, against a real redis-server.
+
+There is no Docker engine on these machines and no registry is reachable, so:
+
+- **podman** builds and runs the image (Debian's podman, buildah and runc):
+  ``podman --storage-driver vfs build --format docker --isolation chroot
+  --network host --pull=never`` (``--format docker`` keeps ``HEALTHCHECK``,
+  which the OCI format drops), ``podman --storage-driver vfs --runtime runc
+  run --network host`` with explicit ``nofile``/``nproc`` limits (crun fails
+  on this kernel's cgroups, and podman's default rlimits are refused). There
+  is no systemd to run health checks on their timer, so the test runs the
+  image's ``HEALTHCHECK`` with ``podman healthcheck run``.
+- **The base image is a stand-in** for ``python:3.12-slim``
+  (tests/image/standin.py: Debian bookworm minbase and the machine's own
+  CPython 3.12 in /usr/local), built once per machine and kept in podman's
+  storage; the Dockerfile takes it through its ``BASE_IMAGE`` build
+  argument. Everything else — the Dockerfile, the locks, the wheel, the
+  gunicorn config, the user, the health check — is what ships.
+- **pip inside the build reaches the package index as pip on this machine
+  does**: the machine's effective pip configuration (its files and ``PIP_*``
+  variables, merged into one file) and its CA bundle are mounted into the
+  build's ``RUN`` steps only (``--volume``), with any local folders that
+  configuration names; none of it is written into the project or the image.
+
+Each check prints its result. The test removes the containers and the image
+it made (the cached stand-in base stays: it is per machine). It needs root
+and podman: without them it skips, saying why; under CI it fails instead.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.image import standin
+from tests.support.docs import code_blocks, run_sh, section
+from tests.support.processes import REPO_ROOT, RedisServer, children, free_port, wait_until
+
+pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.timeout(3600)]
+
+PODMAN = standin.PODMAN
+RUN = (
+    *PODMAN,
+    "--runtime",
+    "runc",
+    "run",
+    "--network",
+    "host",
+    "--ulimit",
+    "nofile=16384:16384",
+    "--ulimit",
+    "nproc=4096:4096",
+)
+DEV_KEY = "dev-service-key-change-me"  # the README walk-through's key
+DRAIN_SECONDS = 5  # the image's TOKEN_SERVICE_DRAIN_SECONDS
+GRACEFUL_SECONDS = 10  # gunicorn_conf.graceful_timeout
+STOP_TIMEOUT_SECONDS = 20  # the documented `docker run --stop-timeout`
+RUN_ID = uuid.uuid4().hex[:10]
+
+
+_capture: list[object] = []  # pytest's capture manager, so that say() reaches the terminal
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _terminal(pytestconfig: pytest.Config) -> None:
+    _capture[:] = [pytestconfig.pluginmanager.getplugin("capturemanager")]
+
+
+def say(line: str) -> None:
+    """One check's result, on the terminal even while pytest captures output (as capsys.disabled)."""
+    manager = _capture[0] if _capture else None
+    if manager is None:
+        print(f"image check: {line}", file=sys.stderr, flush=True)
+        return
+    with manager.global_and_fixture_disabled():  # type: ignore[attr-defined]
+        print(f"image check: {line}", file=sys.stderr, flush=True)
+
+
+def requirements_missing() -> str | None:
+    if os.geteuid() != 0:
+        return "the image test runs podman as root (rootful vfs storage, runc)"
+    missing = [*standin.missing_tools(), *(t for t in ("runc", "buildah") if shutil.which(t) is None)]
+    if missing:
+        return f"the image test needs {', '.join(missing)} (apt-get install podman buildah runc debootstrap)"
+    return None
+
+
+def podman(*args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run([*PODMAN, *args], capture_output=True, text=True, timeout=timeout, check=False)
+    if check and done.returncode != 0:
+        raise AssertionError(f"podman {' '.join(args)} exited {done.returncode}: {done.stderr[-3000:]}")
+    return done
+
+
+# --- pip's configuration for the build -------------------------------------------------------
+
+
+def machine_pip_config() -> dict[str, dict[str, str]]:
+    """pip's effective settings here (its files, then PIP_* variables over them), by section."""
+    listed = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=True
+    ).stdout
+    sections: dict[str, dict[str, str]] = {}
+    variables: dict[str, str] = {}
+    for line in listed.splitlines():
+        found = re.fullmatch(r"([^.]*)\.([^=]+)='(.*)'", line.strip())
+        if not found:
+            continue
+        where, key, value = found.groups()
+        if where == ":env:":
+            variables[key] = value
+        else:
+            sections.setdefault(where, {})[key] = value
+    # the PIP_* variables override every file, for every command
+    sections.setdefault("global", {}).update(variables)
+    return sections
+
+
+def paths_named(sections: dict[str, dict[str, str]]) -> set[Path]:
+    """The local files and folders a pip configuration points at (find-links, file:// indexes, cert...)."""
+    named: set[Path] = set()
+    for settings in sections.values():
+        for value in settings.values():
+            for word in value.split():
+                path = Path(word.removeprefix("file://"))
+                if path.is_absolute() and path.exists():
+                    # a file:///x/simple index: the whole tree, for the files its pages link to
+                    named.add(path.parent if word.startswith("file://") and path.name == "simple" else path)
+    return named
+
+
+def build_volumes(scratch: Path) -> list[str]:
+    """--volume arguments: the machine's pip configuration and CA bundle, for the build's RUN steps."""
+    sections = machine_pip_config()
+    config = configparser.ConfigParser(interpolation=None)
+    for name, settings in sections.items():
+        config[name] = settings
+    merged = scratch / "pip.conf"
+    with merged.open("w") as out:
+        config.write(out)
+    # /etc/pip.conf: the global file every pip reads, the base's and the build environments' alike
+    volumes = [f"{merged}:/etc/pip.conf:ro"]
+    bundle = Path("/etc/ssl/certs/ca-certificates.crt")
+    named = paths_named(sections)
+    if bundle.is_file():
+        named.add(bundle)
+    for path in sorted(named):
+        volumes.append(f"{path}:{path}:ro")
+    return [argument for volume in volumes for argument in ("--volume", volume)]
+
+
+# --- the image ------------------------------------------------------------------------------
+
+
+def project_version() -> str:
+    """The version the wheel carries, as the build's VERSION argument (the image's label)."""
+    import token_service
+
+    version = getattr(token_service, "__version__", None)
+    if isinstance(version, str):
+        return version
+    import tomllib
+
+    return str(tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"])
+
+
+@dataclass
+class Image:
+    name: str
+    version: str
+    build_seconds: float
+    standin_seconds: float
+    build_log: str
+    containers: list[str] = field(default_factory=list)
+
+    def run(self, purpose: str, *args: str, command: Sequence[str] = ()) -> Container:
+        name = f"ts-image-test-{RUN_ID}-{purpose}"
+        self.containers.append(name)
+        done = subprocess.run(
+            [*RUN, "--detach", "--name", name, *args, self.name, *command],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert done.returncode == 0, f"podman run failed: {done.stderr[-3000:]}"
+        return Container(name)
+
+    def serve(self, purpose: str, redis_url: str, *args: str) -> tuple[Container, str]:
+        """The image's own command on a free port of the host's network, once it is ready.
+
+        The port is free when picked, but other processes on this shared machine may take it
+        before gunicorn binds it; then the container exits saying so, and another port is tried.
+        """
+        for attempt in range(5):
+            port = free_port()
+            container = self.run(
+                f"{purpose}-{attempt}",
+                *args,
+                "--env",
+                f"PORT={port}",
+                "--env",
+                f"TOKEN_SERVICE_REDIS_URL={redis_url}",
+                "--env",
+                f"TOKEN_SERVICE_API_KEYS={DEV_KEY}",
+                "--env",
+                "WEB_CONCURRENCY=2",
+            )
+            url = f"http://127.0.0.1:{port}"
+            if container.wait_ready(url, retry_if_taken=attempt < 4):
+                return container, url
+            podman("rm", "--force", "--time", "0", container.name)
+        raise AssertionError("unreachable: the last attempt fails in wait_ready")
+
+
+@dataclass
+class Container:
+    name: str
+
+    def inspect(self, template: str) -> str:
+        return podman("inspect", "--format", template, self.name).stdout.strip()
+
+    def running(self) -> bool:
+        return self.inspect("{{.State.Running}}") == "true"
+
+    def healthcheck(self) -> tuple[int, str]:
+        done = podman("healthcheck", "run", self.name, check=False, timeout=60)
+        return done.returncode, (done.stdout + done.stderr).strip()
+
+    def logs(self) -> str:
+        done = podman("logs", self.name, check=False)
+        return done.stdout + done.stderr
+
+    def wait_ready(self, url: str, retry_if_taken: bool = False) -> bool:
+        """Until /readyz answers 200; a container that exits meanwhile fails at once, with its log
+        (False instead if it exited because its port was taken, and retry_if_taken)."""
+
+        def ready() -> str | bool:
+            if not self.running():
+                return "exited"
+            return httpx.get(url + "/readyz", timeout=2).status_code == 200 and "ready"
+
+        try:
+            state = wait_until(ready, 120, what=f"{self.name} to serve")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{self.logs()[-3000:]}") from None
+        if state == "exited":
+            logs = self.logs()
+            if retry_if_taken and "Address already in use" in logs:
+                return False
+            code = self.inspect("{{.State.ExitCode}}")
+            raise AssertionError(f"{self.name} exited {code} before serving:\n{logs[-3000:]}")
+        return True
+
+
+@pytest.fixture(scope="module")
+def image() -> Iterator[Image]:
+    reason = requirements_missing()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(reason + " — CI must build and run the image", pytrace=False)
+        pytest.skip(reason)
+    standin_seconds = standin.build()
+    version = project_version()
+    name = f"localhost/token-service-image-test:{RUN_ID}"
+    with tempfile.TemporaryDirectory(prefix="ts-image-build-") as scratch:
+        started = time.monotonic()
+        built = subprocess.run(
+            [
+                *PODMAN,
+                "build",
+                "--format",
+                "docker",
+                "--isolation",
+                "chroot",
+                "--network",
+                "host",
+                "--pull=never",
+                "--layers=false",  # no intermediate images left in the storage
+                "--build-arg",
+                f"BASE_IMAGE={standin.STANDIN_IMAGE}",
+                "--build-arg",
+                f"VERSION={version}",
+                *build_volumes(Path(scratch)),
+                "--tag",
+                name,
+                "--file",
+                str(REPO_ROOT / "Dockerfile"),
+                str(REPO_ROOT),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=3000,
+            check=False,
+        )
+        build_seconds = time.monotonic() - started
+    log = built.stdout + built.stderr
+    built_image = Image(name, version, build_seconds, standin_seconds, log)
+    try:
+        assert built.returncode == 0, f"podman build failed:\n{log[-6000:]}"
+        yield built_image
+    finally:
+        for container in built_image.containers:
+            podman("rm", "--force", "--time", "0", container, check=False)
+        podman("rmi", "--force", name, check=False)
+        leftovers = podman("ps", "--all", "--external", "--format", "{{.ID}} {{.Image}}", check=False).stdout
+        say(f"cleaned up: image {name} and {len(built_image.containers)} containers removed")
+        assert name not in leftovers
+
+
+@pytest.fixture(scope="module")
+def service(image: Image, redis_server: RedisServer) -> tuple[Container, str]:
+    """The image run as docs/deployment.md's `docker run` line says, on a free port."""
+    return image.serve("serve", redis_server.url, "--stop-timeout", str(STOP_TIMEOUT_SECONDS))
+
+
+def test_the_image_builds_on_the_base_argument_with_its_label(image: Image) -> None:
+    size_bytes = int(podman("image", "inspect", "--format", "{{.Size}}", image.name).stdout)
+    if image.standin_seconds:
+        say(f"stand-in base {standin.STANDIN_IMAGE} built in {image.standin_seconds:.0f} s (cold)")
+    else:
+        say(f"stand-in base {standin.STANDIN_IMAGE} was cached (per machine)")
+    say(f"podman build: {image.build_seconds:.0f} s; image size {size_bytes / 1e6:.1f} MB")
+    labels = podman("image", "inspect", "--format", "{{json .Labels}}", image.name).stdout
+    assert f'"org.opencontainers.image.version":"{image.version}"' in labels, labels
+    say(f"label org.opencontainers.image.version = {image.version}: ok")
+    healthcheck = podman("image", "inspect", "--format", "{{json .Config.Healthcheck}}", image.name).stdout
+    assert "urllib.request" in healthcheck, "--format docker keeps the HEALTHCHECK"
+    user = podman("image", "inspect", "--format", "{{.Config.User}}", image.name).stdout.strip()
+    assert user == "10001:10001"
+    # useradd --system with uid 10001 warned that it is outside the system range
+    assert not re.search(r"useradd.*warning|warning.*uid", image.build_log, re.IGNORECASE), image.build_log
+    say("HEALTHCHECK kept, USER 10001:10001, useradd without warnings: ok")
+    # the build stage's wheels, backend and source stay behind: one layer holds the environment
+    contents = subprocess.run(
+        [*RUN, "--rm", image.name, "sh", "-c", "ls -d /wheels /src /opt/build /tmp/dist 2>/dev/null; true"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout.split()
+    assert contents == [], contents
+    say("no /wheels, /src, build backend or wheel in the image: ok")
+
+
+def test_the_readme_walkthrough_against_the_container(service: tuple[Container, str]) -> None:
+    _, url = service
+    documented = section("README.md", "walkthrough")
+    [walkthrough] = [block for block in code_blocks("README.md", "sh") if block.code in documented]
+    output = run_sh(walkthrough, base_url=url).splitlines()
+    statuses = [line.rsplit(" ", 1)[-1] for line in output]
+    assert statuses == ["200", "409", "200"], output
+    say(f"README walk-through in the container: {', '.join(statuses)}: ok")
+
+
+def test_every_gunicorn_process_runs_as_the_image_user(service: tuple[Container, str]) -> None:
+    container, _ = service
+    master = int(container.inspect("{{.State.Pid}}"))
+    processes = [master, *sorted(children(master))]
+    assert len(processes) == 3, f"a master and WEB_CONCURRENCY=2 workers, found {processes}"
+    for pid in processes:
+        status = Path(f"/proc/{pid}/status").read_text()
+        uids = re.search(r"^Uid:\s+(.*)$", status, re.MULTILINE)
+        gids = re.search(r"^Gid:\s+(.*)$", status, re.MULTILINE)
+        assert uids
+        assert gids
+        assert set(uids.group(1).split()) == {"10001"}, (pid, uids.group(0))  # real, effective, saved, fs
+        assert set(gids.group(1).split()) == {"10001"}, (pid, gids.group(0))
+        assert "gunicorn" in Path(f"/proc/{pid}/cmdline").read_text()
+    say(f"{len(processes)} gunicorn processes (master + 2 workers), all uid/gid 10001: ok")
+
+
+def test_the_healthcheck_passes_while_it_serves(service: tuple[Container, str]) -> None:
+    container, _ = service
+    status, output = container.healthcheck()
+    assert status == 0, output
+    health = container.inspect("{{.State.Health.Status}}")
+    assert health == "healthy"
+    say(f"HEALTHCHECK on the serving container: exit 0, status {health}: ok")
+
+
+def test_the_healthcheck_fails_with_nothing_listening(image: Image) -> None:
+    # the image's own HEALTHCHECK, in a container whose command does not listen
+    container = image.run("silent", command=["python", "-c", "import time; time.sleep(600)"])
+    wait_until(container.running, 60, what="the silent container")
+    status, output = container.healthcheck()
+    assert status != 0
+    assert "unhealthy" in output, output
+    say(f"HEALTHCHECK with nothing listening: {output!r} (exit {status}): ok")
+    podman("rm", "--force", "--time", "0", container.name)
+
+
+def test_a_read_only_root_with_a_tmpfs_tmp_serves(image: Image, redis_server: RedisServer) -> None:
+    container, url = image.serve("readonly", redis_server.url, "--read-only", "--tmpfs", "/tmp")
+    assert container.inspect("{{.HostConfig.ReadonlyRootfs}}") == "true"
+    auth = {"Authorization": f"Bearer {DEV_KEY}"}
+    generated = httpx.post(url + "/token/generate", json={"scope": "payment.create"}, timeout=30)
+    assert generated.status_code == 201, generated.text
+    token = generated.json()["token"]
+    body = {"token": token, "scope": "payment.create", "request_id": "r-1"}
+    consumed = httpx.post(url + "/token/consume", json=body, headers=auth, timeout=30)
+    assert consumed.status_code == 200, consumed.text
+    assert httpx.get(url + "/metrics", timeout=30).status_code == 200  # multiprocess files under /dev/shm
+    status, output = container.healthcheck()
+    assert status == 0, output
+    written = subprocess.run(
+        [*PODMAN, "exec", container.name, "sh", "-c", "touch /opt/venv/x 2>&1; touch /tmp/x && echo tmp-ok"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    ).stdout
+    assert "Read-only file system" in written
+    assert "tmp-ok" in written
+    say("--read-only with a tmpfs /tmp: generate 201, consume 200, /metrics 200, healthy: ok")
+    podman("rm", "--force", "--time", "0", container.name)
+
+
+def test_sigterm_drains_then_exits_within_drain_and_graceful_timeout(
+    image: Image, redis_server: RedisServer
+) -> None:
+    container, url = image.serve("drain", redis_server.url)
+    # `docker stop` as the documented `--stop-timeout 20` makes it: SIGTERM, then SIGKILL after 20 s
+    stopped: dict[str, float] = {}
+
+    def stop() -> None:
+        started = time.monotonic()
+        podman("stop", "--time", str(STOP_TIMEOUT_SECONDS), container.name, timeout=120)
+        stopped["seconds"] = time.monotonic() - started
+
+    stopper = threading.Thread(target=stop)
+    stopper.start()
+    try:
+        # while draining: /readyz fails so the balancer moves away, the instance still serves
+        wait_until(
+            lambda: httpx.get(url + "/readyz", timeout=2).status_code == 503,
+            DRAIN_SECONDS + 30,
+            what="/readyz to answer 503",
+        )
+        during = httpx.post(url + "/token/generate", json={"scope": "payment.create"}, timeout=5)
+        healthz = httpx.get(url + "/healthz", timeout=5)
+    finally:
+        stopper.join(timeout=120)
+    draining_seen = container.running() or "seconds" in stopped
+    assert draining_seen
+    assert "seconds" in stopped, "podman stop did not return"
+    exit_code = container.inspect("{{.State.ExitCode}}")
+    logs = container.logs()
+    assert exit_code == "0", f"exit {exit_code} (137: killed at the stop timeout)\n{logs[-3000:]}"
+    assert "draining for 5 s" in logs
+    say(
+        f"SIGTERM: /readyz 503 while draining (generate {during.status_code}, "
+        f"/healthz {healthz.status_code}), "
+        f"exit 0 after {stopped['seconds']:.1f} s (drain {DRAIN_SECONDS} s + graceful {GRACEFUL_SECONDS} s, "
+        f"stop timeout {STOP_TIMEOUT_SECONDS} s): ok"
+    )
+    assert during.status_code == 201
+    assert healthz.status_code == 200
