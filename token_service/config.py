@@ -18,6 +18,7 @@ from typing import Any, Literal
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from token_service import defaults
+from token_service.tokens import SCOPE_RE
 
 PREFIX = "TOKEN_SERVICE_"
 _DAY_SECONDS = 86400
@@ -225,6 +226,22 @@ def _origins(raw: str) -> tuple[str, ...]:
     return tuple(origin.lower() for origin in origins)
 
 
+# the metrics' per-scope label slots (token_service/server/metrics.py MAX_SCOPES)
+MAX_METRIC_SCOPES = 50
+
+
+def _scopes(raw: str) -> tuple[str, ...]:
+    scopes = tuple(dict.fromkeys(_list(raw)))
+    for scope in scopes:
+        if not SCOPE_RE.match(scope):
+            raise ValueError(
+                f"each scope must be 1-64 characters of A-Za-z0-9._:- (first A-Za-z0-9), got {scope!r}"
+            )
+    if len(scopes) > MAX_METRIC_SCOPES:
+        raise ValueError(f"at most {MAX_METRIC_SCOPES} scopes (the metrics' label slots), got {len(scopes)}")
+    return scopes
+
+
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -284,6 +301,9 @@ class Settings:
     redis_timeout_seconds: float = field(default=2.0, metadata={"parse": _float(0.01)})
     cors_max_age_seconds: int = field(default=600, metadata={"parse": _int(0, 86400)})
     log_level: str = field(default="INFO", metadata={"parse": _log_level})
+    # Scopes with a metric label of their own from the start (others: once a consume or begin,
+    # which need a service key, names them; never an anonymous generate).
+    metric_scopes: tuple[str, ...] = field(default=(), metadata={"parse": _scopes})
     # Graceful shutdown: on SIGTERM /readyz fails for this long before gunicorn stops taking requests.
     drain_seconds: int = field(default=0, metadata={"parse": _int(0, 300)})
     # While this file exists /readyz answers 503 (set by the gunicorn config; operators may touch it).

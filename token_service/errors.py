@@ -82,6 +82,18 @@ class InvalidRequest(TokenError):
         return cls(detail, errors if isinstance(errors, dict) else None)
 
 
+class IdempotencyKeyRepeated(InvalidRequest):
+    """A request to an Idempotency-Key middleware carried several keys: two header fields
+    (which servers join with a comma), or one field listing two. The header is a single
+    Structured Field string (draft-ietf-httpapi-idempotency-key-header); no key is chosen.
+
+    The middlewares' own answer (a 400), never the token service's: not in ``ERRORS_BY_CODE``.
+    """
+
+    code = "idempotency_key_repeated"
+    title = "Several Idempotency-Keys"
+
+
 class Unauthorized(TokenError):
     """Missing or wrong service key."""
 

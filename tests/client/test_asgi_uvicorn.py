@@ -138,6 +138,11 @@ def test_the_error_table(server: Server) -> None:
     # another client's same key is its own
     assert server.post({"item": "b"}, user="Bearer bob").status_code == 201
     assert server.runs == 2
+    # two Idempotency-Key fields: refused, neither run (issue 26)
+    headers = [("Authorization", ALICE), ("Idempotency-Key", '"two-a"'), ("Idempotency-Key", '"two-b"')]
+    twice = httpx.post(server.url + "/orders", json={"item": "c"}, headers=headers, timeout=30)
+    assert problem(twice) == (400, "idempotency_key_repeated")
+    assert server.runs == 2
 
 
 def test_a_repeat_while_the_first_runs_is_409_with_retry_after(server: Server) -> None:

@@ -102,6 +102,13 @@ SCRIPT: list[tuple[str, str | None, str | None, bytes]] = [
     ("POST", '"k4"', "Bearer alice", b'{"crash": true}'),  # runs again
     ("POST", '"k4"', "Bearer alice", b'{"sku": "C"}'),  # after two exceptions: still free
     ("POST", '"k4"', "Bearer alice", b'{"sku": "C"}'),  # replayed
+    # two Idempotency-Key fields, as servers join them (issue 26): 400, never a key "k5, k6"
+    ("POST", '"k5", "k6"', "Bearer alice", b'{"sku": "D"}'),
+    ("POST", "k5, k6", "Bearer alice", b'{"sku": "D"}'),
+    ("POST", "k5,k6", "Bearer alice", b'{"sku": "D"}'),
+    ("POST", '"k5",', "Bearer alice", b'{"sku": "D"}'),
+    ("POST", '"k5, k6"', "Bearer alice", b'{"sku": "D"}'),  # one sf-string holding a comma: one key, runs
+    ("POST", '"k5"x', "Bearer alice", b'{"sku": "D"}'),  # 400: not an sf-string
 ]
 
 
@@ -149,8 +156,9 @@ async def test_both_middlewares_answer_one_script_alike(
         await async_redis.aclose()
     # the script meant what its comments say
     assert statuses[:12] == [400, 400, 400, 400, 400, 413, 201, 201, 201, 422, 201, 422]
-    assert statuses[12:] == [503, 503, 429, 404, 404, 500, 500, 201, 201]
-    assert len(wsgi_runs) == 10
+    assert statuses[12:21] == [503, 503, 429, 404, 404, 500, 500, 201, 201]
+    assert statuses[21:] == [400, 400, 400, 400, 201, 400]
+    assert len(wsgi_runs) == 11
     assert sorted(key.decode().split(":", 1)[1] for key in real_redis.keys("wsgi:*")) == sorted(
         key.decode().split(":", 1)[1] for key in real_redis.keys("asgi:*")
     )

@@ -153,3 +153,16 @@ def test_a_chunked_body_cut_short_is_a_400_too(orders_url: str, real_redis: redi
     assert reply.json()["code"] == "invalid_request"
     assert int(real_redis.get("orders:runs") or 0) == runs
     assert real_redis.keys("ts:ik:*") == []
+
+
+def test_two_idempotency_key_fields_are_refused(orders_url: str, real_redis: redis.Redis) -> None:
+    # gunicorn joins them as "A,B": neither key is chosen, and "A,B" is not a third one (issue 26)
+    before = int(real_redis.get("orders:runs") or 0)
+    for fields in (['"two-a"', '"two-b"'], ["two-a", "two-b"], ['"two-b"', '"two-a"']):
+        headers = [("Authorization", "Bearer client-a"), *(("Idempotency-Key", field) for field in fields)]
+        answer = httpx.post(orders_url + "/orders", json={"sku": "A"}, headers=headers, timeout=10)
+        assert answer.status_code == 400, answer.text
+        assert answer.headers["Content-Type"] == "application/problem+json"
+        assert answer.json()["code"] == "idempotency_key_repeated"
+    assert int(real_redis.get("orders:runs") or 0) == before
+    assert real_redis.keys("ts:ik:*") == []

@@ -105,7 +105,7 @@ def chunks(count: int, *, then_raise: bool = False) -> Iterator[bytes]:
 
 def test_a_stream_is_settled_once_at_its_end_or_when_closed_or_freed_when_it_raises() -> None:
     told = Told()
-    recording = CORE.record(as_guard(told), chunks(3), 200, [("Content-Type", "text/plain")])
+    recording = CORE.record(as_guard(told), chunks(3), Reply(200, [("Content-Type", "text/plain")]), None)
     assert b"".join(recording) == b"".join(chunks(3))
     recording.close()
     assert told.said == [("succeed", {"s": 200, "h": [["Content-Type", "text/plain"]], "b": "".join(
@@ -113,7 +113,7 @@ def test_a_stream_is_settled_once_at_its_end_or_when_closed_or_freed_when_it_rai
     )})]  # fmt: skip
 
     told = Told()
-    recording = CORE.record(as_guard(told), chunks(20), 200, [])
+    recording = CORE.record(as_guard(told), chunks(20), Reply(200, []), None)
     iterator = iter(recording)
     next(iterator)
     recording.close()  # the client left after the first chunk: what went out, as omitted
@@ -121,11 +121,11 @@ def test_a_stream_is_settled_once_at_its_end_or_when_closed_or_freed_when_it_rai
 
     told = Told()
     with pytest.raises(RuntimeError):
-        list(CORE.record(as_guard(told), chunks(2, then_raise=True), 200, []))
+        list(CORE.record(as_guard(told), chunks(2, then_raise=True), Reply(200, []), None))
     assert told.said == [("abandon", True)]
 
     told = Told()
-    over = CORE.record(as_guard(told), chunks(20), 200, [])
+    over = CORE.record(as_guard(told), chunks(20), Reply(200, []), None)
     assert len(b"".join(over)) == 200
     assert told.said == [("succeed", {"s": 200, "h": [], "omitted": 200})]
 
@@ -143,19 +143,24 @@ async def achunks(
 
 async def test_an_async_stream_is_settled_once_whatever_ends_it() -> None:
     told = AsyncTold()
-    sent = [chunk async for chunk in CORE.arecord(as_async_guard(told), achunks(3), 200, [])]
+    sent = [chunk async for chunk in CORE.arecord(as_async_guard(told), achunks(3), Reply(200, []), None)]
     assert b"".join(sent) == b"".join(chunks(3))
     assert told.said == [("succeed", {"s": 200, "h": [], "b": "".join(f"{n:09d}\n" for n in range(3))})]
 
     told = AsyncTold()
-    iterator = CORE.arecord(as_async_guard(told), achunks(20), 200, []).__aiter__()
+    iterator = CORE.arecord(as_async_guard(told), achunks(20), Reply(200, []), None).__aiter__()
     await anext(iterator)
     await iterator.aclose()  # type: ignore[attr-defined]  # the client left
     assert told.said == [("succeed", {"s": 200, "h": [], "omitted": 10})]
 
     told = AsyncTold()
     with pytest.raises(RuntimeError):
-        [chunk async for chunk in CORE.arecord(as_async_guard(told), achunks(2, then_raise=True), 200, [])]
+        [
+            chunk
+            async for chunk in CORE.arecord(
+                as_async_guard(told), achunks(2, then_raise=True), Reply(200, []), None
+            )
+        ]
     assert told.said == [("abandon", True)]
 
     # cancelled while it waits for its next chunk (a server stopping the request): still settled
@@ -163,7 +168,7 @@ async def test_an_async_stream_is_settled_once_whatever_ends_it() -> None:
     pause, first_out = asyncio.Event(), asyncio.Event()
 
     async def consume() -> None:
-        async for _ in CORE.arecord(as_async_guard(told), achunks(5, pause=pause), 200, []):
+        async for _ in CORE.arecord(as_async_guard(told), achunks(5, pause=pause), Reply(200, []), None):
             first_out.set()
 
     task = asyncio.ensure_future(consume())
@@ -179,7 +184,9 @@ def test_a_synchronous_guard_settles_an_async_stream() -> None:
     told = Told()
 
     async def drain() -> bytes:
-        return b"".join([chunk async for chunk in CORE.arecord(as_guard(told), achunks(2), 200, [])])
+        return b"".join(
+            [chunk async for chunk in CORE.arecord(as_guard(told), achunks(2), Reply(200, []), None)]
+        )
 
     assert asyncio.run(drain()) == b"".join(chunks(2))
     assert told.said[0][0] == "succeed"

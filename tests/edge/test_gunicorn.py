@@ -47,6 +47,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gunicorn
             "TOKEN_SERVICE_REDIS_URL": redis_server.url,
             "TOKEN_SERVICE_API_KEYS": API_KEY,
             "TOKEN_SERVICE_RATE_LIMIT": "off",
+            "TOKEN_SERVICE_METRIC_SCOPES": SCOPE,  # its issuance counted under its name from the first
             "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
         },
         workers=2,

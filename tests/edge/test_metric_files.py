@@ -15,7 +15,7 @@ import pytest
 
 from tests.edge.test_gunicorn import counter
 from tests.support.processes import Gunicorn, RedisServer, children, wait_until
-from tests.support.service import API_KEY
+from tests.support.service import API_KEY, AUTH
 from token_service.server.metric_files import (
     OTHER_SCOPE,
     SharedScopeLabels,
@@ -190,9 +190,13 @@ def test_scope_labels_and_files_stay_bounded_across_worker_restarts(
             workers = children(master)
             assert len(workers) == 2
             for n in range(scopes_per_cycle):
-                reply = http.post("/token/generate", json={"scope": f"churn.c{cycle}.s{n}"})
+                scope = f"churn.c{cycle}.s{n}"
+                reply = http.post("/token/generate", json={"scope": scope})
                 assert reply.status_code == 201, reply.text
                 issued += 1
+                # a consume (a service key) is what gives a scope a label; an anonymous generate never does
+                used = {"token": reply.json()["token"], "scope": scope}
+                assert http.post("/token/consume", json=used, headers=AUTH).status_code == 200
             victim = sorted(workers)[0]
             os.kill(victim, signal.SIGKILL)
             wait_until(

@@ -155,3 +155,27 @@ def test_consume_and_begin_without_request_id_can_be_refused(redis_server: Redis
     assert (
         lenient.post("/token/consume", json={"token": token, "scope": SCOPE}, headers=AUTH).status_code == 200
     )
+
+
+@pytest.mark.slow
+def test_every_worker_warns_alike_after_one_forwarded_request(redis_server: RedisServer) -> None:
+    # issue 26: the flag was per worker, so after one such request 13 of 20 /readyz warned, 7 did not
+    import httpx
+
+    from tests.support.processes import Gunicorn
+    from tests.support.service import service_env
+
+    server = Gunicorn(service_env(redis_server.url), workers=2).start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as held:
+            # this connection stays with one worker; while it is held, new ones go to the other
+            # first (token_service/server/accepts.py): the worker that never saw the header
+            assert held.get("/readyz").json() == {"status": "ready"}
+            forwarded = {"X-Forwarded-For": "198.51.100.7"}
+            assert held.post("/token/generate", json={"scope": SCOPE}, headers=forwarded).status_code == 201
+            answers = [httpx.get(server.url + "/readyz", timeout=30).json() for _ in range(20)]
+            answers.append(held.get("/readyz").json())
+        assert answers == [{"status": "ready", "warnings": [FORWARDED_WARNING]}] * 21
+        assert server.log().count("TOKEN_SERVICE_TRUSTED_PROXY_HOPS is 0") == 1  # logged once per instance
+    finally:
+        server.stop()

@@ -88,7 +88,9 @@ def test_one_json_access_line_per_request_without_tokens(client: Any, access_lin
     assert not any(token in line or token[:12] in line for line in access_lines)
 
 
-def test_outcomes_replays_and_issued_are_counted(client: Any) -> None:
+def test_outcomes_replays_and_issued_are_counted(make_client: Callable[..., Any]) -> None:
+    # a configured scope: labelled from its first (anonymous) issuance on
+    client = make_client(rate_limit="off", max_outstanding_per_subject=0, metric_scopes="metrics.test")
     issued = sample("token_service_tokens_issued_total", scope="metrics.test")
     consumed = sample(
         "token_service_token_outcomes_total", operation="consume", code="consumed", scope="metrics.test"
@@ -172,3 +174,16 @@ def test_readiness_follows_the_drain_file(make_client: Callable[..., Any], tmp_p
     assert client.get("/healthz").status_code == 200  # alive all along
     flag.unlink()
     assert client.get("/readyz").status_code == 200
+
+
+def test_the_access_lines_client_is_bounded(make_client: Callable[..., Any], access_lines: list[str]) -> None:
+    # issue 26: TRUSTED_PROXY_HOPS=1 with no proxy in front: the client's own X-Forwarded-For
+    # (5,000 characters seen) went whole into every access line
+    client = make_client(rate_limit="off", trusted_proxy_hops=1)
+    forged = "1" * 5000
+    assert client.get("/healthz", headers={"X-Forwarded-For": forged}).status_code == 200
+    assert client.get("/healthz", headers={"X-Forwarded-For": "203.0.113.9"}).status_code == 200
+    first, second = (json.loads(line) for line in access_lines)
+    assert len(first["client"]) <= 65
+    assert first["client"].startswith("1" * 64)
+    assert second["client"] == "203.0.113.9"

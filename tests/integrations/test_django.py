@@ -238,6 +238,16 @@ def test_middleware_error_table(server: AppServer, real_redis: Any) -> None:
     assert httpx.get(server.url + "/healthz", timeout=30).status_code == 200
 
 
+def test_middleware_refuses_two_idempotency_key_fields(server: AppServer, real_redis: Any) -> None:
+    # the server joins them ("A,B"): neither key is chosen, nor a third one (issue 26)
+    before = runs(real_redis, "orders")
+    for fields in (['"two-a"', '"two-b"'], ["two-a", "two-b"], ["two-a, two-b"]):
+        headers = [("Authorization", "Bearer alice"), *(("Idempotency-Key", field) for field in fields)]
+        answer = httpx.post(server.url + "/api/orders", json={"sku": "A1"}, headers=headers, timeout=60)
+        problem(answer, 400, "idempotency_key_repeated")
+    assert runs(real_redis, "orders") == before
+
+
 @pytest.mark.parametrize("kind", ["gunicorn", "uvicorn"])
 def test_middleware_without_waiting_a_duplicate_gets_409_and_an_exception_frees_the_key(
     kind: str, redis_server: RedisServer, real_redis: Any

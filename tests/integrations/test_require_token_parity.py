@@ -104,7 +104,7 @@ def flask_app(tokens: TokenClient, runs: Counter[str], files: dict[str, Path]) -
         runs["stream"] += 1
         return FlaskResponse(iter(lines(int(flask_request.args["n"]))), content_type=TEXT)
 
-    @app.post("/file")
+    @app.route("/file", methods=["POST", "HEAD"])
     @guard
     def file() -> Any:
         runs["file"] += 1
@@ -162,7 +162,7 @@ def fastapi_app(tokens: AsyncTokenClient, runs: Counter[str], files: dict[str, P
 
         return StreamingResponse(chunks(), media_type="text/plain")
 
-    @app.post("/file")
+    @app.api_route("/file", methods=["POST", "HEAD"])
     @guard
     async def file(request: Request) -> FileResponse:
         runs["file"] += 1
@@ -280,6 +280,8 @@ SCRIPT = [
     Step("a file under the caps: replayed byte for byte", "POST", "/file?size=small", "i"),
     Step("a file over the caps: runs", "POST", "/file?size=large", "j"),
     Step("a file over the caps: replayed omitted, with its length", "POST", "/file?size=large", "j"),
+    Step("HEAD of a file: runs", "HEAD", "/file?size=small", "k"),
+    Step("after HEAD of a file: replayed omitted, with its length", "POST", "/file?size=small", "k"),
     Step("429 from the view: not stored", "POST", "/status?code=429", "g"),
     Step("429 again: runs again", "POST", "/status?code=429", "g"),
     Step("503 from the view: not stored", "POST", "/status?code=503", "g"),
@@ -465,10 +467,15 @@ async def test_the_three_decorators_answer_one_script_alike(
     # the script meant what its steps say
     assert [answer[0] for answer in answers.values()] == [
         400, 201, 201, 403, 200, 200, 202, 202, 200, 200, 200, 200, 200, 200,
-        200, 200, 200, 200, 429, 429, 503, 201, 201, 500, 500, 409, 201,
+        200, 200, 200, 200, 200, 200, 429, 429, 503, 201, 201, 500, 500, 409, 201,
     ]  # fmt: skip
-    counted = {"json": 1, "value": 1, "response": 1, "stream": 3, "file": 2, "status": 4, "crash": 2}
+    counted = {"json": 1, "value": 1, "response": 1, "stream": 3, "file": 3, "status": 4, "crash": 2}
     assert dict(runs["flask"]) == counted
+    assert answers["after HEAD of a file: replayed omitted, with its length"][2] == {
+        "Idempotent-Replayed": "true",
+        "Idempotent-Body-Omitted": str(len(FILES["small"])),
+        "Location": None,
+    }
     assert answers["a file over the caps: replayed omitted, with its length"][2] == {
         "Idempotent-Replayed": "true",
         "Idempotent-Body-Omitted": str(len(FILES["large"])),

@@ -23,6 +23,7 @@ from token_service.ops.admin import (
     Filter,
     NotInProgress,
     RecordNotFound,
+    _Resume,
 )
 from token_service.store import IssueRequest, TokenStore
 from token_service.tokens import token_digest
@@ -204,7 +205,7 @@ def test_a_cursor_not_handed_out_is_refused(admin: Admin) -> None:
 
 def test_redis_refusing_a_cursor_is_a_bad_request(admin: Admin, monkeypatch: pytest.MonkeyPatch) -> None:
     # past the format check (as a server would be whose SCAN reads fewer bits): Redis's own reply
-    monkeypatch.setattr("token_service.ops.admin._cursor", lambda text, nodes: (0, 2**64))
+    monkeypatch.setattr("token_service.ops.admin._cursor", lambda text, nodes: _Resume(0, 2**64))
     with pytest.raises(InvalidRequest, match="cursor"):
         admin.list(Filter(), "0.1")
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -193,6 +195,59 @@ def test_bad_input_is_a_400_problem(http: Any, method: str, path: str, body: Any
     answer = getattr(http, method)(path, json=body, headers=ADMIN)
     assert answer.status_code == 400, answer.json
     assert answer.json["code"] == "invalid_request"
+
+
+def test_the_lookup_takes_json_only(http: Any) -> None:
+    # issue 26: text/plain was read as JSON; every other JSON route refuses it
+    document = b'{"identity": "Bearer dave", "idempotency_key": "order-1"}'
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
+        headers = {**ADMIN, **({"Content-Type": content_type} if content_type else {})}
+        answer = http.post("/admin/idempotency/lookup", data=document, headers=headers)
+        assert answer.status_code == 400, content_type
+        assert answer.json["code"] == "invalid_request"
+        assert answer.json["errors"] == {"body": ["Not JSON."]}
+    headers = {**ADMIN, "Content-Type": "application/json; charset=utf-8"}
+    assert http.post("/admin/idempotency/lookup", data=document, headers=headers).status_code == 404
+
+
+def test_refused_admin_calls_write_one_audit_line_each(http: Any, audit_lines: Any) -> None:
+    basic = "Basic " + base64.b64encode(b"root:hunter2").decode()
+    service_digest = hashlib.sha256(API_KEY.encode()).hexdigest()[:12]
+    admin_digest = hashlib.sha256(ADMIN_KEY.encode()).hexdigest()[:12]
+    revoke = "/admin/records/" + "a" * 22 + "/revoke"
+    cases = [
+        ("get", "/admin/records", {}, 401, "anonymous"),
+        ("get", "/admin/records", AUTH, 401, "key:" + service_digest),
+        ("get", "/admin/records/" + "a" * 22, {"Authorization": basic}, 401, "basic-credentials"),
+        ("post", revoke, {"Authorization": "{weird} x"}, 401, "malformed-credentials"),
+        ("get", "/admin/records/*", ADMIN, 400, "admin-key:" + admin_digest),
+        ("get", "/admin/records?cursor=zz", ADMIN, 400, "admin-key:"),
+        ("get", "/admin/records?limit=0", ADMIN, 400, "admin-key:"),
+        ("post", "/admin/records/" + "b" * 22 + "/release?kind=x", ADMIN, 400, "admin-key:"),
+        ("post", "/admin/idempotency/lookup", ADMIN, 400, "admin-key:"),
+    ]
+    for method, path, headers, status, actor in cases:
+        before = len(audit_lines())
+        answer = getattr(http, method)(path, headers=headers)
+        assert answer.status_code == status, (path, answer.json)
+        lines = audit_lines()[before:]
+        assert len(lines) == 1, (path, lines)
+        line = lines[0]
+        assert line.outcome == "refused"
+        assert line.status == status
+        assert line.code == answer.json["code"]
+        assert line.actor.startswith(actor), (line.actor, actor)
+        shown = json.dumps({name: str(value) for name, value in vars(line).items()})
+        for secret in (API_KEY, ADMIN_KEY, "hunter2", basic.split()[1]):
+            assert secret not in shown
+    by_path = [line for line in audit_lines() if line.outcome == "refused"]
+    assert [line.action for line in by_path[1:4]] == ["list", "show", "revoke"]
+    assert by_path[5].fields == ["cursor"]
+    assert by_path[4].ref is None  # "*" is no ref: nothing of the path is written
+    # a ref of the right shape is named; a found record's own line is the action's (one line, not two)
+    before = len(audit_lines())
+    assert http.get("/admin/records/" + "c" * 22, headers=ADMIN).status_code == 404
+    assert [(line.outcome, line.ref) for line in audit_lines()[before:]] == [("not_found", "c" * 22)]
 
 
 def test_redis_down_is_a_503(redis_any: Any) -> None:

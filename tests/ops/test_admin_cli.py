@@ -197,8 +197,12 @@ def test_usage_errors_exit_2_without_a_traceback(ops_standalone: Standalone) -> 
         ["show", "--idempotency-key", "k", "--identity", "a\x01b"],
         ["show", "--idempotency-key", "k", "--identity", os.fsdecode(b"\xff")],  # argv not UTF-8
     ):
-        status, _, _ = admin_cli(ops_standalone.url, *args)
+        status, _, audited = admin_cli(ops_standalone.url, *args)
         assert status == 2, args
+        # refused once it reached the store's tools (a bad ref, cursor or identity): one audit line
+        assert [line["outcome"] for line in audited] in ([], ["refused"]), (args, audited)
+    _, _, audited = admin_cli(ops_standalone.url, "show", "*")
+    assert [(line["action"], line["ref"], line["fields"]) for line in audited] == [("show", None, ["ref"])]
     # an identity on stdin that is not UTF-8
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKEN_SERVICE_")}
     done = subprocess.run(
@@ -211,7 +215,11 @@ def test_usage_errors_exit_2_without_a_traceback(ops_standalone: Standalone) -> 
     )
     assert done.returncode == 2, done.stderr
     assert b"Traceback" not in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    # one line saying what was wrong, and the refusal's audit line (JSON)
+    said = [line for line in done.stderr.strip().splitlines() if not line.startswith(b"{")]
+    assert len(said) == 1, done.stderr
+    [audited] = [json.loads(line) for line in done.stderr.splitlines() if line.startswith(b"{")]
+    assert (audited["outcome"], audited["action"], audited["fields"]) == ("refused", "show", ["identity"])
     done = subprocess.run(
         [*CLI, "list"],
         env={"PATH": os.environ["PATH"]},

@@ -180,7 +180,8 @@ class Prometheus:
 def scraped_service(redis_server: RedisServer) -> Iterator[tuple[Gunicorn, Prometheus]]:
     with redis_server.client() as client:
         client.flushall()
-    server = Gunicorn(service_env(redis_server.url), workers=2).start()
+    # "pay" configured: its consume and begin outcomes exist at 0 from the start
+    server = Gunicorn(service_env(redis_server.url, TOKEN_SERVICE_METRIC_SCOPES="pay"), workers=2).start()
     prometheus = Prometheus(f"127.0.0.1:{server.port}")
     try:
         prometheus.start()
@@ -216,8 +217,8 @@ def test_prometheus_scrapes_gunicorn_and_sees_a_duplicate_counted(
 
     with httpx.Client(base_url=server.url, timeout=10) as http:
         token = http.post("/token/generate", json={"scope": "pay"}).json()["token"]
-        # a scope's first issuance creates its use outcomes at 0; once scraped, rate() counts the
-        # scope's very first duplicate (a series born at 1 hides its first increment from rate())
+        # a configured scope's use outcomes exist at 0 from the start; once scraped, rate() counts
+        # the scope's very first duplicate (a series born at 1 hides its first increment from rate())
         scoped_used = 'token_service_token_outcomes_total{operation="consume",code="token_used",scope="pay"}'
         wait_until(lambda: value(scoped_used) == 0, timeout_seconds=60, what="the scope's zeros scraped")
         assert (

@@ -61,7 +61,14 @@ from token_service.client._response import (
     default_store_status,
 )
 from token_service.client._telemetry import DEFAULT_TELEMETRY, IDEMPOTENCY_SPAN_NAME, GuardSpan, Telemetry
-from token_service.errors import InvalidRequest, LeaseLost, PayloadTooLarge, ServiceUnavailable, TokenError
+from token_service.errors import (
+    IdempotencyKeyRepeated,
+    InvalidRequest,
+    LeaseLost,
+    PayloadTooLarge,
+    ServiceUnavailable,
+    TokenError,
+)
 from token_service.problems import problem, problem_for
 from token_service.tokens import whole_number
 
@@ -201,10 +208,43 @@ def _legacy_fingerprint(facts: RequestFacts) -> str | None:
     return base64.urlsafe_b64encode(hasher.digest()).rstrip(b"=").decode("ascii")
 
 
-def parse_key(raw: str, max_chars: int = MAX_KEY_CHARS) -> str | None:
-    """The key from the header: an sf-string (``"..."``); a bare token is accepted too."""
+def _string_end(value: str) -> int:
+    """Where the sf-string that ``value`` starts with closes (RFC 8941 4.2.5: ``\\"`` and
+    ``\\\\`` are escapes), or -1 when it never does."""
+    index = 1
+    while index < len(value):
+        if value[index] == "\\":
+            index += 2
+            continue
+        if value[index] == '"':
+            return index
+        index += 1
+    return -1
+
+
+def several_keys(raw: str) -> bool:
+    """Whether the header's value is a list of keys, not one.
+
+    A server joins the fields of a repeated header with a comma (gunicorn ``A,B``,
+    others and ASGI here ``A, B``), so two fields arrive as one value; one sf-string
+    (``"A, B"``) holds its commas inside its quotes and is a single key. A bare key
+    (the form accepted beside the draft's sf-string) holding a comma is read as a list.
+    """
     value = raw.strip()
-    if len(value) >= 2 and value[0] == value[-1] == '"':
+    if value.startswith('"'):
+        end = _string_end(value)
+        return end != -1 and value[end + 1 :].lstrip(" \t").startswith(",")
+    return "," in value
+
+
+def parse_key(raw: str, max_chars: int = MAX_KEY_CHARS) -> str | None:
+    """The key from the header: an sf-string (``"..."``, nothing after its closing quote);
+    a bare token is accepted too. The key is the text between the quotes as sent (escapes
+    kept), as every earlier version stored it."""
+    value = raw.strip()
+    if value.startswith('"'):
+        if _string_end(value) != len(value) - 1:
+            return None  # no closing quote, or something after it
         value = value[1:-1]
     if not 1 <= len(value) <= max_chars or not value.isascii() or not value.isprintable():
         return None
@@ -279,6 +319,14 @@ class IdempotencyCore:
                 return None
             return self.problem(
                 InvalidRequest(f"The {self.header} header is required.", {self.header: ["Missing."]})
+            )
+        if several_keys(raw_key):
+            # two Idempotency-Key fields: no key is chosen (and "A, B" is not a third one)
+            return self.problem(
+                IdempotencyKeyRepeated(
+                    f"Send one {self.header} header with one key.",
+                    {self.header: ["One key (an sf-string), not a list or a repeated header."]},
+                )
             )
         key = parse_key(raw_key)
         if key is None:

@@ -4,13 +4,13 @@
 their framework's request and response to and from what is decided here (as
 the Idempotency-Key middlewares sit on :mod:`._idempotency_core`):
 
-1. :meth:`RequireToken.token_of`: the token from its header, or a 400 refusal;
+1. :meth:`RequireToken.token_of`: the token from its header, or a 400 error;
    :meth:`RequireToken.truncated`: the 400 for a body shorter than its
    Content-Length (the token is not touched).
 2. :meth:`RequireToken.begin` / :meth:`abegin`: a guard on the token. Returns the
    guard (this request holds the lease, renewed while the view runs and its body
-   streams), a :class:`Replay` of the stored result, or a :class:`Refusal`
-   (problem+json: 403 mismatch, 404 unknown, 409 in progress or used, 503).
+   streams), a :class:`Replay` of the stored result, or the ``TokenError`` to
+   answer as problem+json (403 mismatch, 404 unknown, 409 in progress or used, 503).
 3. The view runs. An exception: :meth:`failed` / :meth:`afailed` (terminal
    exceptions are recorded, the others free the token).
 4. :meth:`settle` / :meth:`asettle` with a :class:`Reply` (a status, headers and a
@@ -67,7 +67,7 @@ from .guard import AsyncGuard, Guard
 
 log = logging.getLogger("token_service.client.require_token")
 
-__all__ = ["Refusal", "Replay", "Reply", "RequireToken", "ValueReply", "fingerprint_fields"]
+__all__ = ["Replay", "Reply", "RequireToken", "ValueReply", "fingerprint_fields"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,13 +96,6 @@ class Replay:
     """A duplicate: answer the token's stored result."""
 
     result: Any
-
-
-@dataclass(frozen=True, slots=True)
-class Refusal:
-    """Answer this error as problem+json; the view does not run."""
-
-    error: TokenError
 
 
 def fingerprint_fields(spec: Any) -> Sequence[str] | None:
@@ -160,42 +153,39 @@ class RequireToken:
 
     # -- before the view ---------------------------------------------------------------------
 
-    def token_of(self, raw: str | None) -> str | Refusal:
+    def token_of(self, raw: str | None) -> str | TokenError:
+        """The token, or the error to answer (problem+json) without touching it."""
         token = (raw or "").strip()
         if not token:
-            return Refusal(
-                InvalidRequest(f"The {self.header} header is required.", {self.header: ["Missing."]})
-            )
+            return InvalidRequest(f"The {self.header} header is required.", {self.header: ["Missing."]})
         return token
 
     @staticmethod
-    def truncated() -> Refusal:
-        return Refusal(
-            InvalidRequest("The request body ended before its Content-Length.", {"body": ["Incomplete."]})
-        )
+    def truncated() -> TokenError:
+        return InvalidRequest("The request body ended before its Content-Length.", {"body": ["Incomplete."]})
 
     def begin(
         self, client: Any, token: str, subject: str | None, fingerprint: str | None
-    ) -> Guard | Replay | Refusal:
+    ) -> Guard | Replay | TokenError:
         try:
             guard: Guard = client.guard(
                 token, self.scope, subject=subject, fingerprint=fingerprint, **self.guard_options
             )
             fresh = guard.start()
         except TokenError as exc:
-            return Refusal(refusal(exc))
+            return refusal(exc)
         return guard if fresh else Replay(guard.result)
 
     async def abegin(
         self, client: Any, token: str, subject: str | None, fingerprint: str | None
-    ) -> AsyncGuard | Replay | Refusal:
+    ) -> AsyncGuard | Replay | TokenError:
         try:
             guard: AsyncGuard = client.guard(
                 token, self.scope, subject=subject, fingerprint=fingerprint, **self.guard_options
             )
             fresh = await guard.start()
         except TokenError as exc:
-            return Refusal(refusal(exc))
+            return refusal(exc)
         return guard if fresh else Replay(guard.result)
 
     # -- after the view ----------------------------------------------------------------------
@@ -263,9 +253,10 @@ class RequireToken:
 
     # -- a streamed body ---------------------------------------------------------------------
 
-    def head_of_stream(self, status: int, headers: Sequence[tuple[str, str]], length: int | None) -> Reply:
+    @staticmethod
+    def head_of_stream(head: Reply, length: int | None) -> Reply:
         """A streamed answer to HEAD: no body goes out, its status and headers are what it answered."""
-        return Reply(status, headers, omitted=length or 0)
+        return Reply(head.status, head.headers, omitted=length or 0)
 
     def _recorder(self, status: int, headers: Sequence[tuple[str, str]], length: int | None) -> Recorder:
         # held up to what could be kept, never more (the rest is only counted)
@@ -279,27 +270,16 @@ class RequireToken:
         assert stored is not None
         return Reply(stored.status, stored.headers, stored.body, stored.omitted)
 
-    def record(
-        self,
-        guard: Guard,
-        chunks: Iterable[Any],
-        status: int,
-        headers: Sequence[tuple[str, str]],
-        length: int | None = None,
-    ) -> Recording:
-        """``chunks`` passed through and recorded; settled at its end or when closed, freed if it raises."""
-        recorder = self._recorder(status, headers, length)
+    def record(self, guard: Guard, chunks: Iterable[Any], head: Reply, length: int | None) -> Recording:
+        """``chunks`` (``head``'s body, ``length`` if declared) passed through and recorded;
+        settled at its end or when closed, freed if it raises."""
+        recorder = self._recorder(head.status, head.headers, length)
         return Recording(chunks, recorder, lambda failed: self.settle(guard, self.reply_of(recorder, failed)))
 
     def arecord(
-        self,
-        guard: AsyncGuard | Guard,
-        chunks: AsyncIterable[Any],
-        status: int,
-        headers: Sequence[tuple[str, str]],
-        length: int | None = None,
+        self, guard: AsyncGuard | Guard, chunks: AsyncIterable[Any], head: Reply, length: int | None
     ) -> AsyncRecording:
-        recorder = self._recorder(status, headers, length)
+        recorder = self._recorder(head.status, head.headers, length)
 
         async def settle(failed: bool) -> None:
             if isinstance(guard, Guard):  # a sync view's async stream (Django serves it on its event loop)

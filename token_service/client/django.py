@@ -54,6 +54,7 @@ Only this module imports Django.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import inspect
 import itertools
@@ -93,7 +94,7 @@ from ._idempotency_core import (
     declared_length,
 )
 from ._idempotency_store import AsyncIdempotencyStore, IdempotencyStore
-from ._require_token_core import Refusal, Replay, Reply, RequireToken, fingerprint_fields
+from ._require_token_core import Replay, Reply, RequireToken, fingerprint_fields
 from ._response import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_REPLAY_HEADERS,
@@ -364,9 +365,9 @@ def _replay(result: Any) -> HttpResponse:
     return response
 
 
-def _answer(outcome: Refusal | Replay) -> HttpResponse:
-    if isinstance(outcome, Refusal):
-        return problem_response(outcome.error)
+def _answer(outcome: TokenError | Replay) -> HttpResponse:
+    if isinstance(outcome, TokenError):
+        return problem_response(outcome)
     return _replay(outcome.result)
 
 
@@ -411,7 +412,7 @@ def require_token(
     def checked(request: HttpRequest) -> str | HttpResponse:
         """The token, or the 400 to answer (no header; a body shorter than its Content-Length)."""
         token = core.token_of(request.headers.get(header))
-        if isinstance(token, Refusal):
+        if isinstance(token, TokenError):
             return _answer(token)
         return _answer(core.truncated()) if _body_ended_early(request) else token
 
@@ -436,14 +437,18 @@ def require_token(
                 if not isinstance(tokens, AsyncTokenClient):
                     raise TypeError("an async view needs an AsyncTokenClient")
                 guard = await core.abegin(tokens, token, *identity(request))
-                if isinstance(guard, Refusal | Replay):
+                if isinstance(guard, TokenError | Replay):
                     return _answer(guard)
                 try:
                     response = _rendered(await view(*args, **kwargs))
                 except BaseException as exc:
                     await core.afailed(guard, exc)
                     raise
-                await _asettle(core, guard, request, response)
+                now = _settle_now(core, guard, request, response)
+                if now is _READ_AHEAD:
+                    await _read_ahead(core, guard, response)
+                elif now is not None:
+                    await core.asettle(guard, now)
                 return response
 
             return guarded_async_view
@@ -458,14 +463,16 @@ def require_token(
             if not isinstance(tokens, TokenClient):
                 raise TypeError("a sync view needs a TokenClient")
             guard = core.begin(tokens, token, *identity(request))
-            if isinstance(guard, Refusal | Replay):
+            if isinstance(guard, TokenError | Replay):
                 return _answer(guard)
             try:
                 response = _rendered(view(*args, **kwargs))
             except BaseException as exc:
                 core.failed(guard, exc)
                 raise
-            _settle(core, guard, request, response)
+            now = _settle_now(core, guard, request, response)
+            if now is not None:
+                core.settle(guard, now)
             return response
 
         return guarded_view
@@ -473,58 +480,53 @@ def require_token(
     return decorate
 
 
-def _parts(response: HttpResponseBase) -> tuple[int, list[tuple[str, str]], int | None]:
+def _settle_now(core: RequireToken, guard: Guard | AsyncGuard, request: HttpRequest, response: Any) -> Any:
+    """What to settle now (a :class:`Reply`); None when the response is a stream, wrapped here to be
+    recorded as it goes out; ``_READ_AHEAD`` for an async view's synchronous stream."""
+    head = Reply(response.status_code, list(response.items()))
     length = declared_length(str(response.get("Content-Length") or ""))
-    return response.status_code, list(response.items()), length
-
-
-def _settle(core: RequireToken, guard: Guard, request: HttpRequest, response: HttpResponseBase) -> None:
-    """Settle a sync view's response; a streamed one is recorded as it goes out."""
-    status, headers, length = _parts(response)
     if isinstance(response, HttpResponse):
-        core.settle(guard, Reply(status, headers, response.content))
-    elif not isinstance(response, StreamingHttpResponse) or not core.keeps(status):
-        core.settle(guard, Reply(status, headers, omitted=length or 0))
-    elif request.method == "HEAD":
-        core.settle(guard, core.head_of_stream(status, headers, length))
-    elif response.is_async:
-        response.streaming_content = core.arecord(guard, response.streaming_content, status, headers, length)
+        return dataclasses.replace(head, body=response.content)
+    if not isinstance(response, StreamingHttpResponse) or not core.keeps(head.status):
+        return dataclasses.replace(head, omitted=length or 0)
+    if request.method == "HEAD":
+        return core.head_of_stream(head, length)
+    if response.is_async:
+        response.streaming_content = core.arecord(guard, response.streaming_content, head, length)
+    elif isinstance(guard, Guard):
+        response.streaming_content = core.record(guard, response.streaming_content, head, length)
     else:
-        response.streaming_content = core.record(guard, response.streaming_content, status, headers, length)
+        return _READ_AHEAD
+    return None
 
 
-async def _asettle(
-    core: RequireToken, guard: AsyncGuard, request: HttpRequest, response: HttpResponseBase
-) -> None:
-    """Settle an async view's response; a streamed one is recorded as it goes out."""
-    status, headers, length = _parts(response)
-    if isinstance(response, HttpResponse):
-        await core.asettle(guard, Reply(status, headers, response.content))
-    elif not isinstance(response, StreamingHttpResponse) or not core.keeps(status):
-        await core.asettle(guard, Reply(status, headers, omitted=length or 0))
-    elif request.method == "HEAD":
-        await core.asettle(guard, core.head_of_stream(status, headers, length))
-    elif response.is_async:
-        response.streaming_content = core.arecord(guard, response.streaming_content, status, headers, length)
+_READ_AHEAD = object()
+
+
+async def _read_ahead(core: RequireToken, guard: AsyncGuard, response: StreamingHttpResponse) -> None:
+    """An async view's synchronous stream (a FileResponse), settled before it goes out.
+
+    Django may iterate it after this view's event loop is gone (an async view under
+    WSGI), where its guard cannot be settled. So it is read here up to the caps: kept
+    when it ends within them; else omitted with its declared length (0 when it declares
+    none: it cannot be counted before it goes out). What was read goes out first.
+    """
+    head = Reply(response.status_code, list(response.items()))
+    chunks = iter(response.streaming_content)
+    read: list[bytes] = []
+
+    def read_up_to_the_caps() -> bool:
+        size = 0
+        for chunk in chunks:
+            read.append(chunk)
+            size += len(chunk)
+            if size > core.cap_bytes:
+                return False
+        return True
+
+    if await sync_to_async(read_up_to_the_caps)():
+        await core.asettle(guard, dataclasses.replace(head, body=b"".join(read)))
     else:
-        # A synchronous stream (a FileResponse): Django may iterate it after this view's event loop
-        # is gone (an async view under WSGI), where its guard cannot be settled. Read ahead up to the
-        # caps here: kept when it ends within them; else omitted with its declared length (0 when it
-        # declares none: it cannot be counted before it goes out).
-        chunks = iter(response.streaming_content)
-        head: list[bytes] = []
-
-        def read_ahead() -> bool:
-            size = 0
-            for chunk in chunks:
-                head.append(chunk)
-                size += len(chunk)
-                if size > core.cap_bytes:
-                    return False
-            return True
-
-        if await sync_to_async(read_ahead)():
-            await core.asettle(guard, Reply(status, headers, b"".join(head)))
-        else:
-            await core.asettle(guard, Reply(status, headers, omitted=length or 0))
-        response.streaming_content = itertools.chain(head, chunks)
+        length = declared_length(str(response.get("Content-Length") or ""))
+        await core.asettle(guard, dataclasses.replace(head, omitted=length or 0))
+    response.streaming_content = itertools.chain(read, chunks)

@@ -38,8 +38,8 @@ progress 409 with ``Retry-After`` (or ``wait_seconds`` to wait for the first
 request and replay it), used 409, store down 503. A request FastAPI rejects
 (422: the body does not validate) never reaches the guard: its token is not used.
 
-The lease is renewed while the endpoint runs (:class:`AsyncGuard`). Only this
-module imports FastAPI.
+The lease is renewed while the endpoint runs and while its stream goes out
+(:class:`AsyncGuard`). Only this module imports FastAPI.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from token_service.problems import problem_for
 from ._client import AsyncTokenClient
 from ._fingerprint import body_fingerprint
 from ._idempotency_core import declared_length
-from ._require_token_core import Refusal, Replay, Reply, RequireToken, ValueReply, fingerprint_fields
+from ._require_token_core import Replay, Reply, RequireToken, ValueReply, fingerprint_fields
 from ._response import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_REPLAY_HEADERS,
@@ -209,16 +209,16 @@ def require_token(
             for name in added:
                 del kwargs[name]
             token = core.token_of(request.headers.get(header))
-            if isinstance(token, Refusal):
-                return problem_response(token.error)
+            if isinstance(token, TokenError):
+                return problem_response(token)
             guard = await core.abegin(
                 client,
                 token,
                 await _value(subject, request),
                 await _fingerprint(fingerprint, fields, request),
             )
-            if isinstance(guard, Refusal):
-                return problem_response(guard.error)
+            if isinstance(guard, TokenError):
+                return problem_response(guard)
             if isinstance(guard, Replay):
                 return _replay(guard.result, response)
             request.state.token_guard = guard
@@ -262,9 +262,9 @@ async def _settle_response(core: RequireToken, guard: AsyncGuard, request: Reque
         if not core.keeps(status):
             await core.asettle(guard, Reply(status, headers))  # frees the token, the body untouched
         elif request.method == "HEAD":
-            await core.asettle(guard, core.head_of_stream(status, headers, length))
+            await core.asettle(guard, core.head_of_stream(Reply(status, headers), length))
         else:
-            value.body_iterator = core.arecord(guard, value.body_iterator, status, headers, length)
+            value.body_iterator = core.arecord(guard, value.body_iterator, Reply(status, headers), length)
     else:
         body = getattr(value, "body", None)  # a Response class of its own may send without one
         kept = bytes(body) if isinstance(body, bytes | bytearray | memoryview) else None

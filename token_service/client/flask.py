@@ -43,7 +43,7 @@ from token_service.problems import problem_for
 
 from ._client import TokenClient
 from ._fingerprint import body_fingerprint
-from ._require_token_core import Refusal, Replay, Reply, RequireToken, fingerprint_fields
+from ._require_token_core import Replay, Reply, RequireToken, fingerprint_fields
 from ._response import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_REPLAY_HEADERS,
@@ -74,9 +74,9 @@ def problem_response(error: TokenError) -> Response:
     return Response(body, status=status, headers=headers)
 
 
-def _answer(outcome: Refusal | Replay) -> Response:
-    if isinstance(outcome, Refusal):
-        return problem_response(outcome.error)
+def _answer(outcome: TokenError | Replay) -> Response:
+    if isinstance(outcome, TokenError):
+        return problem_response(outcome)
     return replay_response(outcome.result)
 
 
@@ -178,12 +178,12 @@ def require_token(
         @functools.wraps(view)
         def guarded_view(*args: Any, **kwargs: Any) -> Response:
             token = core.token_of(request.headers.get(header))
-            if isinstance(token, Refusal):
+            if isinstance(token, TokenError):
                 return _answer(token)
             if _body_ended_early():
                 return _answer(core.truncated())
             guard = core.begin(client, token, subject(request) if subject else None, request_fingerprint())
-            if isinstance(guard, Refusal | Replay):
+            if isinstance(guard, TokenError | Replay):
                 return _answer(guard)
             g.token_guard = guard
             try:
@@ -198,11 +198,11 @@ def require_token(
                 core.settle(guard, Reply(status, headers))  # frees the token, the body untouched
             elif request.method == "HEAD":
                 # Werkzeug sends no body for HEAD and never iterates it
-                core.settle(guard, core.head_of_stream(status, headers, response.content_length))
+                core.settle(guard, core.head_of_stream(Reply(status, headers), response.content_length))
             else:
                 # a file or a stream: never buffered whole, recorded as it goes out
                 length = response.content_length
-                response.response = core.record(guard, response.response, status, headers, length)
+                response.response = core.record(guard, response.response, Reply(status, headers), length)
             return response
 
         return guarded_view

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import logging
 import re
@@ -90,6 +91,18 @@ def _iso(epoch_ms: int) -> str:
     return (
         datetime.fromtimestamp(epoch_ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     )
+
+
+def audit(actor: str, action: str, ref: str | None, outcome: str, **details: Any) -> None:
+    """One audit line: who, which action, on which record, with what outcome (never a secret)."""
+    fields = {"audit": True, "actor": actor, "action": action, "ref": ref, "outcome": outcome}
+    fields.update({name: value for name, value in details.items() if value is not None})
+    audit_log.info("admin %s", action, extra=fields)
+
+
+def shown_ref(text: Any) -> str | None:
+    """A ref fit for a log line: only one of a ref's shape (a longer string may be a token)."""
+    return text if isinstance(text, str) and REF_RE.match(text) else None
 
 
 @dataclass(frozen=True)
@@ -272,18 +285,59 @@ def _letters(state: str | None) -> frozenset[str] | None:
     return frozenset(letter for table in tables for letter, name in table.items() if name == state)
 
 
-def _cursor(text: str, nodes: int) -> tuple[int, int]:
-    node, _, position = (text or "0").partition(".")
-    # ASCII digits only (str.isdigit also takes "²"), within what SCAN's unsigned 64-bit cursor holds
-    digits = re.compile(r"[0-9]{1,20}\Z")
+@dataclass(frozen=True)
+class _Resume:
+    """Where a walk goes on: a node, the SCAN cursor of a batch and, mid-batch, how far into it.
+
+    ``skip`` keys of that batch (sorted) were read already; the batch came from a SCAN with
+    ``count`` (asked again with the same, whatever the next page's count) and ``batch`` is
+    the digest of its keys, so they are skipped only if SCAN hands back the same batch.
+    """
+
+    node: int
+    position: int
+    skip: int = 0
+    count: int = 0
+    batch: str = ""
+
+    def text(self) -> str:
+        if self.skip:
+            return f"{self.node}.{self.position}.{self.skip}.{self.count}.{self.batch}"
+        return f"{self.node}.{self.position}"
+
+
+# node[.scan cursor[.keys read of that batch.its SCAN count.its digest]]: ASCII digits only
+# (str.isdigit also takes "²"), a SCAN cursor within what its unsigned 64 bits hold
+_CURSOR_RE = re.compile(
+    r"(?P<node>[0-9]{1,4})(?:\.(?P<position>[0-9]{1,20})"
+    r"(?:\.(?P<skip>[1-9][0-9]{0,4})\.(?P<count>[1-9][0-9]{0,4})\.(?P<batch>[0-9a-f]{16}))?)?\Z"
+)
+
+
+def _cursor(text: str, nodes: int) -> _Resume:
+    matched = _CURSOR_RE.match(text or "0")
     if (
-        not digits.match(node)
-        or (position and not digits.match(position))
-        or int(node) >= max(nodes, 1)
-        or int(position or 0) >= 2**64
+        matched is None
+        or int(matched["node"]) >= max(nodes, 1)
+        or int(matched["position"] or 0) >= 2**64
+        or int(matched["count"] or 0) > MAX_COUNT
     ):
         raise InvalidRequest("The cursor is not one this walk handed out.", {"cursor": ["Unknown cursor."]})
-    return int(node), int(position or 0)
+    return _Resume(
+        int(matched["node"]),
+        int(matched["position"] or 0),
+        int(matched["skip"] or 0),
+        int(matched["count"] or 0),
+        matched["batch"] or "",
+    )
+
+
+def _batch_digest(keys: list[str]) -> str:
+    """What identifies one SCAN batch (its keys, sorted): 64 bits of their BLAKE2b."""
+    hasher = hashlib.blake2b(digest_size=8)
+    for key in keys:
+        hasher.update(key.encode("utf-8", "surrogateescape") + b"\n")
+    return hasher.hexdigest()
 
 
 @contextlib.contextmanager
@@ -306,6 +360,10 @@ class Admin:
     """
 
     MAX_SCAN_STEPS_PER_PAGE: ClassVar[int] = 50
+    # records read per pipeline once a read brought fewer matches than the page needed: this
+    # many, four times more after each such read, up to MAX_READ
+    FIRST_READ: ClassVar[int] = 16
+    MAX_READ: ClassVar[int] = 1000
 
     def __init__(
         self,
@@ -321,6 +379,7 @@ class Admin:
         self.actor = actor
         self._cluster = isinstance(client, redis.cluster.RedisCluster)
         self._scripts = {name: client.register_script(lua_source(name)) for name in _SCRIPTS}
+        self.records_read = 0  # records fetched from Redis by the walks of this object (what a page costs)
 
     # -- keys and references -------------------------------------------------------------
 
@@ -459,59 +518,103 @@ class Admin:
         return self.key_prefix + "*"
 
     def scan(self, wanted: Filter, cursor: str = "0", count: int = DEFAULT_COUNT, limit: int = 100) -> Page:
-        """Records matching ``wanted``, from a bounded walk that starts at ``cursor``.
+        """At most ``limit`` records matching ``wanted``, from a bounded walk that starts at ``cursor``.
 
-        Stops after the SCAN call that brings the matches to ``limit`` (a call's
-        keys are never split across pages: SCAN cannot resume mid-reply, so a page
-        may hold a few more) or after :attr:`MAX_SCAN_STEPS_PER_PAGE` calls (each
-        ``COUNT count``), whichever is first: a page may be empty while the walk
-        goes on. Continue with the returned cursor until it is ``"0"``.
+        Each step is one ``SCAN … COUNT count`` (key names only); the records of its keys are
+        then read a few at a time, and reading stops as soon as the page holds ``limit``
+        records, so a page's memory is bounded by ``limit``, not by ``count``. A page that
+        fills mid-batch hands back a cursor naming the batch's SCAN cursor, how many of its
+        keys (sorted) were read and the batch's digest: the next page issues that SCAN
+        again and, if it returns the same keys, goes on after them. If the batch changed
+        meanwhile (keys written or deleted there, or the hash table resized, after which one
+        SCAN cursor covers other keys), it is read again from its start.
+
+        The guarantee (SCAN's own, kept across pages): every record present for the whole
+        walk is listed at least once; when nothing changes, exactly once. A record written
+        or deleted during the walk may or may not be listed.
+
+        A page also ends after :attr:`MAX_SCAN_STEPS_PER_PAGE` SCAN calls, so it may be
+        empty while the walk goes on. Continue with the returned cursor until it is ``"0"``.
         """
         if not 1 <= count <= MAX_COUNT:
             raise ValueError(f"count must be between 1 and {MAX_COUNT}")
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
         nodes = self.nodes()
-        node, position = _cursor(cursor, len(nodes))
+        at = _cursor(cursor, len(nodes))
+        node, position, skip = at.node, at.position, at.skip
         pattern = self._pattern(wanted)
+        letters = _letters(wanted.state)
         found: list[Record] = []
         scanned = 0
         steps = 0
         with translate_errors(), _invalid_cursor():
             while steps < self.MAX_SCAN_STEPS_PER_PAGE and len(found) < limit:
                 steps += 1
-                position, keys = nodes[node][1].scan(position, match=pattern, count=count, _type="string")
-                scanned += len(keys)
-                read = self._read_many(nodes[node][1], keys, _letters(wanted.state))
-                found += [record for record in read if wanted.matches(record)]
+                client = nodes[node][1]
+                # a batch begun by an earlier page is asked for as it was (its count), the others with ours
+                asked = at.count if skip else count
+                following, raw_keys = client.scan(position, match=pattern, count=asked, _type="string")
+                # sorted, once each: the same batch is the same list whatever order SCAN replied in
+                keys = sorted({records.text(raw) for raw in raw_keys})
+                batch = _batch_digest(keys)
+                if skip and (batch != at.batch or skip > len(keys)):
+                    skip = 0  # not the batch the cursor was handed out for: all of it again
+                extra = 0
+                while skip < len(keys) and len(found) < limit:
+                    # as many as the page still needs, then more each time a read brought too few
+                    # (records another filter refuses, keys gone): never more than MAX_READ beyond it
+                    wanted_keys = keys[skip : skip + max(limit - len(found), extra)]
+                    for offset, record in enumerate(self._read_many(client, wanted_keys, letters)):
+                        if record is not None and wanted.matches(record):
+                            found.append(record)
+                            if len(found) == limit:
+                                wanted_keys = wanted_keys[: offset + 1]
+                                break
+                    skip += len(wanted_keys)
+                    scanned += len(wanted_keys)
+                    extra = min(max(extra * 4, self.FIRST_READ), self.MAX_READ)
+                if skip < len(keys):
+                    return Page(found, _Resume(node, position, skip, asked, batch).text(), scanned)
+                skip = 0
+                position = int(following)
                 if position == 0:
                     node += 1
                     if node == len(nodes):
                         return Page(found, "0", scanned)
-        return Page(found, f"{node}.{position}", scanned)
+        return Page(found, _Resume(node, position).text(), scanned)
 
     def _read_many(
-        self, node: redis.Redis, keys: list[Any], letters: frozenset[str] | None = None
-    ) -> Iterator[Record]:
+        self, node: redis.Redis, keys: list[str], letters: frozenset[str] | None = None
+    ) -> list[Record | None]:
+        """The records under ``keys``, one per key (None: not a record, gone, or another state)."""
         script = self._scripts["admin_read"]
-        named = []
-        for raw in keys:
-            key = records.text(raw)
-            split = self._split(key)
-            if split is not None:
-                named.append((key, *split))
-        if not named:
-            return
-        replies = self._pipeline_read(node, script.sha, [key for key, _, _ in named])
+        named = [self._split(key) for key in keys]
+        wanted = [key for key, split in zip(keys, named, strict=True) if split is not None]
+        if not wanted:
+            return [None] * len(keys)
+        replies = iter(self._read_replies(node, script, wanted))
+        shown: list[Record | None] = []
+        for key, split in zip(keys, named, strict=True):
+            if split is None:
+                shown.append(None)
+                continue
+            reply = next(replies)
+            if isinstance(reply, Exception):
+                shown.append(None)  # moved to another node meanwhile (a Cluster reshard): its walk lists it
+            elif letters is not None and reply and records.text(reply[0][:1]) not in letters:
+                shown.append(None)  # another state: not worth parsing
+            else:
+                shown.append(self._record(split[0], key, split[1], reply))
+        return shown
+
+    def _read_replies(self, node: redis.Redis, script: Any, keys: list[str]) -> list[Any]:
+        self.records_read += len(keys)
+        replies = self._pipeline_read(node, script.sha, keys)
         if any(isinstance(reply, redis_errors.NoScriptError) for reply in replies):
             node.script_load(script.script)  # this node had not seen the script yet
-            replies = self._pipeline_read(node, script.sha, [key for key, _, _ in named])
-        for (key, kind, ref), reply in zip(named, replies, strict=True):
-            if isinstance(reply, Exception):
-                continue  # moved to another node meanwhile (a Cluster reshard): its walk lists it
-            if letters is not None and reply and records.text(reply[0][:1]) not in letters:
-                continue  # another state: not worth parsing
-            record = self._record(kind, key, ref, reply)
-            if record is not None:
-                yield record
+            replies = self._pipeline_read(node, script.sha, keys)
+        return replies
 
     @staticmethod
     def _pipeline_read(node: redis.Redis, sha: str, keys: list[str]) -> list[Any]:
@@ -547,23 +650,25 @@ class Admin:
         )
         return page
 
-    def find_by_request_id(self, request_id: str, cursor: str = "0", count: int = DEFAULT_COUNT) -> Page:
-        page = self.scan(Filter(kind=TOKEN, request_id=request_id), cursor, count)
+    def find_by_request_id(
+        self, request_id: str, cursor: str = "0", count: int = DEFAULT_COUNT, limit: int = 100
+    ) -> Page:
+        page = self.scan(Filter(kind=TOKEN, request_id=request_id), cursor, count, limit)
         self._audit("find_by_request_id", None, f"{len(page.records)} found", cursor=page.cursor)
         return page
 
-    def find_by_ref_prefix(self, prefix: str, cursor: str = "0", count: int = DEFAULT_COUNT) -> Page:
+    def find_by_ref_prefix(
+        self, prefix: str, cursor: str = "0", count: int = DEFAULT_COUNT, limit: int = 100
+    ) -> Page:
         check_ref(prefix)
-        page = self.scan(Filter(kind=TOKEN, ref_prefix=prefix), cursor, count)
+        page = self.scan(Filter(kind=TOKEN, ref_prefix=prefix), cursor, count, limit)
         self._audit("find_by_ref_prefix", prefix, f"{len(page.records)} found", cursor=page.cursor)
         return page
 
     # -- audit -----------------------------------------------------------------------------
 
     def _audit(self, action: str, ref: str | None, outcome: str, **details: Any) -> None:
-        fields = {"audit": True, "actor": self.actor, "action": action, "ref": ref, "outcome": outcome}
-        fields.update({name: value for name, value in details.items() if value is not None})
-        audit_log.info("admin %s", action, extra=fields)
+        audit(self.actor, action, ref, outcome, **details)
 
     # -- for the reconciler --------------------------------------------------------------
 

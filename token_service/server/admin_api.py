@@ -11,19 +11,31 @@ of its SHA-256, never the key.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response, g, request
 
 from token_service.config import Settings
 from token_service.errors import InvalidRequest, Unauthorized
-from token_service.ops.admin import KINDS, STATES, Admin, Filter
-from token_service.server.api import parse_json_object
+from token_service.ops.admin import KINDS, STATES, Admin, Filter, audit, shown_ref
+from token_service.server.api import json_body
 from token_service.server.auth import check_service_key
 from token_service.server.responses import json_response
 from token_service.tokens import is_plain_text, whole_number
 
 MAX_IDENTITY_CHARS = 4096
+# the admin routes' endpoints and the action their audit lines name
+_ACTIONS = {
+    "admin.list_records": "list",
+    "admin.show": "show",
+    "admin.revoke": "revoke",
+    "admin.release": "release",
+    "admin.idempotency_lookup": "show_idempotency",
+}
+# answers given before any record was looked at (the actions audit every later outcome)
+_REFUSED = frozenset({400, 401, 408, 413, 415})
+_SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9!#$%&'*+.^_`|~-]{0,19}\Z")
 
 
 def _admin_actor(settings: Settings) -> str:
@@ -34,8 +46,48 @@ def _admin_actor(settings: Settings) -> str:
         check_service_key(settings.admin_keys, header)
     except Unauthorized:
         raise Unauthorized("An admin key is required: Authorization: Bearer <admin key>.") from None
-    presented = (header or "").partition(" ")[2].strip()
-    return "admin-key:" + hashlib.sha256(presented.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+    g.admin_actor = "admin-key:" + _key_digest(header or "")
+    return str(g.admin_actor)
+
+
+def _key_digest(header: str) -> str:
+    presented = header.partition(" ")[2].strip()
+    return hashlib.sha256(presented.encode("utf-8", "surrogateescape")).hexdigest()[:12]
+
+
+def _refused_actor() -> str:
+    """Who was refused, never their credentials: a Bearer key by its digest (as the audit lines
+    name an admin key), another scheme by its name only (a digest of a weak password is guessable)."""
+    header = request.headers.get("Authorization")
+    if header is None:
+        return "anonymous"
+    scheme, _, credentials = header.partition(" ")
+    if scheme.lower() == "bearer" and credentials.strip():
+        return "key:" + _key_digest(header)
+    return (scheme.lower() if _SCHEME_RE.match(scheme) else "malformed") + "-credentials"
+
+
+def _audit_refusal(response: Response) -> Response:
+    """One audit line for an admin call refused before it reached a record (401, 400, 413, 415, ...).
+
+    The actions write their own lines from the record on (found, not found, not in progress).
+    """
+    if response.status_code not in _REFUSED or request.endpoint not in _ACTIONS:
+        return response
+    problem = response.get_json(silent=True) if response.is_json else None
+    code = problem.get("code") if isinstance(problem, dict) else None
+    errors = problem.get("errors") if isinstance(problem, dict) else None
+    fields = sorted(str(name)[:64] for name in errors)[:10] if isinstance(errors, dict) else None
+    audit(
+        g.get("admin_actor") or _refused_actor(),
+        _ACTIONS[request.endpoint],
+        shown_ref((request.view_args or {}).get("ref")),
+        "refused",
+        status=response.status_code,
+        code=code if isinstance(code, str) else None,
+        fields=fields or None,
+    )
+    return response
 
 
 def _choice(name: str, allowed: Any) -> str | None:
@@ -69,6 +121,7 @@ def _flag(name: str) -> bool | None:
 
 def make_blueprint(settings: Settings, client: Any) -> Blueprint:
     bp = Blueprint("admin", __name__)
+    bp.after_request(_audit_refusal)
 
     def admin() -> Admin:
         return Admin(
@@ -90,17 +143,15 @@ def make_blueprint(settings: Settings, client: Any) -> Blueprint:
             ref_prefix=prefix,
             lease_expired=_flag("lease_expired"),
         )
+        cursor, count, limit = (
+            request.args.get("cursor", "0"),
+            _number("count", 1000, 10000),
+            _number("limit", 100, 1000),
+        )
         if prefix is not None:
-            page = acting.find_by_ref_prefix(
-                prefix, request.args.get("cursor", "0"), _number("count", 1000, 10000)
-            )
+            page = acting.find_by_ref_prefix(prefix, cursor, count, limit)
         else:
-            page = acting.list(
-                wanted,
-                request.args.get("cursor", "0"),
-                _number("count", 1000, 10000),
-                _number("limit", 100, 1000),
-            )
+            page = acting.list(wanted, cursor, count, limit)
         return json_response(
             {
                 "records": [record.to_dict() for record in page.records],
@@ -130,7 +181,7 @@ def make_blueprint(settings: Settings, client: Any) -> Blueprint:
     def idempotency_lookup() -> Response:
         # a POST: the client identity (often its credentials) never goes into a URL or a log
         acting = admin()
-        body = parse_json_object(request.get_data(cache=False))
+        body = json_body()  # Content-Type: application/json, as every JSON route (text/plain was taken)
         identity, key = body.get("identity"), body.get("idempotency_key")
         errors = {}
         # no control characters or lone surrogates: "\ud800" cannot even be hashed (was a 500)

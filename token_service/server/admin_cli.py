@@ -22,6 +22,7 @@ from token_service.errors import TokenError
 from token_service.tokens import whole_number
 
 _KINDS = ("token", "idempotency")
+PAGE_RECORDS = 100
 _DASHED_REF = re.compile(r"-[A-Za-z0-9_-]{5,}")
 
 
@@ -121,7 +122,8 @@ def list_records(args: argparse.Namespace) -> int:
     wanted = Filter(kind=args.kind, state=args.state, scope=args.scope)
     cursor, shown = args.cursor, 0
     while shown < args.limit:
-        page = admin.list(wanted, cursor, args.count, args.limit - shown)
+        # pages of at most PAGE_RECORDS: what the command holds at once, however large --limit
+        page = admin.list(wanted, cursor, args.count, min(args.limit - shown, PAGE_RECORDS))
         for record in page.records:
             _emit(record.to_dict())
         shown += len(page.records)
@@ -191,7 +193,8 @@ def reconcile(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from token_service.ops.admin import NotInProgress, RecordNotFound
+    from token_service.errors import InvalidRequest
+    from token_service.ops.admin import NotInProgress, RecordNotFound, audit, shown_ref
 
     try:
         return int(args.admin_handler(args))
@@ -202,6 +205,16 @@ def run(args: argparse.Namespace) -> int:
         _emit({"outcome": exc.code, "detail": exc.detail})
         return 1
     except TokenError as exc:
+        if isinstance(exc, InvalidRequest):
+            # refused before it reached a record: audited too, as over HTTP (never the input itself)
+            audit(
+                f"cli:{getpass.getuser()}",
+                args.admin_command,
+                shown_ref(getattr(args, "ref", None)),
+                "refused",
+                code=exc.code,
+                fields=sorted(exc.errors) or None,
+            )
         print(f"token-service admin: {exc.code}: {exc.detail}", file=sys.stderr)
         return 1 if exc.status >= 500 or exc.status == 404 else 2
 

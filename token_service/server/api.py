@@ -42,7 +42,7 @@ def rfc3339(epoch_seconds: float) -> str:
     return datetime.fromtimestamp(epoch_seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _json_body() -> dict[str, Any]:
+def json_body() -> dict[str, Any]:
     if not request.is_json:
         raise InvalidRequest(
             "The body must be JSON (Content-Type: application/json).", {"body": ["Not JSON."]}
@@ -201,10 +201,10 @@ def make_blueprint(settings: Settings, store: TokenStore, hot: HotOperations) ->
         return request.headers.get(subject_header) if subject_header else None
 
     def generate() -> Reply:
-        return hot.generate(_json_body(), gateway_subject(), request.remote_addr)
+        return hot.generate(json_body(), gateway_subject(), request.remote_addr)
 
     def generate_batch() -> Reply:
-        data = _load(batch_schema, _json_body())
+        data = _load(batch_schema, json_body())
         tokens, shared = hot.issue(data, data["count"], gateway_subject(), request.remote_addr)
         # {"tokens": [{"token": t, **shared}, ...]} as json.dumps writes it, with the shared
         # fields serialised once instead of once per token (a tenth of a 1000-token reply's
@@ -214,10 +214,10 @@ def make_blueprint(settings: Settings, store: TokenStore, hot: HotOperations) ->
         return f'{{"tokens":[{elements}]}}'
 
     def consume() -> Reply:
-        return hot.consume(_json_body())
+        return hot.consume(json_body())
 
     def begin() -> Reply:
-        data = _load(begin_schema, _json_body())
+        data = _load(begin_schema, json_body())
         if data["request_id"] is None and settings.require_request_id:
             raise_request_id_required()
         outcome = store.begin(
@@ -238,26 +238,26 @@ def make_blueprint(settings: Settings, store: TokenStore, hot: HotOperations) ->
         }
 
     def renew() -> Reply:
-        data = _load(renew_schema, _json_body())
+        data = _load(renew_schema, json_body())
         outcome = store.renew(
             _token(data), data["lease_id"], data["lease_seconds"] or settings.default_lease_seconds
         )
         return {"outcome": "renewed", "lease_expires_at": rfc3339(outcome.lease_expires_ms / 1000)}
 
     def complete() -> Reply:
-        data = _load(complete_schema, _json_body())
+        data = _load(complete_schema, json_body())
         records.check_payload("result", data["result"], settings.max_result_bytes)
         outcome = store.complete(_token(data), data["lease_id"], data["result"])
         return {"outcome": "succeeded", "replayed": outcome.replayed}
 
     def fail() -> Reply:
-        data = _load(fail_schema, _json_body())
+        data = _load(fail_schema, json_body())
         records.check_payload("error", data["error"], settings.max_result_bytes)
         outcome = store.fail(_token(data), data["lease_id"], retryable=data["retryable"], error=data["error"])
         return {"outcome": outcome.outcome, "replayed": outcome.replayed}
 
     def inspect() -> Reply:
-        data = _load(token_schema, _json_body())
+        data = _load(token_schema, json_body())
         found = store.inspect(_token(data))
         body: dict[str, Any] = {
             "state": found.state,
@@ -275,7 +275,7 @@ def make_blueprint(settings: Settings, store: TokenStore, hot: HotOperations) ->
         return body
 
     def revoke() -> Reply:
-        data = _load(token_schema, _json_body())
+        data = _load(token_schema, json_body())
         store.revoke(_token(data))
         return {"outcome": "revoked"}
 

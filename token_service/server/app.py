@@ -25,6 +25,7 @@ from token_service.server import (
     proxies,
     telemetry,
 )
+from token_service.server.metric_files import multiprocess_dir
 from token_service.server.responses import register_error_handlers
 
 log = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
         redis_client(settings),
         key_prefix=settings.key_prefix,
         result_ttl_seconds=settings.result_ttl_seconds,
+        metric_scopes=settings.metric_scopes,
     )
     app.extensions["token_service"] = {"settings": settings, "store": store}
     register_error_handlers(app)
@@ -82,7 +84,7 @@ def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
     hot = api.HotOperations(settings, store)
     app.register_blueprint(api.make_blueprint(settings, store, hot))
     # TRUSTED_PROXY_HOPS=0 and requests with X-Forwarded-For: a proxy nobody declared
-    detector = None if settings.trusted_proxy_hops else proxies.ForwardedForDetector()
+    detector = None if settings.trusted_proxy_hops else proxies.ForwardedForDetector(multiprocess_dir())
     app.detector = detector
     app.register_blueprint(
         health.make_blueprint(store, settings.drain_file, detector.warnings if detector else list)

@@ -121,7 +121,7 @@ _metrics_dir = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
 # and the nested one failed on the half-initialised module (the master exited 1).
 from prometheus_client import multiprocess  # noqa: E402
 
-from token_service.server.metric_files import fold_dead_worker  # noqa: E402
+from token_service.server.metric_files import FORWARDED_FLAG_FILE, fold_dead_worker  # noqa: E402
 
 # --- draining: a flag file the workers' /readyz looks at --------------------------
 if not _settings.drain_file:
@@ -134,6 +134,8 @@ def on_starting(server: Any) -> None:
     _metrics_dir.mkdir(parents=True, exist_ok=True)
     for stale in [*_metrics_dir.glob("*.db"), *_metrics_dir.glob("scopes.*")]:
         stale.unlink()
+    # and the last run's X-Forwarded-For warning (token_service/server/proxies.py): this run's own
+    (_metrics_dir / FORWARDED_FLAG_FILE).unlink(missing_ok=True)
     _drain_file.unlink(missing_ok=True)
 
 

@@ -9,7 +9,9 @@ bounded however often workers are replaced:
 
 - :class:`SharedScopeLabels`: the scopes that get a label of their own are
   chosen once for the whole instance, in a list file beside the samples, so a
-  new worker extends the same list instead of starting its own.
+  new worker extends the same list instead of starting its own. Only the
+  configuration (``TOKEN_SERVICE_METRIC_SCOPES``) and authenticated calls
+  (consume, begin) add to it; anonymous ones (generate) only read it.
 - :func:`fold_dead_worker`: when a worker exits, the master adds its counter
   and histogram samples into one ``<kind>_archive.db`` per kind and deletes
   the worker's files. Scrapes read under a shared lock and the fold holds the
@@ -31,6 +33,9 @@ from prometheus_client.mmap_dict import MmapedDict
 OTHER_SCOPE = "_other"
 SCOPES_FILE = "scopes.list"
 LOCK_FILE = "metrics.lock"
+# created by the first worker that sees X-Forwarded-For while TRUSTED_PROXY_HOPS is 0
+# (token_service/server/proxies.py): the directory is the one state every worker shares
+FORWARDED_FLAG_FILE = "forwarded-for-seen"
 # Gauges are not folded: their per-process modes (live*, min, max) do not add up.
 _FOLDED_KINDS = ("counter", "histogram")
 
@@ -78,15 +83,24 @@ def fold_dead_worker(pid: int, directory: Path) -> None:
 
 
 class ScopeLabels:
-    """Client-chosen scopes as label values, at most ``limit`` distinct ones in this process."""
+    """Scopes as label values, at most ``limit`` distinct ones in this process.
 
-    def __init__(self, limit: int) -> None:
+    Only an authenticated call admits a scope (:meth:`__call__`: consume and begin,
+    which need a service key) or the configuration lists it (``listed``, admitted
+    first, in order); an anonymous one (generate) only reads (:meth:`known`), so
+    no stranger's scopes can use up the slots.
+    """
+
+    def __init__(self, limit: int, listed: tuple[str, ...] = ()) -> None:
         self.limit = limit
         self._seen: set[str] = set()
         self._full = False
         self._lock = threading.Lock()
+        for scope in listed:
+            self(scope)
 
     def __call__(self, scope: str) -> str:
+        """The scope's label, admitting it while there is room (an authenticated caller's scope)."""
         if scope in self._seen:
             return scope
         if self._full:
@@ -98,20 +112,32 @@ class ScopeLabels:
             self._full = True
         return OTHER_SCOPE
 
+    def known(self, scope: str) -> str:
+        """The scope's label if it has one already, else ``_other``: admits nothing."""
+        if scope in self._seen or (not self._full and self._refresh(scope)):
+            return scope
+        return OTHER_SCOPE
+
     def _admit(self, scope: str) -> bool:
         return len(self._seen) < self.limit
+
+    def _refresh(self, scope: str) -> bool:
+        return False  # one process: what it admitted is all there is
 
 
 class SharedScopeLabels(ScopeLabels):
     """The same bound for every worker of an instance, past and future: the list is a file.
 
     Each worker reads the list when it meets a scope it has not seen, until the
-    list is full; after that an unknown scope costs nothing (``_other``).
+    list is full; after that an unknown scope costs nothing (``_other``). A
+    scope another worker admitted is read from the list (when the file has grown
+    since this worker last read it), so every worker labels it alike.
     """
 
-    def __init__(self, limit: int, directory: Path) -> None:
-        super().__init__(limit)
+    def __init__(self, limit: int, directory: Path, listed: tuple[str, ...] = ()) -> None:
         self._path = directory / SCOPES_FILE
+        self._read_bytes = -1
+        super().__init__(limit, listed)
 
     def _admit(self, scope: str) -> bool:
         with _flock(self._path.with_suffix(".lock"), fcntl.LOCK_EX):
@@ -125,15 +151,29 @@ class SharedScopeLabels(ScopeLabels):
                 handle.write(scope + "\n")
             return True
 
+    def _refresh(self, scope: str) -> bool:
+        try:
+            size = self._path.stat().st_size
+        except FileNotFoundError:
+            return False
+        if size == self._read_bytes:
+            return False  # nothing admitted since the last read: no lock, no read
+        with self._lock, _flock(self._path.with_suffix(".lock"), fcntl.LOCK_SH):
+            listed = self._read()
+            self._seen.update(listed[: self.limit])
+            self._full = len(listed) >= self.limit
+        return scope in self._seen
+
     def _read(self) -> list[str]:
         try:
             text = self._path.read_text(encoding="utf-8")
         except FileNotFoundError:
             return []
+        self._read_bytes = len(text.encode("utf-8"))
         return [line for line in text.split("\n") if line]
 
 
-def scope_labels(limit: int) -> ScopeLabels:
+def scope_labels(limit: int, listed: tuple[str, ...] = ()) -> ScopeLabels:
     """Per process without a shared directory (tests, ``flask run``), per instance under gunicorn."""
     directory = multiprocess_dir()
-    return SharedScopeLabels(limit, directory) if directory else ScopeLabels(limit)
+    return SharedScopeLabels(limit, directory, listed) if directory else ScopeLabels(limit, listed)

@@ -9,10 +9,14 @@ included, so a count survives a worker restart. Without that variable (tests,
 ``flask run``) the metrics live in this process's default registry.
 
 Label values are bounded: routes are the app's URL rules (``unmatched`` for
-anything else), codes are the API's error codes, and scopes -- chosen by
-clients -- are kept for the first :data:`MAX_SCOPES` distinct values the
-instance sees (all its workers, past and present) and counted as ``_other``
-after that; see :mod:`token_service.server.metric_files`.
+anything else), codes are the API's error codes, and scopes are kept for at
+most :data:`MAX_SCOPES` distinct values per instance (all its workers, past and
+present), counted as ``_other`` after that. Those values are chosen by the
+operator (``TOKEN_SERVICE_METRIC_SCOPES``, admitted first) and by authenticated
+calls (consume and begin need a service key), never by an anonymous one:
+generate counts a scope under its own label only once it has one, so 60
+unauthenticated generates with made-up scopes cannot push the real ones out;
+see :mod:`token_service.server.metric_files`.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from prometheus_client import (
 )
 
 from token_service import defaults, records
+from token_service.config import MAX_METRIC_SCOPES
 from token_service.errors import RateLimited, TokenError
 from token_service.limits import IssuanceLimits, OutstandingCapReached
 from token_service.server import request_context
@@ -38,7 +43,7 @@ from token_service.server.metric_files import OTHER_SCOPE, multiprocess_dir, rea
 from token_service.store import IssueRequest, TokenStore
 from token_service.tokens import digest_key, token_digest
 
-MAX_SCOPES = 50
+MAX_SCOPES = MAX_METRIC_SCOPES
 # The whole digest: it is the record key's last part (<prefix>t:<token_ref>), so an operator
 # finds the record with one GET (token-service admin show <token_ref>). It reveals nothing:
 # the token behind it has 256 random bits.
@@ -91,10 +96,12 @@ def _replays(operation: str) -> Any:
 class MeteredStore(TokenStore):
     """The store, counting what each operation did. It adds no Redis calls."""
 
-    def __init__(self, client: Any, **options: Any) -> None:
+    def __init__(self, client: Any, *, metric_scopes: tuple[str, ...] = (), **options: Any) -> None:
         super().__init__(client, **options)
-        self.scopes = scope_labels(MAX_SCOPES)
+        self.scopes = scope_labels(MAX_SCOPES, metric_scopes)
         self._zeroed: set[str] = set()  # scope labels whose use outcomes exist (at 0 or more)
+        for scope in metric_scopes:
+            self._label(scope)  # the configured scopes' outcomes, at 0 from the first scrape
         # the last token noted and its key: the store's key() reuses the digest just made
         self._noted: tuple[str | None, str] = (None, "")
 
@@ -107,12 +114,13 @@ class MeteredStore(TokenStore):
         noted = self._noted
         return noted[1] if noted[0] is token else super().key(token)
 
-    def _label(self, scope: str) -> str:
-        """The scope's label value. The first time this process meets it (its first issuance, as a
-        rule), every consume and begin outcome of that scope is created at 0: a series born at 1
-        is one whose first increment Prometheus never sees (rate() starts from its first sample),
-        so without this a scope's first duplicate went uncounted by the duplicate-spike alert."""
-        label = self.scopes(scope)
+    def _label(self, scope: str, *, admit: bool = True) -> str:
+        """The scope's label value; ``admit=False`` (an anonymous caller's scope) takes only a label
+        the scope already has. The first time this process meets a label, every consume and begin
+        outcome of that scope is created at 0: a series born at 1 is one whose first increment
+        Prometheus never sees (rate() starts from its first sample), so without this a scope's
+        first duplicate went uncounted by the duplicate-spike alert."""
+        label = self.scopes(scope) if admit else self.scopes.known(scope)
         if label not in self._zeroed:
             for operation in SCOPED_OPERATIONS:
                 for code in OUTCOME_CODES[operation]:
@@ -140,7 +148,9 @@ class MeteredStore(TokenStore):
 
     def issue(self, request: IssueRequest, count: int = 1) -> list[str]:
         tokens = super().issue(request, count)
-        _issued(self._label(request.scope)).inc(len(tokens))
+        # generate needs no key: its scope gets no label of its own (the configured ones,
+        # or a backend's consume or begin, give it one)
+        _issued(self._label(request.scope, admit=False)).inc(len(tokens))
         return tokens
 
     def admit_and_issue(
@@ -153,7 +163,7 @@ class MeteredStore(TokenStore):
         except RateLimited as refused:
             RATE_LIMITED.labels("outstanding" if isinstance(refused, OutstandingCapReached) else "rate").inc()
             raise
-        _issued(self._label(request.scope)).inc(len(tokens))
+        _issued(self._label(request.scope, admit=False)).inc(len(tokens))
         return tokens
 
     def consume(
@@ -289,11 +299,12 @@ def zero_series(app: Flask) -> None:
     """Create every bounded series at 0, so /metrics shows them all from the first scrape.
 
     Alerts and dashboards then read a 0 (not "no data") before the first event,
-    and ``rate``/``increase`` count that first event. Client-chosen labels (scopes)
-    cannot be listed ahead: the outcomes' scope-less series (scope ``""``, as the
-    operations that carry no scope have) and the issued counter's ``_other`` stand in,
-    and a scope's consume and begin outcomes are created at 0 when the process first
-    meets the scope (``MeteredStore._label``), usually at its first issuance.
+    and ``rate``/``increase`` count that first event. Scopes not configured cannot be
+    listed ahead: the outcomes' scope-less series (scope ``""``, as the operations that
+    carry no scope have) and the issued counter's ``_other`` stand in, and a scope's
+    consume and begin outcomes are created at 0 when it gets its label
+    (``MeteredStore._label``): at start for the configured scopes, else at the first
+    consume or begin naming it.
     """
     for operation, codes in OUTCOME_CODES.items():
         for code in codes:

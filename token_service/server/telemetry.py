@@ -60,6 +60,9 @@ def close_request() -> None:
     request_context.current.set(None)
 
 
+MAX_CLIENT_CHARS = 64
+
+
 def record(
     info: RequestInfo, method: str, route: str, status: int, duration_seconds: float, client: str | None
 ) -> None:
@@ -76,7 +79,11 @@ def record(
             "route": route,
             "status": status,
             "duration_ms": round(duration_seconds * 1000, 3),
-            "client": client,
+            # an address is at most 45 characters (IPv6 with IPv4 tail); with TRUSTED_PROXY_HOPS
+            # set and no proxy in front, it is whatever X-Forwarded-For said (5,000 characters seen)
+            "client": client
+            if client is None or len(client) <= MAX_CLIENT_CHARS
+            else client[:MAX_CLIENT_CHARS] + "…",
         }
         if info.token_ref:
             fields["token_ref"] = info.token_ref
