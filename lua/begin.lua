@@ -12,6 +12,7 @@
 --       | {'token_invalid'} | {'token_mismatch', field} | {'token_used'}
 --       | {'token_in_progress', retry_after_ms} | {'token_failed', error_json}
 --       | {'invalid_argument', message}
+-- transitions: I->P P->P P->0 0->P (lua/model/lease.pml; 0: no record, claimed with claim_ms)
 if not positive_int(ARGV[5]) then return bad('lease_ms must be a positive integer') end
 if ARGV[6] == nil or ARGV[6] == '' then return bad('lease_id is required') end
 local claim = ARGV[8] ~= nil and ARGV[8] ~= ''

@@ -4,6 +4,7 @@
 -- ARGV[4] now_ms ('' = Redis TIME)
 -- returns {'succeeded', replayed 0|1} | {'token_invalid'} | {'lease_lost'}
 --       | {'invalid_argument', message}
+-- transitions: P->S (lua/model/lease.pml)
 if ARGV[1] == nil or ARGV[1] == '' then return bad('lease_id is required') end
 if not positive_int(ARGV[3]) then return bad('result_ttl_ms must be a positive integer') end
 local refused = separator_in(1)

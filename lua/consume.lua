@@ -8,6 +8,7 @@
 --       | {'token_invalid'} | {'token_mismatch', field} | {'token_used'}
 --       | {'token_in_progress', retry_after_ms}
 --       | {'token_failed', error_json} | {'invalid_argument', message}
+-- transitions: I->C P->C P->0 (lua/model/lease.pml; 0: no record)
 if ARGV[4] == nil then return {'invalid_argument', 'expected 5 arguments'} end
 if string.find(ARGV[1] .. ARGV[2] .. ARGV[3] .. ARGV[4], SEP, 1, true) then
   return separator_in(1, 2, 3, 4)  -- which argument it is

@@ -5,6 +5,7 @@
 -- ARGV[5] now_ms ('' = Redis TIME)
 -- returns {'released', replayed 0|1} | {'failed', replayed 0|1} | {'token_invalid'}
 --       | {'lease_lost'} | {'invalid_argument', message}
+-- transitions: P->I P->F P->0 (lua/model/lease.pml; 0: no record)
 if ARGV[1] == nil or ARGV[1] == '' then return bad('lease_id is required') end
 if ARGV[2] ~= '1' and ARGV[2] ~= '0' then return bad('retryable must be 1 or 0') end
 if not positive_int(ARGV[4]) then return bad('result_ttl_ms must be a positive integer') end

@@ -5,6 +5,7 @@
 --       | {state, scope, subject, fingerprint, record_ttl_ms, lease_expires_ms, payload}
 --         state is ISSUED, PROCESSING, CONSUMED, SUCCEEDED or FAILED; lease_expires_ms
 --         is '' unless PROCESSING; payload is the result/error JSON or ''
+-- transitions: none (it only reads)
 local value = redis.call('GET', KEYS[1])
 if not value then return {} end
 local ttl_ms = redis.call('PTTL', KEYS[1])

@@ -8,6 +8,7 @@
 --       | {'collision', i, ...} the KEYS indexes that already existed: those tokens
 --         are not issued (the caller draws new ones), every other key was set
 --       | {'invalid_argument', message}
+-- transitions: 0->I (each key; lua/model/lease.pml models every script's moves, 0: no record)
 local refused = issue_refusal()
 if refused then return refused end
 local value

@@ -4,6 +4,7 @@
 -- a renewal never shortens it); ARGV[3] now_ms ('' = Redis TIME)
 -- returns {'renewed', lease_expires_ms} | {'token_invalid'} | {'lease_lost'}
 --       | {'invalid_argument', message}
+-- transitions: P->P (lua/model/lease.pml)
 -- Fenced like complete: only the holder of the live lease renews. A lease that already ran
 -- out stays lost (another begin may have taken the token meanwhile, or may any moment).
 if ARGV[1] == nil or ARGV[1] == '' then return bad('lease_id is required') end
