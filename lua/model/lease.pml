@@ -15,6 +15,7 @@
  *
  *   -DKEYED      a keyed operation (@idempotent, keyed_guard): begin claims an absent record
  *                (claim_ms); no consumer; finished records are kept for the whole check
+ *   -DSTEP       the scripts only, without the clients (tests/model/test_conformance.py)
  *   -DMUTANT=n   a deliberately broken protocol, which the check must refute:
  *                1 complete without the lease-id check, 2 begin takes over a live lease,
  *                3 renew brings an expired lease back, 4 consume takes over a live lease
@@ -255,6 +256,10 @@ inline lua_revoke() {
 
 /* ---- the clients -------------------------------------------------------------------- */
 
+/* (-DSTEP leaves them out: tests/model/test_conformance.py runs the scripts above one step
+ * at a time, from every state, beside the Lua scripts themselves) */
+#ifndef STEP
+
 /* The guard's renewer: renewals while the guard holds its lease, as many as the interleaving
  * gives, or none (a renewer delayed past the lease, stopped, or dropped with its guard).
  * A renewal changes nothing this model counts (a lease may run out at any point anyway),
@@ -407,3 +412,4 @@ ltl terminal {
 #endif
       (st == C -> [] (st == C || st == NONE)))
 }
+#endif

@@ -7,7 +7,6 @@ Each search prints the states it explored and its time (``pytest -s`` shows them
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -17,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import REPO_ROOT
+from tests.support.spin import MODEL, tool
 
-MODEL = REPO_ROOT / "lua" / "model" / "lease.pml"
 # deep enough for every configuration (the deepest path is under 200 steps); a search that
 # needs more says "max search depth too small", which fails the test
 DEPTH = "-m10000"
@@ -27,15 +25,6 @@ DEPTH = "-m10000"
 SEARCH_TIMEOUT_SECONDS = 600
 
 pytestmark = pytest.mark.slow
-
-
-def _binary(name: str) -> str:
-    found = shutil.which(name)
-    if found is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} is not installed (.ci/run installs Debian's spin package)", pytrace=False)
-        pytest.skip(f"{name} is not installed: the model check needs it (apt-get install spin gcc)")
-    return found
 
 
 @dataclass
@@ -49,7 +38,7 @@ class Search:
 
 def _search(work: Path, defines: list[str], cc_flags: list[str], pan_args: list[str]) -> Search:
     """spin -a, pan compiled with gcc, then the search; its output, states and time."""
-    spin, gcc = _binary("spin"), _binary("gcc")
+    spin, gcc = tool("spin"), tool("gcc")
     work.mkdir(parents=True, exist_ok=True)
     shutil.copy(MODEL, work / MODEL.name)
 
@@ -189,7 +178,7 @@ def test_a_broken_protocol_is_refuted(tmp_path: Path, mutant: int) -> None:
     assert _errors(search) == 1, f"{what}: not refuted\n{search.output}"
     assert violated in search.output, search.output
     trail = subprocess.run(
-        [_binary("spin"), "-T", "-t", define, MODEL.name],
+        [tool("spin"), "-T", "-t", define, MODEL.name],
         cwd=search.work,
         capture_output=True,
         text=True,
