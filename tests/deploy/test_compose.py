@@ -131,6 +131,9 @@ def nginx_problems(compose: Compose, conf: str | None = None) -> list[str]:
             problems.append(f"{directive} {target}: a file inside the container, not stdout/stderr")
     if ("access_log", NGINX_STDOUT_LOG) not in logs and ("access_log", "/dev/stdout") not in logs:
         problems.append("nginx writes no access line to stdout")
+    # the unauthenticated /metrics stays inside (openapi.yaml); tests/edge/test_nginx.py runs it
+    if not re.search(r"location = /metrics \{\s*return 404;", conf):
+        problems.append("nginx routes /metrics: it is not authenticated")
     # the upstream is the compose service, on the port the image listens on
     upstream = re.search(r"^\s*server\s+([\w.-]+):(\d+);", conf, re.MULTILINE)
     exposed = [str(port) for port in compose["services"][SERVICE].get("expose", [])]
@@ -252,3 +255,9 @@ def test_an_access_log_in_a_file_is_caught() -> None:
     )
     problems = nginx_problems(load_compose(), before)
     assert any("a file inside the container" in problem for problem in problems), problems
+
+
+def test_metrics_routed_by_nginx_are_caught() -> None:
+    routed = re.sub(r"location = /metrics \{\s*return 404;\s*\}", "", NGINX_CONF.read_text())
+    problems = nginx_problems(load_compose(), routed)
+    assert any("routes /metrics" in problem for problem in problems), problems

@@ -253,3 +253,16 @@ def test_the_compose_file_mounts_the_same_nginx_file() -> None:
     service = compose["services"]["token-service"]
     assert service["environment"]["TOKEN_SERVICE_TRUSTED_PROXY_HOPS"] == "1"
     assert "ports" not in service, "only nginx is published"
+
+
+def test_metrics_are_not_routed_to_the_internet(stack: Stack) -> None:
+    # unauthenticated (openapi.yaml): Prometheus scrapes the service itself, not through the proxy
+    direct, proxied = ("127.0.0.1", stack.service.port), stack.nginx.address
+    assert exchange(direct, request_bytes("GET", "/metrics")).status == 200
+    headers = {"X-Request-ID": "metrics-1"}
+    hidden = exchange(proxied, request_bytes("GET", "/metrics", headers=headers))
+    unknown = exchange(direct, request_bytes("GET", "/no/such/route", headers=headers))
+    # answered as the service answers a route it does not have
+    assert (hidden.status, hidden.body) == (unknown.status, unknown.body)
+    kept = ("content-type", "cache-control", "x-request-id")
+    assert {k: hidden.headers.get(k) for k in kept} == {k: unknown.headers.get(k) for k in kept}
