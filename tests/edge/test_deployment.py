@@ -8,59 +8,21 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shlex
 import subprocess
 import sys
-from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
+from tests.support.dockerfile import final_stage, graceful_timeout_seconds, image_env, instructions
 from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
-
-
-def instructions(path: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
-    result: list[tuple[str, str]] = []
-    pending = ""
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        line = pending + line
-        pending = ""
-        keyword, _, rest = line.partition(" ")
-        result.append((keyword.upper(), rest.strip()))
-    return result
-
-
-def final_stage(steps: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    last_from = max(i for i, (keyword, _) in enumerate(steps) if keyword == "FROM")
-    return steps[last_from:]
 
 
 def exec_form(arguments: str) -> list[str]:
     parsed = json.loads(arguments)
     assert isinstance(parsed, list), "exec form (a JSON array), so signals reach gunicorn"
     return [str(part) for part in parsed]
-
-
-def image_env(stage: list[tuple[str, str]]) -> dict[str, str]:
-    """The stage's ENV, with $NAME expanded as the builder does (from earlier ENV, else this process)."""
-    env: dict[str, str] = {}
-    for keyword, arguments in stage:
-        if keyword == "ENV":
-            for pair in shlex.split(arguments):
-                name, _, value = pair.partition("=")
-                env[name] = re.sub(
-                    r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), os.environ.get(m.group(1), "")), value
-                )
-    return env
 
 
 DOCKERFILE = instructions(REPO_ROOT / "Dockerfile")
@@ -152,5 +114,5 @@ def test_compose_runs_redis_with_aof_and_points_the_service_at_it() -> None:
     # drain + graceful_timeout must fit in the stop timeout
     assert (
         int(service["stop_grace_period"].rstrip("s"))
-        > int(image_env(RUNTIME)["TOKEN_SERVICE_DRAIN_SECONDS"]) + 10
+        > int(image_env(RUNTIME)["TOKEN_SERVICE_DRAIN_SECONDS"]) + graceful_timeout_seconds()
     )

@@ -47,6 +47,7 @@ import httpx
 import pytest
 
 from tests.image import standin
+from tests.support.dockerfile import graceful_timeout_seconds, runtime_image
 from tests.support.docs import code_blocks, run_sh, section
 from tests.support.processes import REPO_ROOT, RedisServer, children, free_port, wait_until
 
@@ -66,8 +67,8 @@ RUN = (
     "nproc=4096:4096",
 )
 DEV_KEY = "dev-service-key-change-me"  # the README walk-through's key
-DRAIN_SECONDS = 5  # the image's TOKEN_SERVICE_DRAIN_SECONDS
-GRACEFUL_SECONDS = 10  # gunicorn_conf.graceful_timeout
+DRAIN_SECONDS = int(runtime_image().env["TOKEN_SERVICE_DRAIN_SECONDS"])
+GRACEFUL_SECONDS = graceful_timeout_seconds()  # gunicorn_conf.graceful_timeout
 STOP_TIMEOUT_SECONDS = 20  # the documented `docker run --stop-timeout`
 RUN_ID = uuid.uuid4().hex[:10]
 

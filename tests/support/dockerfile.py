@@ -8,6 +8,8 @@ a number the image sets (its PORT, its user, its drain) is read from here, not w
 from __future__ import annotations
 
 import ast
+import os
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,12 +43,15 @@ def final_stage(steps: list[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def image_env(stage: list[tuple[str, str]]) -> dict[str, str]:
+    """The stage's ENV, with $NAME expanded as the builder does (from earlier ENV, else this process)."""
     env: dict[str, str] = {}
     for keyword, arguments in stage:
         if keyword == "ENV":
             for pair in shlex.split(arguments):
                 name, _, value = pair.partition("=")
-                env[name] = value
+                env[name] = re.sub(
+                    r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), os.environ.get(m.group(1), "")), value
+                )
     return env
 
 
