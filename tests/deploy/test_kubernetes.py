@@ -46,6 +46,20 @@ PROMETHEUS_JOB = "token-service"
 # seconds left for the kubelet after preStop + drain + graceful: a process that takes its whole
 # graceful timeout still gets to exit before the SIGKILL
 GRACE_MARGIN_SECONDS = 5
+# Resident memory measured for docs/kubernetes.md ("Sizing"): the gunicorn master and one gevent
+# worker, idle and under load alike; the pod's memory request must hold the master and its workers.
+MASTER_RSS_MIB = 40
+WORKER_RSS_MIB = 52
+_QUANTITY_UNITS = {
+    "": 1,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "m": 10**-3,
+}
 
 Manifests = dict[str, list[dict[str, Any]]]  # file name → its documents
 
@@ -287,9 +301,36 @@ def environment_problems(manifests: Manifests) -> list[str]:
     workers = plain_env(manifests).get("WEB_CONCURRENCY", "")
     if not workers.isdigit():
         problems.append("WEB_CONCURRENCY unset: gunicorn would start one worker per core of the node")
+    else:
+        problems += sizing_problems(manifests, int(workers))
     hops = settings.trusted_proxy_hops
     if any(doc.get("kind") == "Ingress" for docs in manifests.values() for doc in docs) and hops != 1:
         problems.append(f"TOKEN_SERVICE_TRUSTED_PROXY_HOPS={hops}, with one Ingress in front")
+    return problems
+
+
+def quantity(value: str | int) -> float:
+    """A Kubernetes quantity (``192Mi``, ``500m``, ``2``) as a number of bytes or cores."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([KMG]i|[kMGm]?)", str(value))
+    assert match, f"not a quantity this check reads: {value!r}"
+    return float(match.group(1)) * _QUANTITY_UNITS[match.group(2)]
+
+
+def sizing_problems(manifests: Manifests, workers: int) -> list[str]:
+    resources = container(manifests).get("resources", {})
+    requests, limits = resources.get("requests", {}), resources.get("limits", {})
+    problems = []
+    needed_mib = MASTER_RSS_MIB + WORKER_RSS_MIB * workers
+    if "memory" in requests and quantity(requests["memory"]) < needed_mib * 2**20:
+        problems.append(
+            f"a memory request of {requests['memory']} is below {needed_mib} MiB for {workers} workers"
+        )
+    if "memory" in limits and quantity(limits["memory"]) < 2 * needed_mib * 2**20:
+        problems.append(f"a memory limit of {limits['memory']} leaves no room over {needed_mib} MiB")
+    if "cpu" in limits and quantity(limits["cpu"]) < workers:
+        problems.append(
+            f"{workers} workers share a CPU limit of {limits['cpu']}: each worker gets less than a core"
+        )
     return problems
 
 
@@ -551,6 +592,14 @@ BREAKAGES: dict[str, tuple[Callable[[Manifests], None], str]] = {
     "hpa on another deployment": (
         lambda m: one(m, "HorizontalPodAutoscaler")["spec"]["scaleTargetRef"].update(name="tokens"),
         "scales",
+    ),
+    "more workers, same memory": (
+        lambda m: env_item(m, "WEB_CONCURRENCY").update(value="4"),
+        "below 248 MiB for 4 workers",
+    ),
+    "workers over the CPU limit": (
+        lambda m: container(m)["resources"]["limits"].update(cpu="1500m"),
+        "each worker gets less than a core",
     ),
     "gunicorn overridden": (
         lambda m: container(m)["env"].append({"name": "GUNICORN_CMD_ARGS", "value": "--graceful-timeout 60"}),
