@@ -6,8 +6,10 @@
 -- ARGV[7] now_ms ('' = Redis TIME);
 -- ARGV[8] claim_ms (optional): a keyed operation, which no token was issued for. An absent
 -- record is then taken as ISSUED, bound to ARGV[1..3] and living claim_ms (positive integer)
--- returns {'started', lease_id, lease_expires_ms, replayed 0|1, bucket} (bucket: see
---         release() in _record.lua)
+-- returns {'started', lease_id, lease_expires_ms, replayed 0|1, bucket, lease_left_ms} (bucket:
+--         see release() in _record.lua; lease_left_ms: how long the lease runs from this
+--         script's now, a duration the caller measures on its own monotonic clock:
+--         lease_expires_ms is Redis's clock and means nothing against the caller's)
 --       | {'succeeded', result_json} (a finished operation: replay its result)
 --       | {'token_invalid'} | {'token_mismatch', field} | {'token_used'}
 --       | {'token_in_progress', retry_after_ms} | {'token_failed', error_json}
@@ -43,7 +45,9 @@ if state == 'P' then
   local lease_expires = tonumber(f[6])
   if lease_expires > now then
     -- a retry of the begin that took this lease gets the same lease back
-    if ARGV[4] ~= '' and f[4] == ARGV[4] then return {'started', f[5], f[6], 1} end
+    if ARGV[4] ~= '' and f[4] == ARGV[4] then
+      return {'started', f[5], f[6], 1, '', string.format('%d', lease_expires - now)}
+    end
     return {'token_in_progress', lease_expires - now}
   end
   -- the holder crashed: take over, fencing it out by the new lease id
@@ -67,4 +71,4 @@ local processing = record('P', {f[1], f[2], f[3], ARGV[4], ARGV[6],
   string.format('%d', lease_expires), string.format('%d', token_expires)})
 -- keep the record for the lease even past the token's expiry, so the holder can finish
 redis.call('SET', KEYS[1], processing, 'PX', math.max(token_expires - now, lease_ms))
-return {'started', ARGV[6], string.format('%d', lease_expires), 0, release(state, f)}
+return {'started', ARGV[6], string.format('%d', lease_expires), 0, release(state, f), ARGV[5]}

@@ -2,7 +2,8 @@
 -- KEYS[1] token record key
 -- ARGV[1] lease_id; ARGV[2] lease_ms: the lease runs until now + lease_ms (positive integer;
 -- a renewal never shortens it); ARGV[3] now_ms ('' = Redis TIME)
--- returns {'renewed', lease_expires_ms} | {'token_invalid'} | {'lease_lost'}
+-- returns {'renewed', lease_expires_ms, lease_left_ms} | {'token_invalid'} | {'lease_lost'}
+--       (lease_left_ms: how long the lease runs from this script's now, as in begin)
 --       | {'invalid_argument', message}
 -- transitions: P->P (lua/model/lease.pml)
 -- Fenced like complete: only the holder of the live lease renews. A lease that already ran
@@ -23,4 +24,4 @@ lease_expires = math.max(lease_expires, now + tonumber(ARGV[2]))
 f[6] = string.format('%d', lease_expires)
 -- the record lives as long as the later of the token's own expiry and the lease (as begin sets it)
 redis.call('SET', KEYS[1], record('P', f), 'PX', math.max(tonumber(f[7]) - now, lease_expires - now))
-return {'renewed', f[6]}
+return {'renewed', f[6], string.format('%d', lease_expires - now)}

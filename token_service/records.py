@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from token_service.errors import (
@@ -34,11 +34,20 @@ class Consumed:
 
 @dataclass(frozen=True, slots=True)
 class Started:
-    """begin took (or, on a retry with the same request id, gave back) a lease."""
+    """begin took (or, on a retry with the same request id, gave back) a lease.
+
+    ``lease_seconds`` is how long the lease runs from when Redis answered (what is left
+    of it on a retried begin; None from a service that does not say): a duration, to
+    measure on the caller's monotonic clock from when it sent the begin.
+    ``lease_expires_ms`` is the same end on Redis's clock, for display: compared with
+    the caller's wall clock it is off by however far that clock is off.
+    """
 
     lease_id: str
     lease_expires_ms: int
     replayed: bool = False
+    # what was left when Redis answered, not part of which lease this is
+    lease_seconds: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,9 +59,11 @@ class Finished:
 
 @dataclass(frozen=True, slots=True)
 class Renewed:
-    """renew extended the live lease: it now runs until ``lease_expires_ms`` (Redis clock)."""
+    """renew extended the live lease: it now runs ``lease_seconds`` from when Redis answered
+    (None from a service that does not say), until ``lease_expires_ms`` on Redis's clock."""
 
     lease_expires_ms: int
+    lease_seconds: float | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +222,12 @@ def begin_reply(reply: Reply) -> Started | Finished:
     if text(reply[0]) == "succeeded":
         return Finished(result=_load_json(reply[1]))
     raise_for(reply)
-    return Started(lease_id=text(reply[1]), lease_expires_ms=int(reply[2]), replayed=int(reply[3]) == 1)
+    return Started(
+        lease_id=text(reply[1]),
+        lease_expires_ms=int(reply[2]),
+        replayed=int(reply[3]) == 1,
+        lease_seconds=int(reply[5]) / 1000,
+    )
 
 
 def renew_args(lease_id: str, lease_seconds: int, now_ms: str) -> list[str]:
@@ -220,7 +236,7 @@ def renew_args(lease_id: str, lease_seconds: int, now_ms: str) -> list[str]:
 
 def renew_reply(reply: Reply) -> Renewed:
     raise_for(reply)
-    return Renewed(lease_expires_ms=int(reply[1]))
+    return Renewed(lease_expires_ms=int(reply[1]), lease_seconds=int(reply[2]) / 1000)
 
 
 def complete_args(lease_id: str, result: Any, result_ttl_seconds: int, now_ms: str) -> list[str]:

@@ -103,11 +103,24 @@ def _begun(body: dict[str, Any]) -> Started | Finished:
         lease_id=body["lease_id"],
         lease_expires_ms=int(lease_expires.timestamp() * 1000),
         replayed=bool(body.get("replayed", False)),
+        lease_seconds=_lease_seconds(body),
     )
 
 
 def _renewed(body: dict[str, Any]) -> Renewed:
-    return Renewed(lease_expires_ms=int(_datetime(body["lease_expires_at"]).timestamp() * 1000))
+    return Renewed(
+        lease_expires_ms=int(_datetime(body["lease_expires_at"]).timestamp() * 1000),
+        lease_seconds=_lease_seconds(body),
+    )
+
+
+def _lease_seconds(body: dict[str, Any]) -> float | None:
+    """How long the lease runs from the service's answer; None from a service too old to say
+    (the guard never falls back on ``lease_expires_at``: that is the service's clock, not ours)."""
+    value = body.get("lease_seconds")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 86400 * 366:
+        return None
+    return float(value)
 
 
 def _info(body: dict[str, Any]) -> TokenInfo:

@@ -23,10 +23,13 @@ exceptions declared ``terminal``, a terminal failure is recorded: duplicates
 then get :class:`~token_service.errors.TokenFailed` carrying the stored error.
 
 While the body runs, its lease is renewed in the background (every third of
-``lease_seconds``; :mod:`token_service.client._renewal`), so work slower than
-its lease still runs once. A lease lost anyway (the process stalled past it,
-the token was revoked) is reported through ``on_lease_lost``, the log and the
-``lease_losses`` counter, and ``complete`` is refused: the guard raises
+the lease; :mod:`token_service.client._renewal`), so work slower than its lease
+still runs once. The lease's length comes from begin's reply and is counted on
+the monotonic clock from when begin was sent: no decision reads this host's
+wall clock, so a client whose clock is off renews on time all the same. A
+lease lost anyway (the process stalled past it, the token was revoked) is
+reported through ``on_lease_lost``, the log and the ``lease_losses`` counter,
+and ``complete`` is refused: the guard raises
 :class:`~token_service.errors.LeaseLost` and the result of whoever took over
 stands.
 
@@ -51,7 +54,6 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypedDict, TypeVar
 
-from token_service import defaults
 from token_service.errors import (
     InvalidRequest,
     LeaseLost,
@@ -77,8 +79,9 @@ T = TypeVar("T")
 Terminal = tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 _FIRST_POLL_SECONDS = 0.02
 _MAX_POLL_SECONDS = 0.25
-# What lease a renewer assumes when the guard did not say and the begin reply cannot tell
-_FALLBACK_LEASE_SECONDS = float(defaults.DEFAULT_LEASE_SECONDS)
+# The lease a renewer assumes when neither the guard nor the begin reply says how long it is
+# (a service older than the reply's lease_seconds): the shortest the API grants
+_SHORTEST_LEASE_SECONDS = 1.0
 
 
 class GuardClient(Protocol):
@@ -226,6 +229,8 @@ class _GuardState:
         self.on_lease_lost = on_lease_lost
         self.telemetry = telemetry
         self.lease: Started | None = None
+        # when (time.monotonic()) the begin that took the lease was sent: its length counts from then
+        self._begun_at = 0.0
         self.replayed = False
         self.lease_lost: TokenError | None = None
         self._result: Any = None
@@ -255,7 +260,7 @@ class _GuardState:
             "lease_seconds": self.lease_seconds,
         }
 
-    def _took(self, outcome: Started | Finished) -> bool:
+    def _took(self, outcome: Started | Finished, sent_at: float) -> bool:
         if isinstance(outcome, Finished):
             self.replayed = True
             self._result = self._typed(outcome.result)
@@ -265,6 +270,7 @@ class _GuardState:
                 self.on_replay(self)
             return False
         self.lease = outcome
+        self._begun_at = sent_at
         return True
 
     def _refused(self, exc: TokenError) -> None:
@@ -323,13 +329,21 @@ class _GuardState:
             self.on_lease_lost(self, exc)
 
     def _renew_every(self) -> float:
+        return interval_for(self._lease_left_seconds())
+
+    def _lease_left_seconds(self) -> float:
+        """What is left of the lease, on the monotonic clock: the length the reply gave, counted from
+        when begin was sent (Redis started it later, so this errs early).
+
+        Never ``lease_expires_ms`` against ``time.time()``: that compares Redis's clock with this
+        host's, and a host whose clock is off (a VM after suspend, no NTP) would renew too late
+        and let a duplicate run the operation a second time.
+        """
         assert self.lease is not None
-        seconds: float | None = self.lease_seconds
-        if seconds is None:
-            # the service's default lease: estimated from the reply (set lease_seconds to be exact)
-            remaining = self.lease.lease_expires_ms / 1000 - time.time()
-            seconds = remaining if 0 < remaining <= 3600 else _FALLBACK_LEASE_SECONDS
-        return interval_for(seconds)
+        granted = self.lease.lease_seconds
+        if granted is None:  # a service too old to say: what we asked for, else the shortest lease
+            return float(self.lease_seconds) if self.lease_seconds is not None else _SHORTEST_LEASE_SECONDS
+        return granted - (time.monotonic() - self._begun_at)
 
     def _typed(self, stored: Any) -> Any:
         """The stored JSON read back as ``result_type`` (the JSON form when it does not read)."""
@@ -391,6 +405,7 @@ class Guard(_GuardState):
         deadline = time.monotonic() + self.wait_seconds
         delay = _FIRST_POLL_SECONDS
         while True:
+            sent_at = time.monotonic()
             try:
                 outcome = self.client.begin(self.token, self.scope, **self._begin_options())
             except TokenInProgress as exc:
@@ -404,7 +419,7 @@ class Guard(_GuardState):
             except TokenError as exc:
                 self._refused(exc)
                 raise
-            if not self._took(outcome):
+            if not self._took(outcome, sent_at):
                 return False
             if self.renew:
                 self._start_renewer()
@@ -552,6 +567,7 @@ class AsyncGuard(_GuardState):
         deadline = time.monotonic() + self.wait_seconds
         delay = _FIRST_POLL_SECONDS
         while True:
+            sent_at = time.monotonic()
             try:
                 outcome = await self.client.begin(self.token, self.scope, **self._begin_options())
             except TokenInProgress as exc:
@@ -565,7 +581,7 @@ class AsyncGuard(_GuardState):
             except TokenError as exc:
                 self._refused(exc)
                 raise
-            if not self._took(outcome):
+            if not self._took(outcome, sent_at):
                 return False
             if self.renew:
                 self._start_renewer()

@@ -234,6 +234,9 @@ def make_blueprint(settings: Settings, store: TokenStore, hot: HotOperations) ->
             "outcome": "started",
             "lease_id": outcome.lease_id,
             "lease_expires_at": rfc3339(outcome.lease_expires_ms / 1000),
+            # the lease as a duration: a client compares it with its own monotonic clock,
+            # never lease_expires_at (Redis's clock) with its own wall clock
+            "lease_seconds": outcome.lease_seconds,
             "replayed": outcome.replayed,
         }
 
@@ -242,7 +245,11 @@ def make_blueprint(settings: Settings, store: TokenStore, hot: HotOperations) ->
         outcome = store.renew(
             _token(data), data["lease_id"], data["lease_seconds"] or settings.default_lease_seconds
         )
-        return {"outcome": "renewed", "lease_expires_at": rfc3339(outcome.lease_expires_ms / 1000)}
+        return {
+            "outcome": "renewed",
+            "lease_expires_at": rfc3339(outcome.lease_expires_ms / 1000),
+            "lease_seconds": outcome.lease_seconds,
+        }
 
     def complete() -> Reply:
         data = _load(complete_schema, json_body())

@@ -1,0 +1,147 @@
+"""The client process of the clock-skew tests, run under ``faketime`` by :mod:`tests.support.skew`.
+
+``python -m tests.support.skewed_child SCENARIO JSON_ARGS``. It reports one JSON
+object a line on stdout: first ``{"time": time.time()}`` (the parent checks the
+shift), then whatever the scenario reports; it exits 0 when the scenario ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+def _sleep(seconds: float) -> None:
+    # libfaketime 0.9.10 (Debian's) breaks Python 3.11's time.sleep when the monotonic clock
+    # is left alone: it rewrites clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME)'s deadline and
+    # the kernel answers EINVAL (wolfcw/libfaketime#426). A timed wait sleeps the same duration.
+    threading.Event().wait(seconds)
+
+
+time.sleep = _sleep
+
+
+def report(**fields: Any) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def told() -> dict[str, Any]:
+    """The parent's next line (it says when to act: never this process's clock)."""
+    told: dict[str, Any] = json.loads(sys.stdin.readline())
+    return told
+
+
+def _client(args: dict[str, Any], *, asyncio_client: bool = False) -> Any:
+    from token_service.client import AsyncTokenClient, DirectLimits, TokenClient
+
+    kind = AsyncTokenClient if asyncio_client else TokenClient
+    if args["transport"] == "http":
+        return kind(args["base_url"], api_key=args["api_key"])
+    limits = DirectLimits(default_lease_seconds=args["default_lease_seconds"])
+    return kind.from_redis(args["redis_url"], limits=limits)
+
+
+def _work(args: dict[str, Any]) -> Callable[[], str]:
+    import redis
+
+    counter = redis.Redis.from_url(args["redis_url"])
+
+    def work() -> str:
+        counter.incr(args["counter_key"])
+        report(started=True)
+        told()  # work as long as the parent needs: it says when the duplicate has been turned away
+        return "done"
+
+    return work
+
+
+def guard(args: dict[str, Any]) -> None:
+    """Hold a guard's lease (the service's default length) through work longer than it."""
+    from token_service.client import idempotent, keyed_guard
+
+    work = _work(args)
+    mode = args["mode"]
+    if mode == "async":
+
+        async def main() -> str:
+            async with _client(args, asyncio_client=True) as client:
+
+                async def awork() -> str:
+                    return await asyncio.to_thread(work)
+
+                result: str = await client.guard(args["token"], args["scope"]).run(awork)
+                return result
+
+        report(result=asyncio.run(main()))
+        return
+    client = _client(args)
+    if mode == "sync":
+        report(result=client.guard(args["token"], args["scope"]).run(work))
+    elif mode == "keyed":
+        report(result=keyed_guard(client, args["scope"], args["key"]).run(work))
+    elif mode == "idempotent":
+
+        @idempotent(client, args["scope"], key="key")
+        def decorated(key: str) -> str:
+            return work()
+
+        report(result=decorated(args["key"]))
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+    client.close()
+
+
+def wait(args: dict[str, Any]) -> None:
+    """A duplicate that waits (``wait_seconds``) for the holder's result instead of giving up."""
+    from token_service.errors import TokenInProgress
+
+    client = _client(args)
+    try:
+        result = client.guard(args["token"], args["scope"], wait_seconds=args["wait_seconds"]).run(
+            _work(args)
+        )
+    except TokenInProgress as exc:
+        report(in_progress=True, retry_after_seconds=exc.retry_after_seconds)
+    else:
+        report(result=result)
+    client.close()
+
+
+def durable_claim(args: dict[str, Any]) -> None:
+    """Claim a durable record (committed at once, the two-transaction flow) when the parent says."""
+    import sqlalchemy as sa
+
+    from token_service.client.durable import RecordInProgress, claim, records_table
+
+    engine = sa.create_engine(args["url"])
+    table = records_table(args["table"])
+    with engine.connect() as conn:
+        conn.execute(sa.text("SELECT 1"))  # connected before the parent starts counting
+    report(ready=True)
+    told()
+    try:
+        with engine.begin() as conn:
+            claimed = claim(conn, args["key"], lease_seconds=args["lease_seconds"], table=table)
+    except RecordInProgress as exc:
+        report(outcome="in_progress", retry_after_seconds=exc.retry_after_seconds)
+    else:
+        report(outcome="claimed", taken_over=getattr(claimed, "taken_over", None))
+    engine.dispose()
+
+
+SCENARIOS = {"guard": guard, "wait": wait, "durable_claim": durable_claim}
+
+
+def main() -> None:
+    scenario, raw = sys.argv[1], sys.argv[2]
+    report(time=time.time())
+    SCENARIOS[scenario](json.loads(raw))
+
+
+if __name__ == "__main__":
+    main()
