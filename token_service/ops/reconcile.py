@@ -26,7 +26,7 @@ import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from token_service.ops.admin import TOKEN, Admin, Filter, Record
@@ -195,18 +195,18 @@ def reconcile_durable(
     ``handler(stuck, conn)`` runs in that transaction, so business writes it
     makes commit together with the decision, or not at all if it raises
     (the row is then left as it was). Rows are visited in key order, once each,
-    ``batch_size`` at a time (a SELECT that uses the primary key).
+    ``batch_size`` at a time (a SELECT that uses the primary key). Whether a lease ran
+    out is asked of the database's clock, as the guard asks it (``clock``: tests only).
     """
     import sqlalchemy as sa
 
-    from token_service.client.durable import IDEMPOTENCY_RECORDS, PROCESSING, utc_now
+    from token_service.client.durable import IDEMPOTENCY_RECORDS, PROCESSING, database_now
 
     table = IDEMPOTENCY_RECORDS if table is None else table
-    now_of = clock or utc_now
     done: list[Reconciled] = []
     last_key = ""
     while True:
-        now = now_of()
+        now = database_now(engine.dialect.name, clock=clock)
         with engine.connect() as conn:
             rows = conn.execute(
                 sa.select(table.c.record_key, table.c.fingerprint, table.c.lease_id, table.c.lease_expires_at)
@@ -229,7 +229,7 @@ def reconcile_durable(
                 done.append(Reconciled(stuck, "dry_run", "stuck"))
                 _audit("sql", row.record_key, "dry_run", "stuck", actor)
                 continue
-            done.append(_reconcile_row(engine, table, row, stuck, handler, lease_seconds, now_of))
+            done.append(_reconcile_row(engine, table, row, stuck, handler, lease_seconds, clock))
             _audit("sql", row.record_key, done[-1].action, done[-1].outcome, actor)
         if len(rows) < batch_size:
             return done
@@ -247,18 +247,18 @@ def _reconcile_row(
     stuck: Stuck,
     handler: Callable[[Stuck, Connection], Decision],
     lease_seconds: int,
-    now_of: Callable[[], datetime],
+    clock: Callable[[], datetime] | None,
 ) -> Reconciled:
     import sqlalchemy as sa
 
-    from token_service.client.durable import PROCESSING, Claim, LeaseLost, complete, fail
+    from token_service.client.durable import PROCESSING, Claim, LeaseLost, complete, database_now, fail
 
     result: Reconciled | None = None
     try:
         with engine.begin() as conn:
-            now = now_of()
+            dialect = conn.dialect.name
+            now = database_now(dialect, clock=clock)
             lease_id = secrets.token_urlsafe(16)
-            lease_expires_at = now + timedelta(seconds=lease_seconds)
             taken = conn.execute(
                 sa.update(table)
                 .where(
@@ -267,21 +267,28 @@ def _reconcile_row(
                     table.c.lease_id == row.lease_id,
                     table.c.lease_expires_at <= now,
                 )
-                .values(lease_id=lease_id, lease_expires_at=lease_expires_at, updated_at=now)
+                .values(
+                    lease_id=lease_id,
+                    lease_expires_at=database_now(dialect, lease_seconds, clock),
+                    updated_at=now,
+                )
             )
             if taken.rowcount != 1:
                 return Reconciled(stuck, "moved_on", "taken by another caller or finished")
-            claimed = Claim(row.record_key, lease_id, lease_expires_at, taken_over=True)
+            ends = conn.execute(
+                sa.select(table.c.lease_expires_at).where(table.c.record_key == row.record_key)
+            ).scalar_one()
+            claimed = Claim(row.record_key, lease_id, ends, taken_over=True)
             try:
                 decision = handler(stuck, conn)
                 if decision is None:
                     result = Reconciled(stuck, "skip", f"left; seen again after {lease_seconds} s")
                 elif decision.action == "complete":
-                    complete(conn, claimed, decision.value, table=table, clock=now_of)
+                    complete(conn, claimed, decision.value, table=table, clock=clock)
                     result = Reconciled(stuck, "complete", "succeeded")
                 else:
                     retryable = decision.action == "release"
-                    fail(conn, claimed, retryable=retryable, error=decision.value, table=table, clock=now_of)
+                    fail(conn, claimed, retryable=retryable, error=decision.value, table=table, clock=clock)
                     result = Reconciled(stuck, decision.action, "released" if retryable else "failed")
             except LeaseLost:
                 raise

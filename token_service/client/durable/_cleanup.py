@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import timedelta
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from token_service.client.durable._guard import Clock, utc_now
+from token_service.client.durable._guard import Clock, database_now
 from token_service.client.durable._schema import IDEMPOTENCY_RECORDS
 
 
@@ -30,19 +29,21 @@ def delete_expired(
     batch_size: int = 1000,
     pause_seconds: float = 0.0,
     progress: Callable[[int, int], None] | None = None,
-    clock: Clock = utc_now,
+    clock: Clock | None = None,
 ) -> int:
     """Delete records that expired more than ``older_than_seconds`` ago; returns how many.
 
     ``progress(deleted_in_batch, deleted_so_far)`` is called after each batch;
     ``pause_seconds`` between batches leaves room for other writers on a busy
-    database.
+    database. "Expired" is by the database's clock (``clock``: tests only), the one
+    the expiries were written by: a host whose clock runs ahead must not delete a
+    record that still refuses a second execution.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     if older_than_seconds < 0:
         raise ValueError("older_than_seconds must not be negative")
-    cutoff = clock() - timedelta(seconds=older_than_seconds)
+    cutoff = database_now(engine.dialect.name, -older_than_seconds, clock)
     expired = table.c.expires_at < cutoff
     total = 0
     while True:

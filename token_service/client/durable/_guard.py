@@ -24,6 +24,12 @@ gone and the second inserts and runs. Under PostgreSQL REPEATABLE READ or
 SERIALIZABLE the second gets a serialization failure instead: retry the
 whole transaction, as those levels require. InnoDB may report a deadlock when
 several waiters race a rolled-back key; that is also "retry the transaction".
+
+Every time a claim writes or compares is the **database's** clock, read by the
+statement that uses it (:func:`database_now`): two app servers whose clocks
+disagree share their database's, so one whose clock runs ahead cannot take
+over a lease that is still live, and one whose clock lags cannot hold a dead
+one. A ``clock`` argument (tests) replaces it with a Python clock.
 """
 
 from __future__ import annotations
@@ -68,8 +74,43 @@ _T = TypeVar("_T")
 
 
 def utc_now() -> datetime:
-    """Naive UTC, as the table stores it."""
+    """This host's clock as naive UTC, as the table stores it (a ``clock`` to pass on purpose:
+    the guard itself reads the database's, :func:`database_now`)."""
     return datetime.now(UTC).replace(tzinfo=None)
+
+
+def database_now(
+    dialect: str, plus_seconds: float = 0.0, clock: Clock | None = None
+) -> sa.ColumnElement[datetime]:
+    """The database's current time (naive UTC) ``plus_seconds`` on, as SQL that the database
+    evaluates when it runs the statement it is part of.
+
+    PostgreSQL's ``clock_timestamp()`` (not ``now()``: that is when the transaction began, which
+    a long transaction would date a new lease by), MySQL/MariaDB's ``UTC_TIMESTAMP(6)``, and
+    SQLite's ``'now'`` (a file on this host: its clock is this host's, the only one there is).
+    With ``clock`` (tests), that clock's reading as a bound value instead.
+    """
+    if clock is not None:
+        value = sa.literal(clock() + timedelta(seconds=plus_seconds), sa.DateTime())
+        if dialect in ("mysql", "mariadb"):  # a parameter reads back as text there, unless cast
+            return sa.cast(value, mysql.DATETIME(fsp=6))
+        return value
+    if dialect == "postgresql":
+        now: Any = sa.func.timezone("UTC", sa.func.clock_timestamp())
+        if plus_seconds:
+            now = now + sa.func.make_interval(0, 0, 0, 0, 0, 0, float(plus_seconds))
+        return sa.type_coerce(now, sa.DateTime())
+    if dialect in ("mysql", "mariadb"):
+        micros = round(plus_seconds * 1_000_000)  # a number we computed: safe to write into the SQL
+        sql = f"TIMESTAMPADD(MICROSECOND, {micros}, UTC_TIMESTAMP(6))" if micros else "UTC_TIMESTAMP(6)"
+        return sa.literal_column(sql, sa.DateTime())
+    if dialect == "sqlite":
+        # the format SQLAlchemy stores SQLite datetimes in ('%f' is seconds with 3 decimals)
+        text = sa.func.strftime("%Y-%m-%d %H:%M:%f000", "now", f"{plus_seconds:+.6f} seconds")
+        return sa.type_coerce(text, sa.DateTime())
+    raise NotImplementedError(
+        f"idempotency records support PostgreSQL, MySQL/MariaDB and SQLite, not {dialect}"
+    )
 
 
 @dataclass(frozen=True)
@@ -86,7 +127,7 @@ class Claim:
 
     key: str
     lease_id: str
-    lease_expires_at: datetime
+    lease_expires_at: datetime  # the database's clock: compare it only with database_now()
     taken_over: bool = False
 
 
@@ -113,15 +154,19 @@ def _require_transaction(conn: Connection) -> None:
         )
 
 
-def _insert_or_detect(conn: Connection, table: sa.Table, values: dict[str, Any]) -> bool | None:
-    """Insert the claim unless the key exists; True/False when the row count can tell, else None."""
+def _insert_or_detect(conn: Connection, table: sa.Table, values: dict[str, Any]) -> datetime | None:
+    """Insert the claim unless the key exists: its lease's end (the database's clock) when the
+    insert can tell that it created the row, else None (the key existed, or MySQL: read it back)."""
     name = conn.dialect.name
+    ends = table.c.lease_expires_at
     if name == "postgresql":
         pg = postgresql.insert(table).values(values).on_conflict_do_nothing(index_elements=["record_key"])
-        return conn.execute(pg).rowcount == 1
+        inserted: datetime | None = conn.execute(pg.returning(ends)).scalar_one_or_none()
+        return inserted
     if name == "sqlite":
         lite = sqlite.insert(table).values(values).on_conflict_do_nothing(index_elements=["record_key"])
-        return conn.execute(lite).rowcount == 1
+        inserted = conn.execute(lite.returning(ends)).scalar_one_or_none()
+        return inserted
     if name in ("mysql", "mariadb"):
         my = mysql.insert(table).values(values)
         conn.execute(my.on_duplicate_key_update(record_key=my.inserted.record_key))
@@ -142,7 +187,7 @@ def claim(
     lease_seconds: int = DEFAULT_LEASE_SECONDS,
     ttl_seconds: int = DEFAULT_RECORD_TTL_SECONDS,
     table: sa.Table = IDEMPOTENCY_RECORDS,
-    clock: Clock = utc_now,
+    clock: Clock | None = None,
 ) -> Claim | Replay:
     """Claim ``key`` on ``conn`` (inside its transaction), or learn what became of it.
 
@@ -152,15 +197,17 @@ def claim(
     for another request, ``RecordFailed`` for a recorded terminal failure and
     ``RecordInProgress`` while another holder's committed lease is live (only
     possible in the two-transaction flow, where the claim is committed first).
+    Whether a lease is live is asked of the database's clock (``clock``: tests only).
     """
     _require_transaction(conn)
     check_key(key)
     check_fingerprint(fingerprint)
     if not 1 <= lease_seconds <= ttl_seconds:
         raise ValueError("lease_seconds must be at least 1 and at most ttl_seconds")
-    now = clock()
+    dialect = conn.dialect.name
+    now = database_now(dialect, clock=clock)
     lease_id = secrets.token_urlsafe(16)
-    lease_expires_at = now + timedelta(seconds=lease_seconds)
+    lease_expires_at = database_now(dialect, lease_seconds, clock)
     fresh = {
         "status": PROCESSING,
         "fingerprint": fingerprint,
@@ -172,23 +219,28 @@ def claim(
         "error": None,
         "created_at": now,
         "updated_at": now,
-        "expires_at": now + timedelta(seconds=ttl_seconds),
+        "expires_at": database_now(dialect, ttl_seconds, clock),
     }
-    mine = Claim(key, lease_id, lease_expires_at)
     where_key = table.c.record_key == key
     for _ in range(_CLAIM_ATTEMPTS):
-        if _insert_or_detect(conn, table, {"record_key": key, **fresh}):
-            return mine
-        row = conn.execute(sa.select(table).where(where_key).with_for_update()).one_or_none()
+        inserted = _insert_or_detect(conn, table, {"record_key": key, **fresh})
+        if inserted is not None:
+            return Claim(key, lease_id, inserted)
+        # the row and the database's "now" in one statement: every comparison below is on its clock
+        row = conn.execute(
+            sa.select(table, now.label("database_now")).where(where_key).with_for_update()
+        ).one_or_none()
         if row is None:
             # Deleted between our INSERT and our read (cleanup, a retryable fail): try again.
             continue
         if row.lease_id == lease_id:
-            return mine  # MySQL: our INSERT created it
-        if row.expires_at <= now:
+            return Claim(key, lease_id, row.lease_expires_at)  # MySQL: our INSERT created it
+        if row.expires_at <= row.database_now:
             # An expired record counts as absent; the row lock we hold makes the reset safe.
-            conn.execute(sa.update(table).where(where_key).values(fresh))
-            return mine
+            reset = conn.execute(sa.update(table).where(where_key, table.c.expires_at <= now).values(fresh))
+            if reset.rowcount == 1:
+                return Claim(key, lease_id, _lease_end(conn, table, key))
+            continue
         if row.fingerprint is not None and fingerprint is not None and row.fingerprint != fingerprint:
             raise FingerprintMismatch(f"key {key!r} was first used for a different request", key=key)
         if row.status == SUCCEEDED:
@@ -196,21 +248,35 @@ def claim(
         if row.status == FAILED:
             error = json.loads(row.error) if row.error else None
             raise RecordFailed(f"key {key!r} failed for good", key=key, error=error)
-        if row.lease_expires_at is not None and row.lease_expires_at > now:
-            retry_after = max(1, math.ceil((row.lease_expires_at - now).total_seconds()))
+        if row.lease_expires_at is not None and row.lease_expires_at > row.database_now:
+            retry_after = max(1, math.ceil((row.lease_expires_at - row.database_now).total_seconds()))
             raise RecordInProgress(
                 f"key {key!r} is being processed by another request", key=key, retry_after_seconds=retry_after
             )
         # PROCESSING with a dead lease: the holder crashed after committing its claim. Take over,
-        # fenced by the old lease id so that exactly one of several takers wins.
+        # fenced by the old lease id so that exactly one of several takers wins, and only while
+        # the database's clock still says the lease is over.
         taken = conn.execute(
             sa.update(table)
-            .where(where_key, table.c.status == PROCESSING, table.c.lease_id == row.lease_id)
+            .where(
+                where_key,
+                table.c.status == PROCESSING,
+                table.c.lease_id == row.lease_id,
+                table.c.lease_expires_at <= now,
+            )
             .values(lease_id=lease_id, lease_expires_at=lease_expires_at, updated_at=now)
         )
         if taken.rowcount == 1:
-            return Claim(key, lease_id, lease_expires_at, taken_over=True)
+            return Claim(key, lease_id, _lease_end(conn, table, key), taken_over=True)
     raise RecordInProgress(f"key {key!r} keeps changing under us; retry", key=key)
+
+
+def _lease_end(conn: Connection, table: sa.Table, key: str) -> datetime:
+    """The lease end the database just wrote (an UPDATE cannot return it on MySQL/MariaDB)."""
+    ends: datetime = conn.execute(
+        sa.select(table.c.lease_expires_at).where(table.c.record_key == key)
+    ).scalar_one()
+    return ends
 
 
 def _fenced(table: sa.Table, key: str, lease_id: str) -> list[sa.ColumnElement[bool]]:
@@ -240,7 +306,7 @@ def complete(
     response: StoredResponse,
     *,
     table: sa.Table = IDEMPOTENCY_RECORDS,
-    clock: Clock = utc_now,
+    clock: Clock | None = None,
 ) -> None:
     """Mark the claimed record SUCCEEDED with ``response`` (in the transaction of the business writes)."""
     _require_transaction(conn)
@@ -251,7 +317,7 @@ def complete(
         "response_status": response.status,
         "response_headers": response.headers_json(),
         "response_body": response.body,
-        "updated_at": clock(),
+        "updated_at": database_now(conn.dialect.name, clock=clock),
     }
     _settle(conn, table, claimed, "outcome", outcome)
 
@@ -263,13 +329,17 @@ def fail(
     retryable: bool,
     error: Any = None,
     table: sa.Table = IDEMPOTENCY_RECORDS,
-    clock: Clock = utc_now,
+    clock: Clock | None = None,
 ) -> None:
     """Give the key up: delete the record (``retryable``) or mark it FAILED with ``error`` (JSON)."""
     _require_transaction(conn)
     failure = None  # retryable: the record goes, the key is free again
     if not retryable:
-        failure = {"status": FAILED, "error": json.dumps(error, separators=(",", ":")), "updated_at": clock()}
+        failure = {
+            "status": FAILED,
+            "error": json.dumps(error, separators=(",", ":")),
+            "updated_at": database_now(conn.dialect.name, clock=clock),
+        }
     _settle(conn, table, claimed, "failure", failure)
 
 
@@ -281,7 +351,7 @@ def run_once(
     fingerprint: str | None = None,
     ttl_seconds: int = DEFAULT_RECORD_TTL_SECONDS,
     table: sa.Table = IDEMPOTENCY_RECORDS,
-    clock: Clock = utc_now,
+    clock: Clock | None = None,
     telemetry: Telemetry | None = None,
     telemetry_scope: str = "durable",
 ) -> Outcome:
@@ -360,7 +430,7 @@ def run_once_for_token(
     fingerprint: str | None = None,
     ttl_seconds: int = DEFAULT_RECORD_TTL_SECONDS,
     table: sa.Table = IDEMPOTENCY_RECORDS,
-    clock: Clock = utc_now,
+    clock: Clock | None = None,
     telemetry: Telemetry | None = None,
     telemetry_scope: str = "durable",
 ) -> Outcome:

@@ -1,8 +1,9 @@
 """The idempotency record table, its DDL per database, and ``create_records_table``.
 
 One row per key. Times are naive UTC everywhere (``DATETIME``/``timestamp``
-without zone): the three databases agree on nothing else, and every time the
-SDK writes or compares comes from the same clock in Python.
+without zone): the three databases agree on nothing else. Every time the SDK
+writes or compares is the database's own clock, read in the statement that uses
+it (``database_now``), so app servers whose clocks disagree still agree on it.
 
 MySQL/MariaDB compare strings case- and trailing-space-insensitively by
 default; two different token digests that differ only in case would then be
