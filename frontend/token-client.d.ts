@@ -71,7 +71,7 @@ export interface TokenClientOptions {
   /** fetch credentials for the token service (default "omit"). */
   credentials?: RequestCredentials;
   fetch?: typeof globalThis.fetch;
-  /** The clock in milliseconds (default Date.now). */
+  /** The clock in milliseconds, for durations only (default performance.now: monotonic). */
   now?: () => number;
   onRetry?: ((retry: RetryInfo) => void) | null;
 }

@@ -93,16 +93,23 @@ async function readProblem(response) {
 
 // Retry-After is not a CORS-safelisted header: a cross-origin page only sees it
 // when the server exposes it, so the problem body's retry_after_seconds counts too.
+// Only a number of seconds is read: an HTTP-date (a proxy's) would compare the
+// server's clock with this machine's, off by however far the two disagree.
 function retryAfterSeconds(response, problem) {
   const header = response.headers.get("Retry-After");
-  if (header !== null) {
+  if (header !== null && header.trim() !== "") {
     const seconds = Number(header);
     if (Number.isFinite(seconds) && seconds >= 0) return seconds;
-    const date = Date.parse(header);
-    if (!Number.isNaN(date)) return Math.max(0, (date - Date.now()) / 1000);
   }
   const fromBody = Number(problem?.retry_after_seconds);
   return Number.isFinite(fromBody) && fromBody >= 0 ? fromBody : null;
+}
+
+// A token's lifetime is the reply's ttl_seconds counted on this clock from when
+// the reply arrived, never the reply's expires_at (the server's clock) against
+// Date.now() (this machine's).
+function monotonicNow() {
+  return globalThis.performance?.now() ?? Date.now();
 }
 
 function defaultBaseUrl() {
@@ -132,7 +139,8 @@ function defaultBaseUrl() {
  *                  5000, at most a quarter of the token's lifetime)
  *   credentials    fetch credentials for the token service (default "omit")
  *   fetch          the fetch function to use (default globalThis.fetch)
- *   now            the clock, in ms (default Date.now)
+ *   now            the clock, in ms (default performance.now: monotonic, so a
+ *                  wall clock set back or forward does not age a token)
  *   onRetry        called as onRetry({attempt, reason, delayMs, stage}) before each
  *                  retry; stage is "token" (asking for a token: no token exists
  *                  yet) or "request" (resending a request with the action's token)
@@ -148,7 +156,7 @@ export class TokenClient {
     this.expiryMarginMs = options.expiryMarginMs ?? 5000;
     this.credentials = options.credentials ?? "omit";
     this.onRetry = options.onRetry ?? null;
-    this.now = options.now ?? (() => Date.now());
+    this.now = options.now ?? monotonicNow;
     const fetchImpl = options.fetch ?? globalThis.fetch;
     this._fetch = (...args) => fetchImpl.apply(globalThis, args);
   }

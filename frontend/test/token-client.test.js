@@ -338,3 +338,48 @@ describe("the module", () => {
     assert.equal(isReplayed(null), false);
   });
 });
+
+describe("this machine's wall clock", () => {
+  // Date.now() set far off (a laptop back from sleep, a clock set by hand): nothing
+  // the helper decides may move with it.
+  function shiftedWallClock(offsetMs) {
+    const realNow = Date.now;
+    Date.now = () => realNow() + offsetMs;
+    return () => {
+      Date.now = realNow;
+    };
+  }
+
+  for (const offsetMs of [-3_600_000, 3_600_000]) {
+    it(`does not age an unsent token (Date.now ${offsetMs > 0 ? "+" : "-"}1 h)`, async () => {
+      const net = network();
+      const action = client(net).action("s", { ttlSeconds: 60 });
+      assert.equal(await action.token(), "tok-1");
+      const restore = shiftedWallClock(offsetMs);
+      try {
+        assert.equal(await action.token(), "tok-1");
+      } finally {
+        restore();
+      }
+      assert.equal(action.renewals, 0);
+    });
+
+    it(`waits what the service said, not an HTTP-date against this clock (Date.now ${offsetMs > 0 ? "+" : "-"}1 h)`, async () => {
+      let answered = 0;
+      const date = new Date(Date.now() + 60_000).toUTCString(); // a proxy's Retry-After, on its clock
+      const net = network({
+        service: () =>
+          answered++ === 0 ? json(503, { code: "store_unavailable", retry_after_seconds: 0.05 }, { "Retry-After": date }) : null,
+      });
+      const retries = [];
+      const restore = shiftedWallClock(offsetMs);
+      try {
+        const options = { maxRetryDelayMs: 10_000, onRetry: (r) => retries.push(r) };
+        assert.equal((await client(net, options).getToken("s")).token, "tok-1");
+      } finally {
+        restore();
+      }
+      assert.equal(retries[0].delayMs, 50);
+    });
+  }
+});
