@@ -41,6 +41,8 @@ def redis_from_url(url: str, timeout: float, *, asyncio: bool = False) -> Any:
 
 
 def _issued(request: IssueRequest, tokens: list[str]) -> list[IssuedToken]:
+    # Display only, as the HTTP service's expires_at is: no decision of the SDK reads it
+    # (the token's life is ttl_seconds, and Redis's PX decides when it ends).
     expires_at = (datetime.now(UTC) + timedelta(seconds=request.ttl_seconds)).replace(microsecond=0)
     return [
         IssuedToken(
@@ -51,6 +53,8 @@ def _issued(request: IssueRequest, tokens: list[str]) -> list[IssuedToken]:
 
 
 def _info(found: Inspection) -> TokenInfo:
+    # Display only: this host's clock plus the time Redis says is left, and the lease's end
+    # on Redis's clock. Nothing in the SDK compares either with time.time().
     now = datetime.now(UTC)
     lease = found.lease_expires_ms
     return TokenInfo(

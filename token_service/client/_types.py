@@ -32,6 +32,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class IssuedToken:
+    # expires_at is for display (the service's clock, or this host's on the direct
+    # transport); ttl_seconds is the duration to count on a monotonic clock
     token: str
     scope: str
     subject: str | None
@@ -50,7 +52,12 @@ class IssuedToken:
 
 @dataclass(frozen=True, slots=True)
 class TokenInfo:
-    """``verify``'s answer: a token's state, bindings and stored outcome. Changes nothing."""
+    """``verify``'s answer: a token's state, bindings and stored outcome. Changes nothing.
+
+    ``expires_at`` and ``lease_expires_at`` are for display: the store's clock (or, on
+    the direct transport, this host's clock plus the time Redis says is left). No
+    decision of the SDK compares them with this host's clock, and neither should yours.
+    """
 
     state: str
     scope: str

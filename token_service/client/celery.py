@@ -117,6 +117,9 @@ class IdempotentTask(Task):  # type: ignore[misc]  # Celery ships no type hints
             # Another worker holds the key (or held it and died): come back when its lease
             # could next run out. Never counted against max_retries: the holder finishes or
             # stops renewing, so this ends.
+            # A duration from the store's answer. Celery turns it into an ETA on this worker's
+            # clock and the next worker compares that with its own: a skewed worker only
+            # retries early or late, and the retry's begin is again decided by Redis's clock.
             countdown = min(busy.retry_after_seconds, self.idempotency_poll_seconds)
             log.info(
                 "task %s[%s]: key in progress elsewhere; retry in %s s", self.name, self.request.id, countdown
