@@ -130,3 +130,119 @@ def test_guard_on_direct_transport_renews_on_time_whatever_the_clock(skew_redis:
 @pytest.mark.parametrize("mode", ["keyed", "idempotent"])
 def test_keyed_operations_renew_on_time_whatever_the_clock(skew_redis: RedisServer, mode: str) -> None:
     _run_once_under_skew("direct", mode, skew_redis, None)
+
+
+# -- the other places a client waits on, or shows, a time from the store ------------------------
+
+
+def test_a_waiting_duplicate_gets_the_result_whatever_its_clock(
+    skew_redis: RedisServer, skew_service: str
+) -> None:
+    """``wait_seconds`` polls on the monotonic clock with the service's Retry-After (seconds):
+    a duplicate whose clock is off waits for the holder and gets its result without running."""
+    counters = skew_redis.client()
+    with TokenClient(skew_service, api_key=API_KEY) as holder_client, closing(counters):
+        for shift in SHIFTS_SECONDS:
+            token = holder_client.generate("payment.create").token
+            holder = holder_client.guard(token, "payment.create")
+            assert holder.start()
+            args = {
+                "transport": "http",
+                "base_url": skew_service,
+                "api_key": API_KEY,
+                "redis_url": skew_redis.url,
+                "token": token,
+                "scope": "payment.create",
+                "wait_seconds": 60,
+                "counter_key": f"runs:{secrets.token_hex(8)}",
+            }
+            with Skewed(shift, "wait", args) as child:
+                child.check_shifted()
+                time.sleep(1)  # the duplicate is (usually) polling by now; either way it must wait
+                holder.succeed("held")
+                assert child.finish() == {"result": "held"}
+            assert counters.get(args["counter_key"]) is None  # the duplicate never ran the work
+
+            # a duplicate that does not wait is told how long, in seconds of the lease's length
+            token = holder_client.generate("payment.create").token
+            busy = holder_client.guard(token, "payment.create")
+            assert busy.start()
+            with Skewed(shift, "wait", {**args, "token": token, "wait_seconds": 0}) as child:
+                child.check_shifted()
+                refused = child.finish()
+            busy.abandon()
+            assert refused["in_progress"] is True
+            assert 1 <= refused["retry_after_seconds"] <= LEASE_SECONDS
+
+
+def test_the_idempotency_key_lock_is_renewed_whatever_the_clock(skew_redis: RedisServer) -> None:
+    """The WSGI middleware's lock (3 s) held by a request in a shifted process: a repeat 4 s in
+    gets 409, and the request runs once."""
+    from werkzeug.test import Client
+
+    from token_service.client.idempotency import IdempotencyMiddleware
+
+    counters = skew_redis.client()
+    with closing(counters):
+        for shift in SHIFTS_SECONDS:
+            args = {
+                "redis_url": skew_redis.url,
+                "lock_seconds": LEASE_SECONDS,
+                "key": f'"order-{secrets.token_hex(8)}"',
+                "counter_key": f"runs:{secrets.token_hex(8)}",
+            }
+
+            def repeat_app(environ: Any, start_response: Any, key: str = args["counter_key"]) -> list[bytes]:
+                counters.incr(key)
+                start_response("201 Created", [("Content-Type", "text/plain")])
+                return [b"created again"]
+
+            repeat = IdempotencyMiddleware(
+                repeat_app, counters, lock_seconds=LEASE_SECONDS, identity=lambda environ: "client-1"
+            )
+            with Skewed(shift, "middleware", args) as child:
+                child.check_shifted()
+                assert child.read() == {"started": True}
+                time.sleep(DUPLICATE_AFTER_SECONDS)
+                again = Client(repeat).post("/orders", data=b"{}", headers={"Idempotency-Key": args["key"]})
+                assert again.status_code == 409, f"wall clock {shift:+d} s: {again.get_data(as_text=True)}"
+                assert 1 <= int(again.headers["Retry-After"]) <= LEASE_SECONDS
+                child.send(finish=True)
+                assert child.finish() == {"status": 201, "body": "created"}
+            assert int(counters.get(args["counter_key"]) or 0) == 1
+
+
+def test_the_admin_view_of_a_lease_is_redis_time_whatever_the_clock(skew_redis: RedisServer) -> None:
+    """ops/admin's "lease expired" and "time left" come from Redis's TIME with the record, so an
+    operator's machine with a wrong clock shows a live lease as live and a dead one as dead."""
+    from tests.ops.clock import past_clock
+    from token_service.store import TokenStore
+    from token_service.tokens import token_digest
+
+    live_lease_seconds = 60  # it must outlive the child's start on a loaded machine
+    client = skew_redis.client()
+    with closing(client):
+        # a lease that ran out 5 s ago: a view 10 s behind would still call it live
+        store, past = TokenStore(client), TokenStore(client, clock_ms=past_clock(LEASE_SECONDS + 5))
+        live, dead = store.issue(_request(), 2)
+        past.begin(dead, "payment.create", None, None, "dead", lease_seconds=LEASE_SECONDS)
+        refs = {"live": token_digest(live), "dead": token_digest(dead)}
+        began = time.monotonic()
+        store.begin(live, "payment.create", None, None, "live", lease_seconds=live_lease_seconds)
+        for shift in SHIFTS_SECONDS:
+            with Skewed(shift, "admin", {"redis_url": skew_redis.url, "refs": refs}) as child:
+                child.check_shifted()
+                seen = child.finish()
+            elapsed = time.monotonic() - began
+            assert seen["shown"]["live"]["lease_expired"] is False
+            # what is left, as Redis counts it: between the full lease and what our clock saw pass
+            left = seen["shown"]["live"]["lease_expires_in_seconds"]
+            assert live_lease_seconds - elapsed - 0.01 <= left <= live_lease_seconds
+            assert seen["shown"]["dead"]["lease_expired"] is True
+            assert seen["stuck"] == [refs["dead"]]
+
+
+def _request() -> Any:
+    from token_service.store import IssueRequest
+
+    return IssueRequest("payment.create", None, None, 600)

@@ -134,7 +134,57 @@ def durable_claim(args: dict[str, Any]) -> None:
     engine.dispose()
 
 
-SCENARIOS = {"guard": guard, "wait": wait, "durable_claim": durable_claim}
+def middleware(args: dict[str, Any]) -> None:
+    """One request through the WSGI Idempotency-Key middleware, whose app works until told."""
+    import redis
+    from werkzeug.test import Client
+
+    from token_service.client.idempotency import IdempotencyMiddleware
+
+    counter = redis.Redis.from_url(args["redis_url"])
+
+    def app(environ: Any, start_response: Any) -> list[bytes]:
+        counter.incr(args["counter_key"])
+        report(started=True)
+        told()
+        start_response("201 Created", [("Content-Type", "text/plain")])
+        return [b"created"]
+
+    wrapped = IdempotencyMiddleware(
+        app, counter, lock_seconds=args["lock_seconds"], identity=lambda environ: "client-1"
+    )
+    response = Client(wrapped).post("/orders", data=b"{}", headers={"Idempotency-Key": args["key"]})
+    report(status=response.status_code, body=response.get_data(as_text=True))
+
+
+def admin(args: dict[str, Any]) -> None:
+    """The operators' view of two PROCESSING records: one lease live, one run out."""
+    import redis
+
+    from token_service.ops.admin import Admin, Filter
+
+    operator = Admin(redis.Redis.from_url(args["redis_url"]))
+    shown = {}
+    for name, ref in args["refs"].items():
+        record = operator.show(ref).to_dict()
+        shown[name] = {key: record[key] for key in ("lease_expired", "lease_expires_in_seconds")}
+    stuck, cursor = [], "0"
+    while True:
+        page = operator.scan(Filter(state="PROCESSING", lease_expired=True), cursor=cursor)
+        stuck += [record.ref for record in page.records]
+        cursor = page.cursor
+        if cursor == "0":
+            break
+    report(shown=shown, stuck=sorted(stuck))
+
+
+SCENARIOS = {
+    "guard": guard,
+    "wait": wait,
+    "durable_claim": durable_claim,
+    "middleware": middleware,
+    "admin": admin,
+}
 
 
 def main() -> None:
