@@ -30,6 +30,7 @@ from tests.support.processes import RedisServer, serve_one_worker
 from tests.support.service import API_KEY, service_env
 from tests.support.skew import Skewed
 from token_service.client import DirectLimits, TokenClient, keyed_guard
+from token_service.client._renewal import interval_for
 from token_service.errors import TokenInProgress
 
 LEASE_SECONDS = 3
@@ -246,3 +247,59 @@ def _request() -> Any:
     from token_service.store import IssueRequest
 
     return IssueRequest("payment.create", None, None, 600)
+
+
+# -- the lease's length, as the replies carry it -----------------------------------------------
+
+
+def _begin_reply(**extra: Any) -> Any:
+    import httpx
+
+    body = {
+        "outcome": "started",
+        "lease_id": "lease-1",
+        # an expiry far from this host's clock: the guard must not read it
+        "lease_expires_at": "2001-01-01T00:00:00Z",
+        "replayed": False,
+        **extra,
+    }
+    return httpx.MockTransport(lambda request: httpx.Response(200, json=body))
+
+
+@pytest.mark.parametrize(
+    ("reply", "asked_seconds", "lease_seconds", "counted"),
+    [
+        ({"lease_seconds": 30}, None, 30.0, True),  # the service's default, said by the reply
+        ({"lease_seconds": 2.4}, 30, 2.4, True),  # what is left of a retried begin's lease wins
+        ({}, 12, 12.0, False),  # a service too old to say: what the guard asked for
+        ({}, None, 1.0, False),  # ... or, asked for nothing, the shortest lease the API grants
+    ],
+)
+def test_the_guard_renews_by_the_replys_lease_length(
+    reply: dict[str, Any], asked_seconds: int | None, lease_seconds: float, counted: bool
+) -> None:
+    client = TokenClient("http://tokens.test", api_key=API_KEY, transport=_begin_reply(**reply))
+    with closing(client):
+        guard = client.guard("t" * 22, "payment.create", lease_seconds=asked_seconds, renew=False)
+        before = time.monotonic()
+        assert guard.start()
+        every = guard._renew_every()
+        passed = time.monotonic() - before
+    # a third of the lease, counted from begin's send (so less by however long has passed since)
+    low = interval_for(lease_seconds - passed) if counted else interval_for(lease_seconds)
+    assert low <= every <= interval_for(lease_seconds)
+
+
+def test_begin_and_renew_say_how_long_the_lease_runs(client: Any) -> None:
+    """The service's replies carry the lease as a duration (``lease_seconds``), beside its end on
+    Redis's clock: what the SDK counts on its monotonic clock (fake and real Redis)."""
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    token = client.post("/token/generate", json={"scope": "payment.create"}, headers=auth).json["token"]
+    begin = {"token": token, "scope": "payment.create", "request_id": "r-1", "lease_seconds": 7}
+    started = client.post("/token/begin", json=begin, headers=auth).json
+    assert started["lease_seconds"] == 7
+    again = client.post("/token/begin", json=begin, headers=auth).json  # a retried begin: what is left
+    assert again["replayed"] is True
+    assert 0 < again["lease_seconds"] <= 7
+    renew = {"token": token, "lease_id": started["lease_id"], "lease_seconds": 9}
+    assert client.post("/token/renew", json=renew, headers=auth).json["lease_seconds"] == 9
