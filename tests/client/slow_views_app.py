@@ -23,7 +23,9 @@ from token_service.client.idempotency import IdempotencyMiddleware
 
 LEASE_SECONDS = 2  # 1 s left the renewer 0.67 s to renew in, too little on a loaded CI machine
 RELEASE_TIMEOUT_SECONDS = 30  # a first run the test never releases (it failed first) still ends
-store = redis.Redis.from_url(os.environ["TEST_REDIS_URL"])
+# redis-py's socket timeout (5 s by default in redis-py 8) must outlast the first run's BLPOP: the
+# release comes after the duplicate at 4.5 s, past 5 s on a loaded machine
+store = redis.Redis.from_url(os.environ["TEST_REDIS_URL"], socket_timeout=RELEASE_TIMEOUT_SECONDS + 10)
 tokens = TokenClient.from_redis(store)
 app = Flask(__name__)
 

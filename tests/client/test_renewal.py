@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry
 from tests.support.processes import REPO_ROOT, RedisServer, wait_until
 from tests.support.sdk import Sdk
 from token_service.client import AsyncTokenClient, LeaseLost, Replayed, TokenClient, TokenInProgress
-from token_service.client._renewal import _STARTER, LeaseRenewer
+from token_service.client._renewal import SCHEDULER, LeaseRenewer
 from token_service.client._telemetry import Telemetry
 from token_service.store import TokenStore
 
@@ -317,18 +317,20 @@ def test_a_renewer_starts_its_thread_only_once_its_first_renewal_is_due() -> Non
     # that fell due meanwhile would be right to run
     fast = LeaseRenewer(lambda: calls.append(1), 1.0).start()
     fast.stop()  # the work ended before its first renewal: no thread, no renewal
-    # the starter wakes its renewers in the order they fall due: once this later one has renewed,
+    # the scheduler runs renewals in the order they fall due: once this later one has renewed,
     # the stopped one's turn came and went
     probe = LeaseRenewer(lambda: calls.append(2), 1.0).start()
     wait_until(lambda: 2 in calls, 30, what="a renewal due after the stopped one's")
     probe.stop()
     assert 1 not in calls
-    assert fast._thread is None
+    assert fast._renewal is not None
+    assert fast._renewal._thread is None
     slow = LeaseRenewer(lambda: calls.append(3), 0.05).start()
     wait_until(lambda: calls.count(3) >= 3, what="three renewals")
     slow.stop()
-    assert slow._thread is not None
-    assert not slow._thread.is_alive()  # stopped means stopped
+    assert slow._renewal is not None
+    assert slow._renewal._thread is not None
+    assert not slow._renewal._thread.is_alive()  # stopped means stopped
     renewed = calls.count(3)
     time.sleep(0.3)
     assert calls.count(3) == renewed
@@ -345,7 +347,12 @@ def test_a_lost_lease_stops_the_renewer_and_is_reported_once() -> None:
     wait_until(lambda: reported, what="the loss")
     # its thread ends after reporting: nothing is left that could report again
     wait_until(
-        lambda: renewer._thread is not None and not renewer._thread.is_alive(), what="the renewer to end"
+        lambda: (
+            renewer._renewal is not None
+            and renewer._renewal._thread is not None
+            and not renewer._renewal._thread.is_alive()
+        ),
+        what="the renewer to end",
     )
     assert len(reported) == 1
     assert renewer.lost is reported[0]
@@ -359,7 +366,7 @@ def test_a_forked_child_never_renews_its_parents_leases() -> None:
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its copy of the schedule is empty
-        os.write(write, str(len(_STARTER._due)).encode())
+        os.write(write, str(SCHEDULER.pending()).encode())
         os._exit(0)
     os.close(write)
     assert os.read(read, 16) == b"0"

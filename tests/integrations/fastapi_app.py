@@ -19,7 +19,9 @@ REDIS_URL = os.environ.get("TS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 tokens = AsyncTokenClient.from_redis(REDIS_URL)
 # the same app with its token store down: every guarded call must fail closed
 unreachable = AsyncTokenClient.from_redis("redis://127.0.0.1:1/0", retry=1, timeout=0.5)
-counters = redis.asyncio.Redis.from_url(REDIS_URL)
+# a socket timeout past the slow endpoint's 30 s BLPOP (redis-py 8 defaults to 5 s: a loaded machine
+# releases it later than that)
+counters = redis.asyncio.Redis.from_url(REDIS_URL, socket_timeout=40)
 app = FastAPI()
 
 

@@ -2,26 +2,41 @@
 
 A guard's lease (or an Idempotency-Key's lock) is taken for ``lease_seconds``
 so that a holder that dies frees the token on its own. Work that may take
-longer would lose its lease half-way, and a duplicate would run it again. A
-renewer extends the lease every third of its length, in the background,
-until the work settles:
+longer would lose its lease half-way, and a duplicate would run it again. The
+lease is renewed every third of its length, in the background, until the work
+settles:
 
-- sync code gets a daemon thread (:class:`LeaseRenewer`; started only once the
-  first renewal is due, so work that ends sooner costs no thread), asyncio code
-  a task (:class:`AsyncLeaseRenewer`); both are stopped before ``complete`` / ``fail``;
-- a process that dies takes its renewer with it: nothing renews any more, and
-  the lease runs out exactly as it would without renewal;
+- **one scheduler per process** keeps the time of every renewal of sync code:
+  a heap of deadlines and one daemon thread, created with the first lease. A
+  call whose work ends before its first renewal is due costs a heap push and a
+  stop flag: no thread, lock object or finalizer of its own. The heap is shared
+  by every client and guard; its thread never calls the store. Each renewal
+  that falls due runs on a short-lived thread of its own, so a store call that
+  hangs (a Redis that stopped answering, up to the client's timeout and
+  retries) never delays another lease's renewal; threads exist only while
+  renewals are in flight (a long-running lease starts one every third of its
+  length, and it ends with the call);
+- asyncio code is scheduled on its **event loop's own timer heap**
+  (``loop.call_at``, cancelled on stop: a scheduler per loop, which dies with
+  the loop); a renewal that falls due runs as a task of that loop;
+- both are stopped before ``complete`` / ``fail``; stopping waits for a
+  renewal in flight, so none races the settle;
+- the scheduler holds its guards weakly: a guard dropped without being settled
+  is garbage-collected, and its next renewal finds it gone and ends;
+- a process that dies takes its scheduler with it: nothing renews any more, and
+  the lease runs out exactly as it would without renewal. A forked child starts
+  with an empty schedule: it never renews its parent's leases;
 - a renewal refused because the lease is no longer the live one (it ran out
-  while the process was stalled, or the token was revoked) is final: the
-  renewer stops and reports it once through ``on_lost``. The holder's
-  ``complete`` is refused too (``lease_lost``), so a result is never stored
-  over the one of whoever took the token over;
+  while the process was stalled, or the token was revoked) is final: renewing
+  stops and the loss is reported once (the guard's ``on_lease_lost``). The
+  holder's ``complete`` is refused too (``lease_lost``), so a result is never
+  stored over the one of whoever took the token over;
 - a store that cannot answer (``ServiceUnavailable`` after the client's
   retries) is logged and tried again at the next tick: the lease may still be
   saved, and if not, the next renewal reports it lost.
 
-The renewer holds no reference to its guard, so a guard dropped without being
-settled stops its renewer when it is garbage-collected.
+The next renewal is due a third of a lease after the previous one was *sent*
+(the lease was extended no earlier than that), on the monotonic clock.
 """
 
 from __future__ import annotations
@@ -34,8 +49,9 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from token_service.errors import LeaseLost, TokenError, TokenInvalid
 
@@ -44,6 +60,8 @@ log = logging.getLogger(__name__)
 # Refusals that mean the lease is gone for good.
 LOST: tuple[type[TokenError], ...] = (LeaseLost, TokenInvalid)
 MIN_INTERVAL_SECONDS = 0.05
+THREAD_NAME = "token-lease-renewer"
+SCHEDULER_THREAD_NAME = "token-lease-scheduler"
 
 
 def interval_for(lease_seconds: float) -> float:
@@ -51,89 +69,175 @@ def interval_for(lease_seconds: float) -> float:
     return max(MIN_INTERVAL_SECONDS, lease_seconds / 3)
 
 
-def _report(on_lost: Callable[[TokenError], Any] | None, exc: TokenError) -> None:
-    if on_lost is None:
-        return
+def _report(callback: Callable[[TokenError], Any], exc: TokenError) -> None:
     try:
-        on_lost(exc)
-    except Exception:  # a broken callback must not kill the renewer silently
-        log.exception("the lease-lost callback raised")
+        callback(exc)
+    except Exception:  # a broken callback must not end renewing silently
+        log.exception("a lease renewal callback raised")
 
 
-class _Starter:
-    """One daemon thread per process that starts a renewer's own thread when its first renewal is due.
+class Renewable(Protocol):
+    """What the scheduler renews: a guard, or a :class:`LeaseRenewer` around three callables."""
 
-    Most guarded work finishes well within a third of its lease: its renewer is
-    stopped before it ever renews, and costs a heap entry instead of a thread.
-    Work that runs longer gets its own thread from then on, so one slow store
-    call never delays another lease's renewal.
+    def _renew_lease(self) -> Any: ...  # raises a LOST error once the lease is gone
+    def _lost(self, exc: TokenError) -> None: ...  # the lease is gone: report it (once)
+    def _renew_failed(self, exc: TokenError) -> None: ...  # the store could not answer
+
+
+class AsyncRenewable(Protocol):
+    def _renew_lease(self) -> Awaitable[Any]: ...
+    def _lost(self, exc: TokenError) -> None: ...
+    def _renew_failed(self, exc: TokenError) -> None: ...
+
+
+def _failed(renewal: Renewal | AsyncRenewal, target: Any, exc: Exception) -> bool:
+    """What a renewal that raised means: True when renewing ends (the lease is lost)."""
+    if isinstance(exc, LOST):
+        if not renewal.stopped:  # after stop, a lost lease was settled on purpose: nothing to report
+            renewal.lost = exc
+            _report(target._lost, exc)
+        return True
+    if isinstance(exc, TokenError):
+        log.warning("could not renew a lease (will try again): %s", exc)
+        _report(target._renew_failed, exc)
+    else:  # keep renewing: losing the lease is worse
+        log.error("renewing a lease raised", exc_info=exc)
+    return False
+
+
+class Renewal:
+    """One lease's renewals on the :class:`RenewalScheduler`: :meth:`stop` ends them.
+
+    Holds its target weakly when asked to (a guard: dropped unsettled, it stops
+    being renewed), strongly otherwise (a :class:`LeaseRenewer`).
+    """
+
+    __slots__ = ("_target", "_thread", "_weak", "interval_seconds", "lost", "renewals", "stopped")
+
+    def __init__(self, target: Renewable, interval_seconds: float, weak: bool) -> None:
+        self._target: Any = weakref.ref(target) if weak else target
+        self._weak = weak
+        self.interval_seconds = interval_seconds
+        self.stopped = False
+        # the thread running this lease's renewal right now (None: none ran yet)
+        self._thread: threading.Thread | None = None
+        self.renewals = 0
+        self.lost: TokenError | None = None
+
+    def target(self) -> Renewable | None:
+        return self._target() if self._weak else self._target  # type: ignore[no-any-return]
+
+    def stop(self, timeout_seconds: float | None = 5.0) -> None:
+        """Stop renewing; waits (up to ``timeout_seconds``) for a renewal in flight."""
+        # Set before reading _thread, while the scheduler sets _thread before its thread reads
+        # stopped: either this sees the thread and waits for it, or that thread sees stopped.
+        self.stopped = True
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_seconds)
+
+
+class RenewalScheduler:
+    """The renewals of a process's sync code: a heap of deadlines kept by one daemon thread.
+
+    :meth:`schedule` pushes a lease's first renewal; a renewal that falls due
+    runs on a thread of its own (see the module docs) and pushes the next one.
+    Stopped renewals are popped without running whenever the thread wakes up,
+    however far off they were due, so the heap holds about as many entries as
+    guarded calls start in a third of a lease.
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._due: list[tuple[float, int, LeaseRenewer]] = []
+        self._reset()
+        self.threads_started = 0  # renewal threads (not counting the scheduler's own): for tests
+
+    def _reset(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, Renewal]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
-        # a forked child must never renew its parent's leases: it starts over, empty
-        os.register_at_fork(after_in_child=self._forget)
 
-    def _forget(self) -> None:
-        self._cond = threading.Condition()
-        self._due = []
-        self._thread = None
+    def forget(self) -> None:
+        """In a forked child: start over, empty (the parent's leases are the parent's to renew)."""
+        self._reset()
 
-    def schedule(self, renewer: LeaseRenewer, delay_seconds: float) -> None:
-        entry = (time.monotonic() + delay_seconds, next(self._seq), renewer)
+    def schedule(self, target: Renewable, interval_seconds: float, *, weak: bool = True) -> Renewal:
+        """Renew ``target`` every ``interval_seconds`` from now until the returned renewal is stopped."""
+        renewal = Renewal(target, interval_seconds, weak)
+        self._push(renewal, time.monotonic() + interval_seconds)
+        return renewal
+
+    def _push(self, renewal: Renewal, due: float) -> None:
+        entry = (due, next(self._seq), renewal)
         with self._cond:
-            heapq.heappush(self._due, entry)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="token-lease-starter", daemon=True)
-                self._thread.start()
-            if self._due[0] is entry:  # due before whatever the thread sleeps towards: wake it
+            heap = self._heap
+            heapq.heappush(heap, entry)
+            if heap[0] is entry:  # due before whatever the thread sleeps towards (or it sleeps for good)
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._loop, name=SCHEDULER_THREAD_NAME, daemon=True
+                    )
+                    self._thread.start()
                 self._cond.notify()
 
+    def pending(self) -> int:
+        """Renewals on the heap that are not stopped (what a forked child must see as 0)."""
+        with self._cond:
+            return sum(1 for _, _, renewal in self._heap if not renewal.stopped)
+
     def _loop(self) -> None:
+        cond = self._cond  # a forked child replaces it: this thread does not exist there
+        heap = self._heap
         while True:
-            with self._cond:
-                while not self._due:
-                    self._cond.wait()
-                due, _, renewer = self._due[0]
-                wait = due - time.monotonic()
-                if wait > 0:
-                    self._cond.wait(wait)
-                    continue
-                heapq.heappop(self._due)
-            renewer._due()
+            with cond:
+                while True:
+                    while heap and heap[0][2].stopped:
+                        heapq.heappop(heap)  # ended before it was due: forget it now
+                    if not heap:
+                        cond.wait()
+                        continue
+                    wait = heap[0][0] - time.monotonic()
+                    if wait <= 0:
+                        break
+                    cond.wait(wait)
+                _, _, renewal = heapq.heappop(heap)
+            self._start(renewal)
+
+    def _start(self, renewal: Renewal) -> None:
+        if renewal.target() is None:
+            return  # its guard was dropped unsettled and collected: nothing renews it any more
+        thread = threading.Thread(target=self._renew, args=(renewal,), name=THREAD_NAME, daemon=True)
+        renewal._thread = thread  # before the thread reads stopped: see Renewal.stop
+        self.threads_started += 1
+        thread.start()
+
+    def _renew(self, renewal: Renewal) -> None:
+        target = renewal.target()
+        if target is None or renewal.stopped:
+            return
+        sent_at = time.monotonic()
+        try:
+            target._renew_lease()
+        except Exception as exc:
+            if _failed(renewal, target, exc):
+                return
+        else:
+            renewal.renewals += 1
+        if not renewal.stopped:
+            self._push(renewal, sent_at + renewal.interval_seconds)
 
 
-_STARTER = _Starter()
+SCHEDULER = RenewalScheduler()
+# a forked child must never renew its parent's leases: it starts over, empty
+os.register_at_fork(after_in_child=SCHEDULER.forget)
 
 
-class _Renewals:
-    """What both renewers do with a renewal that raised."""
+class LeaseRenewer:
+    """Calls ``renew()`` every ``interval_seconds`` until :meth:`stop`, on the process's scheduler.
 
-    lost: TokenError | None
-    _on_lost: Callable[[TokenError], Any] | None
-    _on_error: Callable[[TokenError], Any] | None
-
-    def _failed(self, exc: Exception, *, settled: bool = False) -> bool:
-        """Whether renewing ends: only when the lease is lost (reported unless it was ``settled``)."""
-        if isinstance(exc, LOST):
-            if not settled:
-                self.lost = exc
-                _report(self._on_lost, exc)
-            return True
-        if isinstance(exc, TokenError):
-            log.warning("could not renew a lease (will try again): %s", exc)
-            _report(self._on_error, exc)
-        else:  # keep renewing: losing the lease is worse
-            log.error("renewing a lease raised", exc_info=exc)
-        return False
-
-
-class LeaseRenewer(_Renewals):
-    """Calls ``renew()`` every ``interval_seconds`` until :meth:`stop`, on a daemon thread of its own
-    once the first renewal is due (work that ends sooner never starts one)."""
+    ``on_lost(error)`` is called once when a renewal is refused for good,
+    ``on_error(error)`` when the store could not answer (renewing goes on).
+    """
 
     def __init__(
         self,
@@ -142,55 +246,120 @@ class LeaseRenewer(_Renewals):
         *,
         on_lost: Callable[[TokenError], Any] | None = None,
         on_error: Callable[[TokenError], Any] | None = None,
-        name: str = "token-lease-renewer",
     ) -> None:
         self._renew = renew
         self.interval_seconds = interval_seconds
         self._on_lost = on_lost
         self._on_error = on_error
-        self._name = name
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
-        # reentrant: a guard collected while its renewer starts stops it from within (finalizer)
-        self._lock = threading.RLock()
+        self._renewal: Renewal | None = None
+
+    def start(self) -> LeaseRenewer:
+        self._renewal = SCHEDULER.schedule(self, self.interval_seconds, weak=False)
+        return self
+
+    def stop(self, timeout_seconds: float | None = 5.0) -> None:
+        if self._renewal is not None:
+            self._renewal.stop(timeout_seconds)
+
+    @property
+    def renewals(self) -> int:
+        return self._renewal.renewals if self._renewal is not None else 0
+
+    @property
+    def lost(self) -> TokenError | None:
+        return self._renewal.lost if self._renewal is not None else None
+
+    def _renew_lease(self) -> Any:
+        return self._renew()
+
+    def _lost(self, exc: TokenError) -> None:
+        if self._on_lost is not None:
+            self._on_lost(exc)
+
+    def _renew_failed(self, exc: TokenError) -> None:
+        if self._on_error is not None:
+            self._on_error(exc)
+
+
+# -- asyncio: the event loop's own timer heap ---------------------------------------------------
+
+
+class AsyncRenewal:
+    """One lease's renewals on its event loop: a timer (``loop.call_at``), then a task per renewal."""
+
+    __slots__ = (
+        "_loop",
+        "_target",
+        "_task",
+        "_timer",
+        "_weak",
+        "interval_seconds",
+        "lost",
+        "renewals",
+        "stopped",
+    )
+
+    def __init__(self, target: AsyncRenewable, interval_seconds: float, weak: bool) -> None:
+        self._target: Any = weakref.ref(target) if weak else target
+        self._weak = weak
+        self.interval_seconds = interval_seconds
+        self.stopped = False
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None
         self.renewals = 0
         self.lost: TokenError | None = None
 
-    def start(self) -> LeaseRenewer:
-        _STARTER.schedule(self, self.interval_seconds)
-        return self
+    def target(self) -> AsyncRenewable | None:
+        return self._target() if self._weak else self._target  # type: ignore[no-any-return]
+
+    def _at(self, when: float) -> None:
+        self._timer = self._loop.call_at(when, self._due)
 
     def _due(self) -> None:
-        with self._lock:
-            if self._stopped.is_set():
+        self._timer = None
+        if self.stopped or self.target() is None:
+            return  # stopped, or its guard was dropped unsettled and collected
+        self._task = self._loop.create_task(self._renew(), name=THREAD_NAME)
+
+    async def _renew(self) -> None:
+        target = self.target()
+        if target is None or self.stopped:
+            return
+        sent_at = self._loop.time()
+        try:
+            await target._renew_lease()
+        except Exception as exc:
+            if _failed(self, target, exc):
                 return
-            self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
-            self._thread.start()
+        else:
+            self.renewals += 1
+        if not self.stopped:
+            self._at(sent_at + self.interval_seconds)
 
-    def stop(self, timeout_seconds: float | None = 5.0) -> None:
-        """Stop renewing; waits (up to ``timeout_seconds``) for a renewal in flight."""
-        with self._lock:
-            self._stopped.set()
-            thread = self._thread
-        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
-            thread.join(timeout_seconds)
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                self._renew()
-            except Exception as exc:
-                # after stop, a lost lease was settled on purpose: nothing to report
-                if self._failed(exc, settled=self._stopped.is_set()):
-                    return
-            else:
-                self.renewals += 1
-            if self._stopped.wait(self.interval_seconds):
-                return
+    async def stop(self) -> None:
+        """Stop renewing; a renewal in flight is cancelled (and awaited)."""
+        self.stopped = True
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+        task, self._task = self._task, None
+        if task is None or task.done() or task is asyncio.current_task():
+            return
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
-class AsyncLeaseRenewer(_Renewals):
-    """:class:`LeaseRenewer` as an asyncio task: ``await renew()`` every ``interval_seconds``."""
+def renew_on_loop(target: AsyncRenewable, interval_seconds: float, *, weak: bool = True) -> AsyncRenewal:
+    """Renew ``target`` every ``interval_seconds`` on the running loop until the renewal is stopped."""
+    renewal = AsyncRenewal(target, interval_seconds, weak)
+    renewal._at(renewal._loop.time() + interval_seconds)
+    return renewal
+
+
+class AsyncLeaseRenewer:
+    """:class:`LeaseRenewer` for asyncio: ``await renew()`` every ``interval_seconds``."""
 
     def __init__(
         self,
@@ -204,36 +373,31 @@ class AsyncLeaseRenewer(_Renewals):
         self.interval_seconds = interval_seconds
         self._on_lost = on_lost
         self._on_error = on_error
-        self._task: asyncio.Task[None] | None = None
-        self.renewals = 0
-        self.lost: TokenError | None = None
+        self._renewal: AsyncRenewal | None = None
 
     def start(self) -> AsyncLeaseRenewer:
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="token-lease-renewer")
+        self._renewal = renew_on_loop(self, self.interval_seconds, weak=False)
         return self
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is None or task.done():
-            return
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        if self._renewal is not None:
+            await self._renewal.stop()
 
-    def stop_nowait(self) -> None:
-        """Cancel without waiting (for a guard collected without being settled)."""
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            with contextlib.suppress(RuntimeError):  # the loop is already closed: so is the task
-                task.get_loop().call_soon_threadsafe(task.cancel)
+    @property
+    def renewals(self) -> int:
+        return self._renewal.renewals if self._renewal is not None else 0
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_seconds)
-            try:
-                await self._renew()
-            except Exception as exc:
-                if self._failed(exc):
-                    return
-            else:
-                self.renewals += 1
+    @property
+    def lost(self) -> TokenError | None:
+        return self._renewal.lost if self._renewal is not None else None
+
+    def _renew_lease(self) -> Awaitable[Any]:
+        return self._renew()
+
+    def _lost(self, exc: TokenError) -> None:
+        if self._on_lost is not None:
+            self._on_lost(exc)
+
+    def _renew_failed(self, exc: TokenError) -> None:
+        if self._on_error is not None:
+            self._on_error(exc)

@@ -50,7 +50,6 @@ import inspect
 import json
 import logging
 import time
-import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypedDict, TypeVar
 
@@ -68,7 +67,7 @@ from token_service.errors import (
 from token_service.records import Completed, FailRecorded, Finished, Renewed, Started, dump_json
 from token_service.tokens import new_request_id
 
-from ._renewal import AsyncLeaseRenewer, LeaseRenewer, interval_for
+from ._renewal import SCHEDULER, AsyncRenewal, Renewal, interval_for, renew_on_loop
 from ._results import dump_result, load_result, return_type
 from ._telemetry import DEFAULT_TELEMETRY, GuardSpan, Telemetry
 
@@ -328,6 +327,10 @@ class _GuardState:
         if self.on_lease_lost is not None:
             self.on_lease_lost(self, exc)
 
+    def _renew_failed(self, exc: TokenError) -> None:
+        """A renewal the store could not answer (renewing goes on)."""
+        self.telemetry.count("store_errors", self.scope, operation="renew")
+
     def _renew_every(self) -> float:
         return interval_for(self._lease_left_seconds())
 
@@ -390,7 +393,7 @@ class Guard(_GuardState):
         options.setdefault("telemetry", getattr(client, "telemetry", DEFAULT_TELEMETRY))
         super().__init__(token, scope, **options)
         self.client = client
-        self._renewer: LeaseRenewer | None = None
+        self._renewal: Renewal | None = None
 
     def start(self) -> bool:
         """Begin. True: this caller holds the lease and must run the operation.
@@ -426,30 +429,16 @@ class Guard(_GuardState):
             return True
 
     def _start_renewer(self) -> None:
-        # the renewer must not hold the guard: a guard dropped unsettled is collected and stops it
-        client, token, lease_id, seconds = self.client, self.token, self.lease_id, self.lease_seconds
-        telemetry, scope = self.telemetry, self.scope
-        this = weakref.ref(self)
-
-        def on_lost(exc: TokenError) -> None:
-            guard = this()
-            if guard is not None:
-                guard._lost(exc)
-
-        renewer = LeaseRenewer(
-            lambda: client.renew(token, lease_id, lease_seconds=seconds),
-            self._renew_every(),
-            on_lost=on_lost,
-            on_error=lambda exc: telemetry.count("store_errors", scope, operation="renew"),
-        )
-        # a guard dropped without being settled stops renewing once it is collected
-        weakref.finalize(self, renewer.stop, 0)
-        self._renewer = renewer.start()
+        # held weakly by the scheduler: a guard dropped unsettled is collected and stops renewing
+        self._renewal = SCHEDULER.schedule(self, self._renew_every())
 
     def _stop_renewer(self) -> None:
-        renewer, self._renewer = self._renewer, None
-        if renewer is not None:
-            renewer.stop()
+        renewal, self._renewal = self._renewal, None
+        if renewal is not None:
+            renewal.stop()
+
+    def _renew_lease(self) -> Renewed:
+        return self.client.renew(self.token, self.lease_id, lease_seconds=self.lease_seconds)
 
     def succeed(self, result: Any) -> Any:
         """Store ``result`` as the operation's outcome; returns it as duplicates will get it.
@@ -560,7 +549,7 @@ class AsyncGuard(_GuardState):
         options.setdefault("telemetry", getattr(client, "telemetry", DEFAULT_TELEMETRY))
         super().__init__(token, scope, **options)
         self.client = client
-        self._renewer: AsyncLeaseRenewer | None = None
+        self._renewal: AsyncRenewal | None = None
 
     async def start(self) -> bool:
         self._open_span(is_async=True)
@@ -588,32 +577,16 @@ class AsyncGuard(_GuardState):
             return True
 
     def _start_renewer(self) -> None:
-        # the renewer must not hold the guard: a guard dropped unsettled is collected and stops it
-        client, token, lease_id, seconds = self.client, self.token, self.lease_id, self.lease_seconds
-        telemetry, scope = self.telemetry, self.scope
-        this = weakref.ref(self)
-
-        def on_lost(exc: TokenError) -> None:
-            guard = this()
-            if guard is not None:
-                guard._lost(exc)
-
-        def renew() -> Awaitable[Renewed]:
-            return client.renew(token, lease_id, lease_seconds=seconds)
-
-        renewer = AsyncLeaseRenewer(
-            renew,
-            self._renew_every(),
-            on_lost=on_lost,
-            on_error=lambda exc: telemetry.count("store_errors", scope, operation="renew"),
-        )
-        weakref.finalize(self, renewer.stop_nowait)
-        self._renewer = renewer.start()
+        # a timer on this loop, holding the guard weakly: dropped unsettled, it stops renewing
+        self._renewal = renew_on_loop(self, self._renew_every())
 
     async def _stop_renewer(self) -> None:
-        renewer, self._renewer = self._renewer, None
-        if renewer is not None:
-            await renewer.stop()
+        renewal, self._renewal = self._renewal, None
+        if renewal is not None:
+            await renewal.stop()
+
+    def _renew_lease(self) -> Awaitable[Renewed]:
+        return self.client.renew(self.token, self.lease_id, lease_seconds=self.lease_seconds)
 
     async def succeed(self, result: Any) -> Any:
         await self._stop_renewer()

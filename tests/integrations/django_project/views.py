@@ -24,7 +24,9 @@ from rest_framework.views import APIView
 from token_service.client import AsyncTokenClient
 from token_service.client.django import require_token
 
-counters = redis.Redis.from_url(settings.TOKEN_SERVICE["REDIS_URL"])
+# a socket timeout past the slow views' 30 s BLPOP (redis-py 8 defaults to 5 s: a loaded machine
+# releases them later than that)
+counters = redis.Redis.from_url(settings.TOKEN_SERVICE["REDIS_URL"], socket_timeout=40)
 
 
 class Declined(Exception):
