@@ -2,7 +2,8 @@
 
 ``token_service.admin`` and ``token_service.reconcile`` went to ``token_service.ops``;
 ``token_service.gunicorn_conf`` (``gunicorn -c python:token_service.gunicorn_conf``) to
-``token_service.server``. Importing an old path raises a ``DeprecationWarning`` naming
+``token_service.server``; ``token_service.client.idempotency`` (the WSGI middleware) is
+``token_service.client.wsgi``. Importing an old path raises a ``DeprecationWarning`` naming
 the new one and hands back the new module itself; CHANGELOG.md names the version they go in.
 """
 
@@ -21,6 +22,7 @@ MOVED = {
     "token_service.admin": "token_service.ops.admin",
     "token_service.reconcile": "token_service.ops.reconcile",
     "token_service.gunicorn_conf": "token_service.server.gunicorn_conf",
+    "token_service.client.idempotency": "token_service.client.wsgi",
 }
 GOES_IN = "0.3.0"
 
@@ -29,8 +31,9 @@ GOES_IN = "0.3.0"
 def unimported(monkeypatch: pytest.MonkeyPatch) -> None:
     """The old paths not yet imported in this process (the first import is the one that warns)."""
     for old in MOVED:
+        parent, name = old.rsplit(".", 1)
         monkeypatch.delitem(sys.modules, old, raising=False)
-        monkeypatch.delattr(sys.modules["token_service"], old.rsplit(".", 1)[1], raising=False)
+        monkeypatch.delattr(importlib.import_module(parent), name, raising=False)
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))
@@ -52,6 +55,16 @@ def test_from_imports_of_the_old_paths_get_the_same_objects() -> None:
         from token_service import reconcile as old_reconcile
     assert check_ref is admin.check_ref
     assert old_reconcile is reconcile
+
+
+@pytest.mark.usefixtures("unimported")
+def test_the_wsgi_middleware_imports_from_its_old_path_as_the_same_class() -> None:
+    from token_service.client import wsgi
+
+    with pytest.warns(DeprecationWarning, match="client.idempotency moved to token_service.client.wsgi"):
+        from token_service.client.idempotency import IdempotencyMiddleware, default_store_status
+    assert IdempotencyMiddleware is wsgi.IdempotencyMiddleware
+    assert default_store_status is wsgi.default_store_status
 
 
 def test_the_warning_points_at_the_importing_line() -> None:

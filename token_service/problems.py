@@ -1,7 +1,7 @@
 """RFC 9457 problem documents, without Flask: the one place their shape is decided.
 
 The service (``responses.py`` wraps these in Flask responses) and the SDK's
-web integrations (``client/flask.py``, ``client/idempotency.py``) answer with
+web integrations (``client/flask.py``, ``client/wsgi.py``) answer with
 the same document: ``type``, ``title``, ``status``, ``detail`` and the stable
 ``code``, plus ``Retry-After`` / ``WWW-Authenticate`` where the error calls for one.
 """

@@ -19,7 +19,7 @@ from flask import Flask, request, send_file
 
 from token_service.client import TokenClient
 from token_service.client.flask import require_token
-from token_service.client.idempotency import IdempotencyMiddleware
+from token_service.client.wsgi import IdempotencyMiddleware
 
 REPORT = b"%PDF-1.4 receipt " * 4096  # 68 KB: over require_token's 8 KB body cap
 store = redis.Redis.from_url(os.environ["TEST_REDIS_URL"])

@@ -24,7 +24,7 @@ from flask import Flask, Response, request, send_file
 
 from token_service.client import TokenClient
 from token_service.client.flask import require_token
-from token_service.client.idempotency import IdempotencyMiddleware
+from token_service.client.wsgi import IdempotencyMiddleware
 
 CHUNK = 64 * 1024
 CAP = int(os.environ.get("TEST_STORAGE_CAP", str(64 * 1024)))  # the largest body kept for duplicates

@@ -19,7 +19,7 @@ from flask import Flask
 
 from token_service.client import TokenClient
 from token_service.client.flask import require_token
-from token_service.client.idempotency import IdempotencyMiddleware
+from token_service.client.wsgi import IdempotencyMiddleware
 
 LEASE_SECONDS = 2  # 1 s left the renewer 0.67 s to renew in, too little on a loaded CI machine
 RELEASE_TIMEOUT_SECONDS = 30  # a first run the test never releases (it failed first) still ends

@@ -22,7 +22,7 @@ import redis.asyncio
 
 from tests.support.processes import RedisServer
 from token_service.client.asgi import IdempotencyMiddleware as AsgiMiddleware
-from token_service.client.idempotency import IdempotencyMiddleware as WsgiMiddleware
+from token_service.client.wsgi import IdempotencyMiddleware as WsgiMiddleware
 
 pytestmark = pytest.mark.real
 OPTIONS: dict[str, Any] = {"max_body_bytes": 4096, "lock_seconds": 30}

@@ -12,7 +12,7 @@ from flask import Flask, Response, request
 from tests.support.processes import wait_until
 from token_service.client._idempotency_store import Claimed, IdempotencyStore
 from token_service.client._response import StoredResponse
-from token_service.client.idempotency import IdempotencyMiddleware
+from token_service.client.wsgi import IdempotencyMiddleware
 from token_service.store import lua_source
 
 KEY = '"8e03978e-40d5-43e8-bc93-6894a57f9324"'

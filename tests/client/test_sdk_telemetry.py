@@ -191,7 +191,7 @@ def _middleware_spans(observed: Observed) -> list[tuple[str, Any, Any]]:
 def test_the_wsgi_idempotency_key_middleware_counts_and_traces(observed: Observed, redis_client: Any) -> None:
     from flask import Flask
 
-    from token_service.client.idempotency import IdempotencyMiddleware
+    from token_service.client.wsgi import IdempotencyMiddleware
 
     app = Flask(__name__)
 

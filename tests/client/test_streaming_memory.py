@@ -22,7 +22,7 @@ from werkzeug.test import EnvironBuilder
 
 from tests.support.processes import RedisServer
 from token_service.client import asgi
-from token_service.client.idempotency import IdempotencyMiddleware
+from token_service.client.wsgi import IdempotencyMiddleware
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 

@@ -14,7 +14,7 @@ from tests.ops.clock import past_clock
 from tests.support.processes import wait_until
 from tests.support.service import API_KEY, AUTH
 from token_service import create_app
-from token_service.client.idempotency import IdempotencyMiddleware
+from token_service.client.wsgi import IdempotencyMiddleware
 from token_service.errors import InvalidRequest, LeaseLost, TokenInvalid
 from token_service.ops.admin import (
     IDEMPOTENCY,

@@ -7,7 +7,7 @@ Errors are the classes of :mod:`token_service.errors`, one per error code.
 
 This package does not import Flask. The Flask view decorator lives in
 :mod:`token_service.client.flask` (``require_token``) and the WSGI
-``Idempotency-Key`` middleware in :mod:`token_service.client.idempotency`
+``Idempotency-Key`` middleware in :mod:`token_service.client.wsgi`
 (its ASGI twin in :mod:`token_service.client.asgi`). ``fingerprint`` is the one
 fingerprint function of every guard (``http_fingerprint`` for an HTTP request).
 ``idempotent`` / ``keyed_guard`` run any function at most once per key

@@ -1,6 +1,6 @@
 """The decisions of ``Idempotency-Key`` handling, once, for every framework.
 
-The WSGI middleware (:mod:`token_service.client.idempotency`), the ASGI one
+The WSGI middleware (:mod:`token_service.client.wsgi`), the ASGI one
 (:mod:`token_service.client.asgi`) and the framework integrations only move
 bytes; what to answer is decided here:
 
@@ -82,6 +82,8 @@ def declared_length(header: str) -> int | None:
     return whole_number(header.strip())
 
 
+# the name the WSGI middleware's module had until 0.2.0 (now client/wsgi.py): kept, so a
+# logging config written for it still reaches all three middlewares
 log = logging.getLogger("token_service.client.idempotency")
 
 MAX_KEY_CHARS = 255

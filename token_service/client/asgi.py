@@ -8,7 +8,7 @@
     app = IdempotencyMiddleware(app, redis.asyncio.Redis.from_url(url))
     # Starlette / FastAPI: app.add_middleware(IdempotencyMiddleware, store=redis.asyncio.Redis...)
 
-Exactly the semantics of the WSGI middleware (:mod:`token_service.client.idempotency`),
+Exactly the semantics of the WSGI middleware (:mod:`token_service.client.wsgi`),
 from the same decisions (:mod:`token_service.client._idempotency_core`) and
 the same Lua scripts, on ``redis.asyncio``: per-client keys, the request's
 fingerprint (a JSON body by its meaning), 400 / 409 / 422, the stored
