@@ -176,9 +176,12 @@ def test_a_waiting_duplicate_gets_the_result_whatever_its_clock(
             assert 1 <= refused["retry_after_seconds"] <= LEASE_SECONDS
 
 
-def test_the_idempotency_key_lock_is_renewed_whatever_the_clock(skew_redis: RedisServer) -> None:
-    """The WSGI middleware's lock (3 s) held by a request in a shifted process: a repeat 4 s in
-    gets 409, and the request runs once."""
+@pytest.mark.parametrize("scenario", ["middleware", "asgi_middleware"])
+def test_the_idempotency_key_lock_is_renewed_whatever_the_clock(
+    skew_redis: RedisServer, scenario: str
+) -> None:
+    """The WSGI and ASGI middlewares' lock (3 s) held by a request in a shifted process: a repeat
+    4 s in gets 409, and the request runs once. (Django's middleware shares their core.)"""
     from werkzeug.test import Client
 
     from token_service.client.idempotency import IdempotencyMiddleware
@@ -201,7 +204,7 @@ def test_the_idempotency_key_lock_is_renewed_whatever_the_clock(skew_redis: Redi
             repeat = IdempotencyMiddleware(
                 repeat_app, counters, lock_seconds=LEASE_SECONDS, identity=lambda environ: "client-1"
             )
-            with Skewed(shift, "middleware", args) as child:
+            with Skewed(shift, scenario, args) as child:
                 child.check_shifted()
                 assert child.read() == {"started": True}
                 time.sleep(DUPLICATE_AFTER_SECONDS)

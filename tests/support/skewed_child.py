@@ -157,6 +157,40 @@ def middleware(args: dict[str, Any]) -> None:
     report(status=response.status_code, body=response.get_data(as_text=True))
 
 
+def asgi_middleware(args: dict[str, Any]) -> None:
+    """The same through the ASGI Idempotency-Key middleware (its lock renewed by an asyncio task)."""
+    import httpx
+    import redis
+    import redis.asyncio
+
+    from token_service.client.asgi import IdempotencyMiddleware
+
+    counter = redis.Redis.from_url(args["redis_url"])
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        counter.incr(args["counter_key"])
+        report(started=True)
+        await asyncio.to_thread(told)
+        await send(
+            {"type": "http.response.start", "status": 201, "headers": [(b"content-type", b"text/plain")]}
+        )
+        await send({"type": "http.response.body", "body": b"created"})
+
+    async def main() -> httpx.Response:
+        store = redis.asyncio.Redis.from_url(args["redis_url"])
+        wrapped = IdempotencyMiddleware(
+            app, store, lock_seconds=args["lock_seconds"], identity=lambda scope: "client-1"
+        )
+        transport = httpx.ASGITransport(app=wrapped)
+        async with httpx.AsyncClient(transport=transport, base_url="http://shop.test") as client:
+            response = await client.post("/orders", content=b"{}", headers={"Idempotency-Key": args["key"]})
+        await store.aclose()
+        return response
+
+    response = asyncio.run(main())
+    report(status=response.status_code, body=response.text)
+
+
 def admin(args: dict[str, Any]) -> None:
     """The operators' view of two PROCESSING records: one lease live, one run out."""
     import redis
@@ -183,6 +217,7 @@ SCENARIOS = {
     "wait": wait,
     "durable_claim": durable_claim,
     "middleware": middleware,
+    "asgi_middleware": asgi_middleware,
     "admin": admin,
 }
 
