@@ -509,7 +509,8 @@ async def _read_ahead(core: RequireToken, guard: AsyncGuard, response: Streaming
     Django may iterate it after this view's event loop is gone (an async view under
     WSGI), where its guard cannot be settled. So it is read here up to the caps: kept
     when it ends within them; else omitted with its declared length (0 when it declares
-    none: it cannot be counted before it goes out). What was read goes out first.
+    none: it cannot be counted before it goes out); freed when it raises while read.
+    What was read goes out first.
     """
     head = Reply(response.status_code, list(response.items()))
     chunks = iter(response.streaming_content)
@@ -524,7 +525,12 @@ async def _read_ahead(core: RequireToken, guard: AsyncGuard, response: Streaming
                 return False
         return True
 
-    if await sync_to_async(read_up_to_the_caps)():
+    try:
+        whole = await sync_to_async(read_up_to_the_caps)()
+    except BaseException:
+        await core.asettle(guard, None)  # the body broke before it went out: freed, as a broken stream is
+        raise
+    if whole:
         await core.asettle(guard, dataclasses.replace(head, body=b"".join(read)))
     else:
         length = declared_length(str(response.get("Content-Length") or ""))

@@ -1,0 +1,83 @@
+"""Django's ``@require_token``: a streamed body that breaks frees its token, from a sync view and an
+``async def`` view alike (the rule of ``client/_require_token_core.py``: a stream that raises is freed
+for a retry, as Flask's and FastAPI's are). An async view's synchronous stream is read ahead before it
+goes out (``django._read_ahead``): a break there must free the token too, not leave it held (the
+retry answered 409 ``token_in_progress`` until the lease ran out). On a real redis-server."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+from django.http import HttpRequest, StreamingHttpResponse
+from django.test import AsyncClient as DjangoAsyncClient
+from django.test import Client as DjangoClient
+from django.test import override_settings
+from django.urls import path
+
+from tests.integrations.test_require_token_parity import configure_django
+from tests.support.processes import RedisServer
+from token_service.client import AsyncTokenClient, TokenClient
+from token_service.client.django import require_token
+
+pytestmark = pytest.mark.real
+SCOPE = "report.stream"
+
+urlpatterns: list[Any] = []  # this module is the Django URLconf; the test fills it in
+
+
+def breaks(runs: Counter[str]) -> StreamingHttpResponse:
+    runs["view"] += 1
+
+    def chunks() -> Iterator[bytes]:
+        yield b"first line\n"
+        raise OSError("the report's source went away")
+
+    return StreamingHttpResponse(chunks(), content_type="text/plain")
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_a_stream_that_breaks_frees_the_token(
+    kind: str, redis_server: RedisServer, real_redis: redis.Redis
+) -> None:
+    configure_django()
+    runs: Counter[str] = Counter()
+    async_tokens = AsyncTokenClient.from_redis(redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port))
+    with TokenClient.from_redis(real_redis) as tokens:
+        if kind == "sync":
+
+            def sync_view(request: HttpRequest) -> StreamingHttpResponse:
+                return breaks(runs)
+
+            urlpatterns[:] = [path("report", require_token(SCOPE, client=tokens)(sync_view))]
+        else:
+
+            async def async_view(request: HttpRequest) -> StreamingHttpResponse:
+                return breaks(runs)
+
+            urlpatterns[:] = [path("report", require_token(SCOPE, client=async_tokens)(async_view))]
+        token = tokens.generate(SCOPE).token
+        try:
+            with override_settings(ROOT_URLCONF=__name__, ALLOWED_HOSTS=["testserver"]):
+                for attempt in (1, 2):
+                    if kind == "sync":
+                        answer = DjangoClient(raise_request_exception=False).post(
+                            "/report", headers={"Idempotency-Token": token}
+                        )
+                        with pytest.raises(OSError, match="went away"):
+                            answer.getvalue()  # the body breaks on its way out
+                    else:
+                        answer = await DjangoAsyncClient(raise_request_exception=False).post(
+                            "/report", headers={"Idempotency-Token": token}
+                        )
+                        assert answer.status_code == 500  # broke before it went out
+                    answer.close()
+                    # freed for the retry: the retry runs the view again, never 409 in progress
+                    assert tokens.inspect(token).state == "ISSUED", attempt
+                    assert runs["view"] == attempt
+        finally:
+            await async_tokens.close()
