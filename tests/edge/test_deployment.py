@@ -52,6 +52,17 @@ def test_the_image_is_multi_stage_slim_and_runs_as_a_user() -> None:
             assert (REPO_ROOT / arguments.split()[0]).exists(), arguments
 
 
+def test_the_runtime_stage_copies_in_one_installed_environment_and_deletes_nothing() -> None:
+    # Docker keeps every instruction's layer: wheels copied in and deleted by a later RUN still
+    # weighed 8.04 MB in the image (measured: 267.6 MB with them, 259.6 MB with the venv copied)
+    copies = [arguments for keyword, arguments in RUNTIME if keyword in ("COPY", "ADD")]
+    assert copies == ["--from=build /opt/venv /opt/venv"]
+    for keyword, arguments in RUNTIME:
+        if keyword == "RUN":
+            assert not re.search(r"\brm\b", arguments), arguments
+    assert image_env(RUNTIME)["PATH"].startswith("/opt/venv/bin:")
+
+
 def test_the_healthcheck_needs_no_curl() -> None:
     healthcheck = the("HEALTHCHECK")
     command = exec_form(healthcheck[healthcheck.index("CMD") + 3 :].strip())

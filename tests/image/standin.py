@@ -211,6 +211,11 @@ def machine_lock() -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def machine_store() -> str:
+    """Where podman keeps the machine's images (the stand-in among them)."""
+    return run([*PODMAN, "info", "--format", "{{.Store.GraphRoot}}"]).stdout.strip()
+
+
 def image_exists(name: str = STANDIN_IMAGE) -> bool:
     return subprocess.run([*PODMAN, "image", "exists", name], check=False).returncode == 0
 
