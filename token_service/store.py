@@ -70,8 +70,9 @@ _UNAVAILABLE: tuple[type[Exception], ...] = (
 )
 # Refusals redis-py has no exception class for (OOM, LOADING, READONLY and CLUSTERDOWN
 # arrive as the classes above): a failed RDB save, too few replicas, a script
-# running past lua-time-limit. Fail closed.
-_UNAVAILABLE_REPLY_PREFIXES = ("MISCONF ", "NOREPLICAS ", "BUSY ")
+# running past lua-time-limit, a server in protected mode refusing the connection
+# (DENIED: written at accept, read as the first command's reply). Fail closed.
+_UNAVAILABLE_REPLY_PREFIXES = ("MISCONF ", "NOREPLICAS ", "BUSY ", "DENIED ")
 
 
 def lua_dir() -> Path:

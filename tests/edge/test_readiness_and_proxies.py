@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import shutil
+import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -179,3 +181,55 @@ def test_every_worker_warns_alike_after_one_forwarded_request(redis_server: Redi
         assert server.log().count("TOKEN_SERVICE_TRUSTED_PROXY_HOPS is 0") == 1  # logged once per instance
     finally:
         server.stop()
+
+
+# What redis-server in protected mode writes to a connection from outside the loopback
+# interface as soon as it accepts it, before closing it (networking.c, protected mode).
+DENIED = (
+    b"-DENIED Redis is running in protected mode because protected mode is enabled and no password "
+    b"is set for the default user. In this mode connections are only accepted from the loopback "
+    b"interface.\r\n"
+)
+
+
+@pytest.fixture
+def protected_mode_redis() -> Iterator[str]:
+    """A Redis address that refuses every connection as protected mode does.
+
+    A real redis-server accepts loopback connections in protected mode, so the refusal it
+    gives remote clients is written here by a socket server of our own.
+    """
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def refuse() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.sendall(DENIED)
+                conn.shutdown(socket.SHUT_WR)
+
+    thread = threading.Thread(target=refuse, daemon=True)
+    thread.start()
+    yield f"redis://127.0.0.1:{listener.getsockname()[1]}/0"
+    stop.set()
+    thread.join()
+    listener.close()
+
+
+def test_a_redis_in_protected_mode_is_unavailable_not_an_internal_error(protected_mode_redis: str) -> None:
+    limits_off = {"rate_limit": "off", "max_outstanding_per_subject": 0}
+    http = create_app({"api_keys": API_KEY, "redis_url": protected_mode_redis, **limits_off}).test_client()
+    for reply in (
+        http.get("/readyz"),
+        http.post("/token/generate", json={"scope": SCOPE}),
+        http.post("/token/consume", json={"token": "t" * 43, "scope": SCOPE}, headers=AUTH),
+    ):
+        assert reply.status_code == 503, reply.get_data(as_text=True)
+        assert reply.json["code"] == "store_unavailable"
+        assert "Retry-After" in reply.headers
+        assert "DENIED" in reply.json["detail"]
