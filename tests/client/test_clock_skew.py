@@ -184,7 +184,7 @@ def test_the_idempotency_key_lock_is_renewed_whatever_the_clock(
     4 s in gets 409, and the request runs once. (Django's middleware shares their core.)"""
     from werkzeug.test import Client
 
-    from token_service.client.idempotency import IdempotencyMiddleware
+    from token_service.client.wsgi import IdempotencyMiddleware
 
     counters = skew_redis.client()
     with closing(counters):

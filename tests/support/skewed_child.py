@@ -139,7 +139,7 @@ def middleware(args: dict[str, Any]) -> None:
     import redis
     from werkzeug.test import Client
 
-    from token_service.client.idempotency import IdempotencyMiddleware
+    from token_service.client.wsgi import IdempotencyMiddleware
 
     counter = redis.Redis.from_url(args["redis_url"])
 
