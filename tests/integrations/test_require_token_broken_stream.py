@@ -1,15 +1,20 @@
-"""Django's ``@require_token``: a streamed body that breaks frees its token, from a sync view and an
-``async def`` view alike (the rule of ``client/_require_token_core.py``: a stream that raises is freed
-for a retry, as Flask's and FastAPI's are). An async view's synchronous stream is read ahead before it
-goes out (``django._read_ahead``): a break there must free the token too, not leave it held (the
-retry answered 409 ``token_in_progress`` until the lease ran out). On a real redis-server."""
+"""``@require_token``: a body that breaks before or while it goes out frees its token (the rule of
+``client/_require_token_core.py``: a stream that raises is freed for a retry), never leaves it held
+(the retry answered 409 ``token_in_progress`` until the lease ran out). On a real redis-server.
+
+- Django, from a sync view and an ``async def`` view alike: an async view's synchronous stream is read
+  ahead before it goes out (``django._read_ahead``), and a break there must free the token too.
+- FastAPI: a ``FileResponse`` whose file is missing (its size is read to settle it; Flask's
+  ``send_file`` raises in the view) answers 500 and frees the token."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import redis
 import redis.asyncio
@@ -18,11 +23,14 @@ from django.test import AsyncClient as DjangoAsyncClient
 from django.test import Client as DjangoClient
 from django.test import override_settings
 from django.urls import path
+from fastapi import FastAPI
+from fastapi.responses import FileResponse
 
 from tests.integrations.test_require_token_parity import configure_django
 from tests.support.processes import RedisServer
 from token_service.client import AsyncTokenClient, TokenClient
 from token_service.client.django import require_token
+from token_service.client.fastapi import require_token as fastapi_require_token
 
 pytestmark = pytest.mark.real
 SCOPE = "report.stream"
@@ -77,6 +85,33 @@ async def test_a_stream_that_breaks_frees_the_token(
                         assert answer.status_code == 500  # broke before it went out
                     answer.close()
                     # freed for the retry: the retry runs the view again, never 409 in progress
+                    assert tokens.inspect(token).state == "ISSUED", attempt
+                    assert runs["view"] == attempt
+        finally:
+            await async_tokens.close()
+
+
+async def test_a_file_response_whose_file_is_missing_frees_the_token(
+    redis_server: RedisServer, real_redis: redis.Redis, tmp_path: Path
+) -> None:
+    runs: Counter[str] = Counter()
+    async_tokens = AsyncTokenClient.from_redis(redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port))
+    app = FastAPI()
+
+    @app.post("/report")
+    @fastapi_require_token(async_tokens, SCOPE)
+    async def report() -> FileResponse:
+        runs["view"] += 1
+        return FileResponse(tmp_path / "not-written.pdf", media_type="application/pdf")
+
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    with TokenClient.from_redis(real_redis) as tokens:
+        token = tokens.generate(SCOPE).token
+        try:
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                for attempt in (1, 2):
+                    answer = await client.post("/report", headers={"Idempotency-Token": token})
+                    assert answer.status_code == 500, answer.text
                     assert tokens.inspect(token).state == "ISSUED", attempt
                     assert runs["view"] == attempt
         finally:

@@ -233,12 +233,17 @@ def require_token(
             except BaseException as exc:
                 await core.afailed(guard, exc)
                 raise
-            if isinstance(value, Response):
-                await _settle_response(core, guard, request, value)
-            else:
-                document = jsonable_encoder(value)
-                reply = ValueReply(response.status_code, response.headers.items(), document)
-                await core.asettle(guard, reply)
+            try:
+                if isinstance(value, Response):
+                    await _settle_response(core, guard, request, value)
+                else:
+                    document = jsonable_encoder(value)
+                    reply = ValueReply(response.status_code, response.headers.items(), document)
+                    await core.asettle(guard, reply)
+            except BaseException:
+                # not answerable (a FileResponse whose file is missing: a 500): freed, as after an exception
+                await core.asettle(guard, None)
+                raise
             return value
 
         guarded_endpoint.__signature__ = signature  # type: ignore[attr-defined]
