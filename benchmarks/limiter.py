@@ -54,7 +54,7 @@ from benchmarks.procs import RedisServer, require, wait_until
 from benchmarks.report import replace_section
 from token_service.config import RateLimit
 from token_service.limits import IssuanceLimits
-from token_service.store import admit_issue_source, lua_source
+from token_service.scripts import admit_issue_source, lua_source
 
 SCOPE = "payment.create"
 TTL_SECONDS = 900

@@ -17,7 +17,8 @@ from token_service.errors import (
     TokenMismatch,
     TokenUsed,
 )
-from token_service.store import IssueRequest, TokenStore, lua_source
+from token_service.scripts import lua_source
+from token_service.store import IssueRequest, TokenStore
 from token_service.tokens import new_token, token_digest
 
 SCOPE = "payment.create"
@@ -238,7 +239,7 @@ def test_scripts_validate_arguments_before_the_first_write(
 
 
 def test_every_script_file_documents_its_contract() -> None:
-    from token_service.store import SCRIPT_NAMES, lua_dir
+    from token_service.scripts import SCRIPT_NAMES, lua_dir
 
     for name in SCRIPT_NAMES:
         head = (lua_dir() / f"{name}.lua").read_text().splitlines()[:6]

@@ -1,25 +1,35 @@
-"""The only module that talks to Redis.
+"""The token operations on Redis: one Lua script per operation, Redis errors translated at this edge.
 
-It loads the Lua scripts of ``lua/`` once, registers them with redis-py
-(which reloads them after a ``SCRIPT FLUSH`` or a restart: NOSCRIPT is
-redis-py's job), and runs one script per token operation. Redis failures are
-translated here, at the edge, into :class:`ServiceUnavailable`: callers never
-see a redis-py exception. Sync (:class:`TokenStore`) and asyncio
+Each operation runs its script of ``lua/`` (as :mod:`token_service.scripts`
+links it) by SHA. A ``NOSCRIPT`` (Redis restarted, ``SCRIPT FLUSH``) is
+handled here, not left to redis-py: the sync store sends ``EVALSHA`` below
+redis-py's ``Script.__call__`` (which would reload it) to save its per-call
+cost, so :meth:`TokenStore._call` loads the script and runs it again, and
+``EVAL`` runs it when a second flush wins that race; a pipeline
+(``_issue_pipelined``) redoes just the calls that got ``NOSCRIPT``. The asyncio
+store calls ``Script`` and only adds the ``EVAL`` fallback.
+
+Redis failures are translated here into :class:`ServiceUnavailable`: callers
+never see a redis-py exception. Sync (:class:`TokenStore`) and asyncio
 (:class:`AsyncTokenStore`) variants share :mod:`token_service.records`, so a
 reply means the same thing to the service and to every SDK transport.
+
+This is the code that talks to Redis for token records. Two other modules do
+too, on records of their own, with scripts linked by :mod:`token_service.scripts` and
+:func:`translate_errors`: :mod:`token_service.client._idempotency_store` (the
+Idempotency-Key middlewares' records) and :mod:`token_service.ops.admin` (an
+operator's listing, revoking and releasing); :mod:`token_service.connection`
+builds the clients all three use.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
-from pathlib import Path
 from typing import Any, Literal
 
 import redis
@@ -31,23 +41,11 @@ from redis import exceptions as redis_errors
 from token_service import defaults, records
 from token_service.errors import ServiceUnavailable
 from token_service.limits import IssuanceLimits, admit_reply, client_key_of, client_tag
-from token_service.resources import shipped
+from token_service.scripts import ADMIT_ISSUE, SCRIPT_NAMES, admit_issue_source, lua_source
 from token_service.tokens import new_lease_id, new_request_id, new_tokens, record_key
 
 log = logging.getLogger(__name__)
 
-SCRIPT_NAMES = (
-    "issue",
-    "consume",
-    "begin",
-    "renew",
-    "complete",
-    "fail",
-    "inspect",
-    "revoke",
-    "admit",
-    "release",
-)
 # Where consume, begin and revoke put the bucket a token still has to be released from
 # (Cluster only: elsewhere the script releases it itself, see release() in lua/_record.lua).
 _BUCKET_AT = {"consume": 2, "begin": 4, "revoke": 1}
@@ -73,126 +71,6 @@ _UNAVAILABLE: tuple[type[Exception], ...] = (
 # running past lua-time-limit, a server in protected mode refusing the connection
 # (DENIED: written at accept, read as the first command's reply). Fail closed.
 _UNAVAILABLE_REPLY_PREFIXES = ("MISCONF ", "NOREPLICAS ", "BUSY ", "DENIED ")
-
-
-def lua_dir() -> Path:
-    """The scripts' directory (``lua/``, in the installed package or the checkout)."""
-    return shipped("lua")
-
-
-_HELPER_START = re.compile(r"^local function (\w+)", re.MULTILINE)
-_LUA_COMMENT = re.compile(r"--[^\n]*")
-
-
-def _record_helpers() -> tuple[str, dict[str, str]]:
-    """_record.lua's head (its constants) and its helpers, by name, in their order."""
-    text = (lua_dir() / "_record.lua").read_text(encoding="utf-8")
-    starts = list(_HELPER_START.finditer(text))
-    head = text[: starts[0].start()] if starts else text
-    helpers = {
-        match.group(1): text[match.start() : (starts[i + 1].start() if i + 1 < len(starts) else len(text))]
-        for i, match in enumerate(starts)
-    }
-    return head, helpers
-
-
-def _helpers_for(body: str) -> str:
-    """The part of _record.lua a script needs: its constants and the helpers it calls.
-
-    A script's helpers are created anew (one closure each) every time it runs,
-    whether it calls them or not: those it never calls are left out. A helper
-    is kept when its name is called in ``body`` or in a kept helper.
-    """
-    head, helpers = _record_helpers()
-    return head + _defined(helpers, _needed(body, helpers))
-
-
-def _needed(body: str, helpers: dict[str, str], known: frozenset[str] = frozenset()) -> set[str]:
-    """The helpers ``body`` calls, with the helpers they call, except those ``known`` already."""
-    needed: set[str] = set()
-    pending = [body]
-    while pending:
-        source = _LUA_COMMENT.sub("", pending.pop())
-        for name, helper in helpers.items():
-            if name not in needed and name not in known and re.search(rf"\b{name}\(", source):
-                needed.add(name)
-                pending.append(helper)
-    return needed
-
-
-def _defined(helpers: dict[str, str], names: set[str]) -> str:
-    """The definitions of the helpers ``names``, in _record.lua's order."""
-    return "".join(helper for name, helper in helpers.items() if name in names)
-
-
-# A script's line that says where the helpers only its later part calls are defined:
-# a fast path above it does not pay for the closures of the slow path below.
-_LATER_HELPERS = "-- (the helpers of the rest are defined here)\n"
-
-
-def _with_helpers(body: str) -> str:
-    early, marker, late = body.partition(_LATER_HELPERS)
-    if not marker:
-        return _helpers_for(body) + "\n" + body
-    head, helpers = _record_helpers()
-    first = _needed(early, helpers)
-    later = _defined(helpers, _needed(late, helpers, frozenset(first)))
-    return head + _defined(helpers, first) + "\n" + early + marker + later + late
-
-
-@cache
-def lua_source(name: str) -> str:
-    return _with_helpers((lua_dir() / f"{name}.lua").read_text(encoding="utf-8"))
-
-
-ADMIT_ISSUE = "admit+issue"
-
-
-_ISSUE_REFUSAL = "local refused = issue_refusal()\nif refused then return refused end\n"
-
-
-@cache
-def admit_issue_source() -> str:
-    """admit.lua then issue.lua as one script: a generate in one round trip instead of two.
-
-    KEYS[1..n-1] the token record keys, KEYS[n] the client's limit record;
-    ARGV[1..5] issue's (ARGV[5], the bucket, is left '' and filled in with
-    admit's reply), ARGV[6..11] admit's. Returns issue's refusal of its
-    arguments (before admit charges anything), admit's refusal, or issue's
-    reply. Only for standalone Redis (and Sentinel): on Cluster the client's
-    key and the token keys live in different slots.
-
-    admit.lua becomes a function of the client's key that reads its arguments
-    where they are (``ARGV[n]`` → ``ARGV[n + 5]``: no new KEYS and ARGV tables
-    per call); issue.lua then runs as the script's tail, without its own check of
-    its arguments (done first, before admit; the bucket admit puts in ARGV[5] is
-    digits).
-    """
-    directory = lua_dir()
-    admit = (directory / "admit.lua").read_text(encoding="utf-8")
-    issue = (directory / "issue.lua").read_text(encoding="utf-8")
-    code = _LUA_COMMENT.sub("", admit)
-    if re.search(r"\bKEYS\b(?!\[1\])|\bARGV\b(?!\[\d\])", code):
-        raise RuntimeError("admit.lua reads KEYS or ARGV other than by a literal index")
-    admit = re.sub(r"\bKEYS\[1\]", "client", admit)
-    admit = re.sub(r"\bARGV\[(\d)\]", lambda m: f"ARGV[{int(m.group(1)) + 5}]", admit)
-    if issue.count(_ISSUE_REFUSAL) != 1:
-        raise RuntimeError("issue.lua no longer starts by checking its arguments with issue_refusal()")
-    issue = issue.replace(_ISSUE_REFUSAL, "")
-    return "\n".join(
-        [
-            _helpers_for(admit + issue + "issue_refusal()"),
-            "local function admit_script(client)",
-            admit,
-            "end",
-            _ISSUE_REFUSAL,
-            "local admitted = admit_script(KEYS[#KEYS])",
-            "if admitted[1] ~= 'admitted' then return admitted end",
-            "KEYS[#KEYS] = nil",
-            "ARGV[5] = admitted[2]",
-            issue,
-        ]
-    )
 
 
 def _unavailable(exc: BaseException) -> ServiceUnavailable | None:

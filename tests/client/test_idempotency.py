@@ -13,7 +13,7 @@ from tests.support.processes import wait_until
 from token_service.client._idempotency_store import Claimed, IdempotencyStore
 from token_service.client._response import StoredResponse
 from token_service.client.wsgi import IdempotencyMiddleware
-from token_service.store import lua_source
+from token_service.scripts import lua_source
 
 KEY = '"8e03978e-40d5-43e8-bc93-6894a57f9324"'
 

@@ -30,7 +30,7 @@ from token_service.client import (
     TokenClient,
     TokenUsed,
 )
-from token_service.store import lua_source
+from token_service.scripts import lua_source
 from token_service.tokens import record_key
 
 pytestmark = pytest.mark.real

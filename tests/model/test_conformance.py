@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from tests.support.spin import MODEL, tool
-from token_service.store import lua_source
+from token_service.scripts import lua_source
 
 SEP = "\x1f"
 NOW_MS = 10_000_000

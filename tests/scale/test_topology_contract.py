@@ -143,7 +143,7 @@ def test_scripts_come_back_after_script_flush(http: Any, topology: Topology) -> 
 def _consume_sha() -> str:
     import hashlib
 
-    from token_service.store import lua_source
+    from token_service.scripts import lua_source
 
     return hashlib.sha1(lua_source("consume").encode()).hexdigest()  # noqa: S324 — Redis's script id
 

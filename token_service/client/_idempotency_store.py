@@ -23,7 +23,8 @@ from typing import Any
 from token_service import defaults, records
 from token_service.client._response import StoredResponse
 from token_service.errors import InvalidRequest
-from token_service.store import lua_source, translate_errors
+from token_service.scripts import lua_source
+from token_service.store import translate_errors
 
 SCRIPT_NAMES = ("idempotency_begin", "idempotency_renew", "idempotency_store", "idempotency_release")
 _SEP = "\x1f"
