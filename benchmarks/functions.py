@@ -1,20 +1,31 @@
-"""``@idempotent`` vs AWS Powertools' ``idempotent_function`` (Redis persistence), on one redis-server.
+"""``@idempotent`` and the token guard vs AWS Powertools' ``idempotent_function``, on one redis-server.
 
     python -m benchmarks.functions [--rounds 12] [--calls 300] [--out benchmarks]
+    python -m benchmarks.functions --callgrind LABEL [--calls 500]  # instructions per call
 
-Both decorate the same small function, keyed by an order id, and run
+``@idempotent`` and Powertools decorate the same small function, keyed by an
+order id; the token guard (``client.guard(token, scope).run(function, ...)``)
+runs it under tokens issued beforehand (outside the timing). All run
 sequentially in this process against the same private redis-server:
 
 - **first execution**: ``--calls`` new keys, each called once (claim, run, store);
 - **replay**: the same keys called again (the stored result comes back, the
   function does not run).
 
-Every round runs both contenders on fresh keys, alternating which goes first
-(A B, B A, ...). The figure per phase is the median over rounds of the ratio
-``ours / powertools`` of the two median latencies measured in that round
-(< 1: ours is faster). Powertools runs with its local cache off (a second
-process would not see it) and without payload validation, ours without a
-fingerprint: each does what it needs to run a function at most once.
+Every round runs every contender on fresh keys, rotating which goes first.
+The figure per phase is the median over rounds of the ratio ``ours /
+powertools`` of the two median latencies measured in that round (< 1: ours is
+faster); for the guard, of the two throughputs (calls per second over the
+phase, > 1: the guard is faster). The budgets (issue 24) are checked on those
+ratios, all from one run.
+
+``--callgrind`` counts instructions instead of time (load-independent): it
+runs each contender's phase under ``valgrind --tool=callgrind`` twice (N and
+2N calls, plus the startup both share) and reports the difference per call.
+
+Powertools runs with its local cache off (a second process would not see
+it) and without payload validation, ours without a fingerprint: each does
+what it needs to run a function at most once.
 
 Writes ``functions.json`` to ``--out`` and replaces this benchmark's own
 section of ``RESULTS.md`` there (``--no-results`` to leave it alone). Needs
@@ -28,6 +39,9 @@ import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -35,23 +49,52 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from benchmarks.procs import RedisServer
+from benchmarks.procs import REPO_ROOT, RedisServer, require
 from token_service.client import TokenClient, idempotent
 
 # the report keeps sections so marked when the suite rewrites RESULTS.md (benchmarks/report.py)
 SECTION_START = "<!-- section: functions -->"
 SECTION_END = "<!-- end of section -->"
 Call = Callable[[str], Any]
+SCOPE = "bench.order"
+# issue 24: ratios in one run, renewal on
+BUDGETS = {
+    "idempotent_first_latency": 0.8,  # @idempotent / Powertools, at most
+    "idempotent_replay_latency": 0.35,  # at most
+    "guard_first_throughput": 1.2,  # guard / Powertools, at least
+    "guard_replay_throughput": 4.0,  # at least
+}
+
+
+def _shipped(order_id: str) -> dict[str, Any]:
+    return {"order": order_id, "status": "shipped"}
 
 
 def _ours(url: str, renew: bool = True) -> tuple[Call, Callable[[], None]]:
     client = TokenClient.from_redis(url)
 
-    @idempotent(client, "bench.order", key="order_id", renew=renew)
+    @idempotent(client, SCOPE, key="order_id", renew=renew)
     def process(order_id: str) -> dict[str, Any]:
         return {"order": order_id, "status": "shipped"}
 
     return process, client.close
+
+
+class _Guard:
+    """``client.guard(token, scope).run(...)``: called with a token issued by :meth:`tokens`."""
+
+    def __init__(self, url: str) -> None:
+        self.client = TokenClient.from_redis(url)
+
+    def tokens(self, count: int) -> list[str]:
+        issued: list[str] = []
+        while len(issued) < count:
+            batch = self.client.generate_batch(SCOPE, min(1000, count - len(issued)))
+            issued += [each.token for each in batch]
+        return issued
+
+    def __call__(self, token: str) -> Any:
+        return self.client.guard(token, SCOPE).run(_shipped, "o-1")
 
 
 class _LambdaContext:
@@ -86,13 +129,21 @@ def _powertools(url: str) -> tuple[Call, Callable[[], None]]:
     return call, client.close
 
 
-def _median_us(call: Call, keys: list[str]) -> float:
+def _measure(call: Call, keys: list[str]) -> tuple[float, float]:
+    """(median latency in µs, throughput in calls per second over the whole phase)."""
     samples = []
+    began = time.perf_counter()
     for key in keys:
         started = time.perf_counter()
         call(key)
         samples.append((time.perf_counter() - started) * 1e6)
-    return statistics.median(samples)
+    return statistics.median(samples), len(keys) / (time.perf_counter() - began)
+
+
+def _keys(name: str, number: int, calls: int, guard: _Guard) -> list[str]:
+    if name == "guard":
+        return guard.tokens(calls)
+    return [f"r{number}-{name}-{i}" for i in range(calls)]
 
 
 def run(rounds: int, calls: int) -> dict[str, Any]:
@@ -102,39 +153,55 @@ def run(rounds: int, calls: int) -> dict[str, Any]:
     try:
         contenders["ours"] = _ours(server.url)
         contenders["ours_no_renewal"] = _ours(server.url, renew=False)
+        guard = _Guard(server.url)
+        contenders["guard"] = (guard, guard.client.close)
         contenders["powertools"] = _powertools(server.url)
-        for call, _ in contenders.values():  # warm up: connections, script loading, imports
-            for i in range(20):
-                call(f"warm-{i}")
-                call(f"warm-{i}")
+        for name, (call, _) in contenders.items():  # warm up: connections, script loading, imports
+            for key in _keys(name, -1, 20, guard):
+                call(key)
+                call(key)
         per_round: list[dict[str, dict[str, float]]] = []
         names = list(contenders)
         for number in range(rounds):
             shift = number % len(names)
-            order = names[shift:] + names[:shift]  # each goes first, second, third in turn
+            order = names[shift:] + names[:shift]  # each goes first, second, third... in turn
             measured: dict[str, dict[str, float]] = {}
             for name in order:
                 call, _ = contenders[name]
-                keys = [f"r{number}-{name}-{i}" for i in range(calls)]
-                measured[name] = {"first_us": _median_us(call, keys), "replay_us": _median_us(call, keys)}
+                keys = _keys(name, number, calls, guard)
+                first_us, first_per_s = _measure(call, keys)
+                replay_us, replay_per_s = _measure(call, keys)
+                measured[name] = {
+                    "first_us": first_us,
+                    "replay_us": replay_us,
+                    "first_per_s": first_per_s,
+                    "replay_per_s": replay_per_s,
+                }
             per_round.append(measured)
         phases: dict[str, Any] = {}
-        for phase in ("first_us", "replay_us"):
-            summary: dict[str, Any] = {
-                f"{name}_us": statistics.median(r[name][phase] for r in per_round) for name in names
-            }
-            for name in ("ours", "ours_no_renewal"):
-                ratios = [r[name][phase] / r["powertools"][phase] for r in per_round]
+        for phase in ("first", "replay"):
+            summary: dict[str, Any] = {}
+            for name in names:
+                summary[f"{name}_us"] = statistics.median(r[name][f"{phase}_us"] for r in per_round)
+                summary[f"{name}_per_s"] = statistics.median(r[name][f"{phase}_per_s"] for r in per_round)
+            for name in ("ours", "ours_no_renewal"):  # latency: below 1 is faster
+                ratios = [r[name][f"{phase}_us"] / r["powertools"][f"{phase}_us"] for r in per_round]
                 summary[f"{name}_ratio"] = statistics.median(ratios)
                 summary[f"{name}_ratio_range"] = [min(ratios), max(ratios)]
-            phases[phase.removesuffix("_us")] = summary
+            # throughput: above 1 is faster
+            ratios = [r["guard"][f"{phase}_per_s"] / r["powertools"][f"{phase}_per_s"] for r in per_round]
+            summary["guard_throughput_ratio"] = statistics.median(ratios)
+            summary["guard_throughput_ratio_range"] = [min(ratios), max(ratios)]
+            phases[phase] = summary
         return {
+            "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "load_average_at_start": load_at_start,
             "load_average": os.getloadavg()[0],
             "cpus": os.cpu_count(),
             "rounds": rounds,
             "calls": calls,
             "phases": phases,
+            "budgets": budgets(phases),
             "versions": {
                 "python": platform.python_version(),
                 "redis-server": server.client().info("server")["redis_version"],
@@ -148,7 +215,46 @@ def run(rounds: int, calls: int) -> dict[str, Any]:
         server.stop()
 
 
-def section(result: dict[str, Any]) -> str:
+def budgets(phases: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = [
+        (
+            "`@idempotent` first execution, latency vs Powertools",
+            "first",
+            "ours_ratio",
+            "<=",
+            BUDGETS["idempotent_first_latency"],
+        ),
+        (
+            "`@idempotent` replay, latency vs Powertools",
+            "replay",
+            "ours_ratio",
+            "<=",
+            BUDGETS["idempotent_replay_latency"],
+        ),
+        (
+            "token guard first execution, throughput vs Powertools",
+            "first",
+            "guard_throughput_ratio",
+            ">=",
+            BUDGETS["guard_first_throughput"],
+        ),
+        (
+            "token guard replay, throughput vs Powertools",
+            "replay",
+            "guard_throughput_ratio",
+            ">=",
+            BUDGETS["guard_replay_throughput"],
+        ),
+    ]
+    checked = []
+    for label, phase, key, sense, target in rows:
+        measured = phases[phase][key]
+        met = measured <= target if sense == "<=" else measured >= target
+        checked.append({"budget": label, "measured": measured, "target": f"{sense} {target}x", "met": met})
+    return checked
+
+
+def section(result: dict[str, Any], instructions: dict[str, Any] | None = None) -> str:
     versions = ", ".join(f"{name} {version}" for name, version in result["versions"].items())
     rows = []
     for label, phase in (("first execution", "first"), ("replay", "replay")):
@@ -157,34 +263,77 @@ def section(result: dict[str, Any]) -> str:
             f"{p[f'{name}_ratio']:.2f}x ({p[f'{name}_ratio_range'][0]:.2f}-{p[f'{name}_ratio_range'][1]:.2f})"
             for name in ("ours", "ours_no_renewal")
         ]
+        low, high = p["guard_throughput_ratio_range"]
         rows.append(
-            f"| {label} | {p['ours_us']:.0f} | {p['ours_no_renewal_us']:.0f} | {p['powertools_us']:.0f} | "
-            f"{ratios[0]} | {ratios[1]} |"
+            f"| {label} | {p['ours_us']:.0f} | {p['ours_no_renewal_us']:.0f} | {p['guard_us']:.0f} | "
+            f"{p['powertools_us']:.0f} | {ratios[0]} | {ratios[1]} | "
+            f"{p['guard_per_s']:.0f} / {p['powertools_per_s']:.0f} = "
+            f"{p['guard_throughput_ratio']:.2f}x ({low:.2f}-{high:.2f}) |"
         )
-    return "\n".join(
-        [
-            SECTION_START,
-            "## Any function: `@idempotent` vs Powertools' `idempotent_function`",
-            "",
-            "`python -m benchmarks.functions`: the same small function keyed by an order id, each",
-            "decorator on one private redis-server, sequential calls in one process;",
-            f"{result['rounds']} rounds of {result['calls']} keys, the contenders' order rotated each round.",
-            "Median latency per call (µs). A ratio is the median over rounds of",
-            "`ours / Powertools` (below 1: ours is faster), with the range across rounds.",
-            "`@idempotent` renews its lease in the background while the function runs (the default:",
-            "a renewer scheduled per call, which gets a thread only once a renewal is due);",
-            "`renew=False` leaves that out, as Powertools does (its in-progress record simply expires).",
-            "",
-            "| phase | ours (µs) | ours, renew=False (µs) | Powertools (µs) | ratio | ratio, renew=False |",
-            "|---|---|---|---|---|---|",
-            *rows,
-            "",
-            f"Versions: {versions}. Load average {result.get('load_average_at_start', float('nan')):.1f} "
-            f"at the start, {result['load_average']:.1f} at the end, on {result['cpus']} CPUs (a shared "
-            "machine: read the ratios, not the microseconds).",
-            SECTION_END,
-        ]
-    )
+    budget_rows = [
+        f"| {b['budget']} | {b['measured']:.2f}x | {b['target']} | {'yes' if b['met'] else '**NO**'} |"
+        for b in result["budgets"]
+    ]
+    lines = [
+        SECTION_START,
+        "## Any function: `@idempotent` and the token guard vs Powertools' `idempotent_function`",
+        "",
+        "`python -m benchmarks.functions`: the same small function keyed by an order id, each",
+        "decorator on one private redis-server, sequential calls in one process; the token guard",
+        "(`client.guard(token, scope).run(...)`) runs it under tokens issued beforehand (untimed).",
+        f"Run {result.get('when', '?')}: {result['rounds']} rounds of {result['calls']} keys, the",
+        "contenders' order rotated each round. Median latency per call (µs). A latency ratio is the",
+        "median over rounds of `ours / Powertools` (below 1: ours is faster), with the range across",
+        "rounds; the guard's is a throughput ratio (calls/s over the phase, `guard / Powertools`,",
+        "above 1: the guard is faster). `@idempotent` and the guard renew their lease in the",
+        "background while the function runs (the default: a heap entry on the process's renewal",
+        "scheduler, taken off when the call ends); `renew=False` leaves that out, as Powertools does",
+        "(its in-progress record simply expires).",
+        "",
+        "| phase | `@idempotent` (µs) | renew=False (µs) | guard (µs) | Powertools (µs) | "
+        "`@idempotent` ratio | renew=False ratio | guard/Powertools calls/s |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        "Budgets (issue 24), from this run:",
+        "",
+        "| budget | measured | target | met |",
+        "|---|---|---|---|",
+        *budget_rows,
+        "",
+        f"Versions: {versions}. Load average {result.get('load_average_at_start', float('nan')):.1f} "
+        f"at the start, {result['load_average']:.1f} at the end, on {result['cpus']} CPUs (a shared "
+        "machine: read the ratios, not the microseconds).",
+    ]
+    if instructions:
+        lines += ["", *_instruction_lines(instructions)]
+    lines.append(SECTION_END)
+    return "\n".join(lines)
+
+
+def _instruction_lines(instructions: dict[str, Any]) -> list[str]:
+    """The callgrind table: client instructions per call (this process only, not redis-server)."""
+    runs = instructions["runs"]
+    labels = list(runs)
+    header = "| contender, phase | " + " | ".join(labels) + " |"
+    rows = []
+    for contender in ("ours", "guard", "powertools"):
+        for phase in ("first", "replay"):
+            cells = []
+            for label in labels:
+                value = runs[label].get(contender, {}).get(phase)
+                cells.append(f"{value / 1000:.0f} k" if value else "-")
+            rows.append(f"| {contender}, {phase} | " + " | ".join(cells) + " |")
+    return [
+        "Instructions per call in the calling process (`python -m benchmarks.functions --callgrind`:",
+        "`valgrind --tool=callgrind` on N and 2N calls against a real redis-server, the",
+        "difference per call: load-independent; redis-server's own work is not counted).",
+        *instructions.get("notes", []),
+        "",
+        header,
+        "|---|" + "---|" * len(labels),
+        *rows,
+    ]
 
 
 def write_results(path: Path, text: str) -> None:
@@ -199,17 +348,81 @@ def write_results(path: Path, text: str) -> None:
     path.write_text(updated, encoding="utf-8")
 
 
+def drive(name: str, phases: str, calls: int, url: str) -> None:
+    """Run one contender's calls (what --callgrind measures): ``phases`` is first or both."""
+    guard = _Guard(url)
+    contenders: dict[str, Call] = {"guard": guard, "powertools": _powertools(url)[0]}
+    contenders["ours"] = _ours(url)[0]
+    call = contenders[name]
+    for key in _keys(name, -1, 20, guard):  # warm up
+        call(key)
+        call(key)
+    keys = _keys(name, 0, calls, guard)
+    for key in keys:
+        call(key)
+    if phases == "both":
+        for key in keys:
+            call(key)
+
+
+def callgrind(calls: int) -> dict[str, dict[str, int]]:
+    """Instructions per call: (first 2N - first N) / N, and (both 2N - first 2N) / 2N."""
+    valgrind = require("valgrind", "apt-get install valgrind")
+    server = RedisServer().start()
+    try:
+
+        def total(name: str, phases: str, count: int) -> int:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "callgrind.out"
+                command = [valgrind, "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable]
+                command += ["-m", "benchmarks.functions", "--drive", name, phases, str(count), server.url]
+                subprocess.run(command, check=True, capture_output=True, cwd=REPO_ROOT)
+                for line in out.read_text().splitlines():
+                    if line.startswith("totals:"):
+                        return int(line.split()[1])
+            raise RuntimeError("callgrind wrote no totals")
+
+        counts: dict[str, dict[str, int]] = {}
+        for name in ("ours", "guard", "powertools"):
+            first_n = total(name, "first", calls)
+            first_2n = total(name, "first", 2 * calls)
+            both_2n = total(name, "both", 2 * calls)
+            counts[name] = {
+                "first": (first_2n - first_n) // calls,
+                "replay": (both_2n - first_2n) // (2 * calls),
+            }
+        return counts
+    finally:
+        server.stop()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     parser.add_argument("--no-results", action="store_true", help="do not touch RESULTS.md")
+    parser.add_argument("--callgrind", metavar="LABEL", help="count instructions; record them under LABEL")
+    parser.add_argument(
+        "--drive", nargs=4, metavar=("NAME", "PHASES", "CALLS", "URL"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args(argv)
-    result = run(args.rounds, args.calls)
+    if args.drive:
+        name, phases, calls, url = args.drive
+        drive(name, phases, int(calls), url)
+        return
     args.out.mkdir(parents=True, exist_ok=True)
+    instructions_path = args.out / "functions_callgrind.json"
+    instructions = json.loads(instructions_path.read_text()) if instructions_path.exists() else None
+    if args.callgrind:
+        instructions = instructions or {"runs": {}}
+        instructions["runs"][args.callgrind] = callgrind(args.calls)
+        instructions_path.write_text(json.dumps(instructions, indent=2) + "\n")
+        print(json.dumps(instructions["runs"][args.callgrind], indent=2))
+        return
+    result = run(args.rounds, args.calls)
     (args.out / "functions.json").write_text(json.dumps(result, indent=2) + "\n")
-    text = section(result)
+    text = section(result, instructions)
     if not args.no_results:
         write_results(args.out / "RESULTS.md", text)
     print(text)

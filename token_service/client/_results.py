@@ -24,6 +24,7 @@ type is logged and handed back in its JSON form too.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import enum
@@ -32,6 +33,7 @@ import json
 import types
 import typing
 import uuid
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
@@ -148,6 +150,8 @@ def _load(data: Any, tp: Any) -> Any:  # one branch per kind of type
     if container in (dict, Mapping):
         _expect(data, dict, tp)
         key_type, value_type = args if args else (Any, Any)
+        if key_type is str and value_type is Any:
+            return dict(data)  # JSON keys are str already: nothing to read item by item
         return {_load_key(key, key_type): _load(item, value_type) for key, item in data.items()}
     if tp is dt.datetime:
         return dt.datetime.fromisoformat(data)
@@ -189,11 +193,24 @@ def _hints(tp: type) -> dict[str, Any]:
     return typing.get_type_hints(tp)
 
 
+# function -> its return type: typing.get_type_hints evaluates every annotation of the
+# function, far more work than the guarded call itself, and guard.run asks on every call
+_RETURN_TYPES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
 def return_type(function: Callable[..., Any]) -> Any:
     """The declared return type of ``function`` (awaited, for a coroutine function), or None."""
+    key = getattr(function, "__func__", function)  # a bound method: its function's
+    try:
+        return _RETURN_TYPES[key]
+    except (KeyError, TypeError):  # not seen yet, or not weakly referable (a builtin)
+        pass
     try:
         hints = typing.get_type_hints(function)
     except Exception:  # an annotation that does not resolve: no type, plain JSON
         return None
     declared = hints.get("return")  # for an async def: the awaited value's type
-    return None if declared is type(None) else declared
+    found = None if declared is type(None) else declared
+    with contextlib.suppress(TypeError):  # not weakly referable: asked again next time
+        _RETURN_TYPES[key] = found
+    return found

@@ -122,6 +122,11 @@ class Telemetry:
         span = self._tracer.start_span(
             name, attributes={"token_service.scope": scope, "token_service.async": is_async}
         )
+        if not span.get_span_context().is_valid:
+            # No SDK configured (the API's no-op span): nothing would be recorded, and making it
+            # current would only cost a context switch in and out on every call. (A span an SDK
+            # sampled out has a valid context, and stays current so its children follow it.)
+            return GuardSpan(None)
         return GuardSpan(span)
 
 

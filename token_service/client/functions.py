@@ -76,7 +76,8 @@ def operation_token(scope: str, key: Any) -> str:
     if key is None:
         raise ValueError("the idempotency key is None (a missing message id?): refusing to key on it")
     try:
-        canonical = canonical_json(as_json([scope, key]))
+        # a str key (the usual order or message id) is its own JSON form: no round trip
+        canonical = canonical_json([scope, key] if type(key) is str else as_json([scope, key]))
     except (TypeError, ValueError) as exc:
         raise TypeError(f"an idempotency key must be a JSON value (str, int, tuple, ...): {exc}") from exc
     digest = hashlib.sha256(canonical).digest()
@@ -335,7 +336,31 @@ def _key_reader(
         values = [bound.arguments[name] for name in names]
         return values[0] if isinstance(key, str) else values
 
-    return read
+    if not isinstance(key, str):
+        return read
+    # One argument by name, on every call: read it where the caller put it (its position or
+    # its keyword) without binding the whole signature; anything else is bound as above.
+    parameters = list(signature.parameters.values())
+    position = parameters.index(signature.parameters[key])
+    by_position = all(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters[: position + 1]
+    )
+    keyword = signature.parameters[key].kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+
+    positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)
+
+    def read_one(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # (too many arguments: bound below, which refuses them before anything reaches Redis)
+        if by_position and position < len(args) <= positional and not kwargs:
+            return args[position]
+        if keyword and not args and len(kwargs) == 1 and key in kwargs:
+            return kwargs[key]
+        return read(args, kwargs)
+
+    return read_one
 
 
 def idempotent(
