@@ -80,6 +80,16 @@ def test_core_imports_no_web_framework(path: Path) -> None:
     assert not {name for name in imported(path) if name.split(".")[0] in FRAMEWORKS | {"werkzeug"}}
 
 
+def test_the_hot_path_and_its_operations_run_without_flask() -> None:
+    # hot_path.py answers the two hottest routes below Flask; operations.py is the work it
+    # shares with the Flask views (server/api.py), which must not be the way it reaches it
+    server = PACKAGE / "server"
+    hot_path, operations = imported(server / "hot_path.py"), imported(server / "operations.py")
+    assert not {name for name in hot_path | operations if name.split(".")[0] == "flask"}
+    assert not {name for name in operations if name.split(".")[0] == "werkzeug"}
+    assert "token_service.server.api" not in hot_path | operations
+
+
 def test_the_package_root_exports_only_create_app_and_the_version() -> None:
     import token_service
 

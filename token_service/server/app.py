@@ -22,6 +22,7 @@ from token_service.server import (
     health,
     hot_path,
     metrics,
+    operations,
     proxies,
     telemetry,
 )
@@ -81,7 +82,7 @@ def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
     app.extensions["token_service"] = {"settings": settings, "store": store}
     register_error_handlers(app)
     telemetry.install(app)
-    hot = api.HotOperations(settings, store)
+    hot = operations.HotOperations(settings, store)
     app.register_blueprint(api.make_blueprint(settings, store, hot))
     # TRUSTED_PROXY_HOPS=0 and requests with X-Forwarded-For: a proxy nobody declared
     detector = None if settings.trusted_proxy_hops else proxies.ForwardedForDetector(multiprocess_dir())

@@ -4,9 +4,9 @@ Flask's request and application contexts, URL routing, before/after hooks
 and Response object cost a request about as much CPU as its own work
 (docs/performance.md). This middleware sits in front of the Flask app and
 answers those two routes itself, doing the same work through the same code:
-the body parsed by ``api.parse_json_object``, checked by the same schemas,
+the body parsed by ``operations.parse_json_object``, checked by the same schemas,
 the service key by ``auth.check_service_key`` where the route table says
-one is needed, the store called by ``api.HotOperations`` (which the Flask
+one is needed, the store called by ``operations.HotOperations`` (which the Flask
 views call too), errors answered by ``responses.error_reply``, and the
 request counted and logged by ``telemetry.record``. tests/test_hot_path.py sends the same requests down
 both paths and compares status, headers and bodies.
@@ -30,8 +30,8 @@ from werkzeug.http import HTTP_STATUS_CODES
 
 from token_service.config import Settings
 from token_service.server import body, telemetry
-from token_service.server.api import HotOperations, parse_json_object
 from token_service.server.auth import check_service_key
+from token_service.server.operations import HotOperations, parse_json_object
 from token_service.server.responses import JSON_ENCODER, NO_STORE, error_reply
 from token_service.server.routes import TOKEN_ROUTES, Route
 

@@ -1,0 +1,167 @@
+"""The work behind the token routes, from a parsed body to the reply document, without Flask.
+
+The Flask views (:mod:`token_service.server.api`) and the lean WSGI path of
+the two hottest routes (:mod:`token_service.server.hot_path`) both call
+:class:`HotOperations` and parse and check bodies with these functions, so the
+two paths cannot drift apart in what they check, store or answer; neither
+imports the other. tests/test_layout.py holds this module and hot_path.py
+free of Flask.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from datetime import UTC, datetime
+from typing import Any, NoReturn
+
+from marshmallow import Schema, ValidationError
+
+from token_service.config import Settings
+from token_service.errors import InvalidRequest, TokenInvalid
+from token_service.limits import IssuanceLimits, client_key
+from token_service.server.schemas import BodySchema, ConsumeSchema, GenerateSchema
+from token_service.store import IssueRequest, TokenStore
+from token_service.tokens import NO_CONTROL_RE, is_well_formed
+
+
+def rfc3339(epoch_seconds: float) -> str:
+    return datetime.fromtimestamp(epoch_seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """A request body that must be one JSON object (any UTF encoding), or InvalidRequest."""
+    try:
+        # json.loads(raw, parse_constant=..., parse_float=...) without a new decoder per request
+        body = _DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
+    except (ValueError, UnicodeDecodeError):
+        raise InvalidRequest("The body is not valid JSON.", {"body": ["Malformed JSON."]}) from None
+    except RecursionError:  # [[[[...: nested deeper than Python's parser goes, within the size limit
+        raise InvalidRequest("The body is nested too deeply.", {"body": ["Nested too deeply."]}) from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The body must be a JSON object.", {"body": ["Not an object."]})
+    return body
+
+
+def _reject_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON: stored, they would make later replies invalid JSON
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400 is valid JSON but no float: refuse rather than store Infinity
+        raise ValueError("number out of range")
+    return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
+
+
+def raise_request_id_required() -> NoReturn:
+    """TOKEN_SERVICE_REQUIRE_REQUEST_ID: a consume or begin that could not be retried safely."""
+    raise InvalidRequest(
+        "A request_id is required: without one, a retry after a lost reply cannot tell a win from a loss.",
+        {"request_id": ["Required (TOKEN_SERVICE_REQUIRE_REQUEST_ID is on); reuse it when you retry."]},
+    )
+
+
+def load_body(schema: Schema, body: dict[str, Any]) -> dict[str, Any]:
+    fast = schema.fast_load(body) if isinstance(schema, BodySchema) else None
+    if fast is not None:
+        return fast
+    try:
+        return schema.load(body)  # type: ignore[no-any-return]
+    except ValidationError as exc:
+        errors = exc.messages if isinstance(exc.messages, dict) else {"body": exc.messages}
+        raise InvalidRequest("The request does not match the schema.", errors) from None
+
+
+def _gateway_subject(header: str, value: str | None) -> str | None:
+    """The subject the gateway vouches for; held to the body's rules (it lands in the record)."""
+    subject = value or None
+    if subject is not None and (len(subject) > 128 or not NO_CONTROL_RE.match(subject)):
+        raise InvalidRequest(
+            f"The {header} header is not a valid subject.",
+            {header: ["1-128 characters, no control characters."]},
+        )
+    return subject
+
+
+def well_formed_token(data: dict[str, Any]) -> str:
+    token: str = data["token"]
+    if not is_well_formed(token):
+        raise TokenInvalid("The token is unknown, expired or revoked.")
+    return token
+
+
+class HotOperations:
+    """The work of the two hottest routes, from a parsed body to the reply document, without Flask.
+
+    The Flask views of :mod:`token_service.server.api` and
+    :mod:`token_service.server.hot_path` (which answers these routes without
+    Flask's request machinery) both call these, so the two paths cannot drift
+    apart in what they check, store or answer.
+    """
+
+    def __init__(self, settings: Settings, store: TokenStore) -> None:
+        self.settings = settings
+        self.store = store
+        self.ttl_limits = {"ttl_seconds": (1, settings.max_ttl_seconds)}
+        self.generate_schema = GenerateSchema(limits=self.ttl_limits)
+        self.consume_schema = ConsumeSchema()
+        self.limits = IssuanceLimits(settings.rate_limit, settings.max_outstanding_per_subject)
+
+    def issue(
+        self, data: dict[str, Any], count: int, gateway_subject: str | None, remote_addr: str | None
+    ) -> tuple[list[str], dict[str, Any]]:
+        """The tokens, and the fields every one of them shares in the reply.
+
+        ``gateway_subject`` is the value of the configured subject header (if
+        any), ``remote_addr`` the client's address (after any trusted proxies).
+        """
+        settings = self.settings
+        subject = data["subject"]
+        if settings.subject_header:
+            # Only a trusted gateway may say whose token it is.
+            if subject is not None:
+                raise InvalidRequest(
+                    "The subject is set by the gateway, not the body.",
+                    {"subject": [f"Not allowed: the subject comes from {settings.subject_header}."]},
+                )
+            subject = _gateway_subject(settings.subject_header, gateway_subject)
+        ttl_seconds = data["ttl_seconds"] or settings.default_ttl_seconds
+        issue_request = IssueRequest(data["scope"], subject, data["fingerprint"], ttl_seconds)
+        if self.limits.enabled:
+            # The trusted subject if the gateway set one, else the client address:
+            # a body subject is the client's own claim and names nobody.
+            trusted = settings.subject_header and subject is not None
+            identity = f"subject:{subject}" if trusted else f"addr:{remote_addr}"
+            key = client_key(settings.key_prefix, identity)
+            tokens = self.store.admit_and_issue(key, self.limits, issue_request, count)
+        else:
+            tokens = self.store.issue(issue_request, count)
+        shared = {
+            "scope": issue_request.scope,
+            "subject": subject,
+            "fingerprint": issue_request.fingerprint,
+            "ttl_seconds": ttl_seconds,
+            "expires_at": rfc3339(time.time() + ttl_seconds),
+        }
+        return tokens, shared
+
+    def generate(
+        self, body: dict[str, Any], gateway_subject: str | None, remote_addr: str | None
+    ) -> dict[str, Any]:
+        tokens, shared = self.issue(load_body(self.generate_schema, body), 1, gateway_subject, remote_addr)
+        return {"token": tokens[0], **shared}
+
+    def consume(self, body: dict[str, Any]) -> dict[str, Any]:
+        data = load_body(self.consume_schema, body)
+        if data["request_id"] is None and self.settings.require_request_id:
+            raise_request_id_required()
+        outcome = self.store.consume(
+            well_formed_token(data), data["scope"], data["subject"], data["fingerprint"], data["request_id"]
+        )
+        return {"outcome": "consumed", "replayed": outcome.replayed}
