@@ -77,7 +77,9 @@ def declared_length(header: str) -> int | None:
     """A Content-Length header's value as a number, or None when it is absent or not a number.
 
     Servers differ in what they let through to the app (gunicorn and uvicorn refuse a
-    malformed one, Django's development server does not): every reader goes through here.
+    malformed one, Django's development server does not): every Content-Length the SDK reads
+    goes through here (the WSGI, ASGI and Django middlewares, the Django and FastAPI
+    ``require_token``); the service reads its own in :mod:`token_service.server.body`.
     """
     return whole_number(header.strip())
 

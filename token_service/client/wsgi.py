@@ -63,6 +63,7 @@ from token_service.client._idempotency_core import (
     Attempt,
     IdempotencyCore,
     Recorder,
+    declared_length,
     parse_key,
     status_line,
 )
@@ -187,10 +188,7 @@ class IdempotencyMiddleware:
         :class:`_BodyEndedEarly` when the stream ends before CONTENT_LENGTH."""
         limit = self.core.max_body_bytes
         stream = environ.get("wsgi.input")
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            length = 0
+        length = declared_length(environ.get("CONTENT_LENGTH") or "") or 0
         if length > limit:
             return None
         if stream is None:
