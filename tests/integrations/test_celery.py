@@ -6,19 +6,23 @@ test session uses a queue of its own and deletes it at the end.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import secrets
 import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.support.processes import REPO_ROOT, RedisServer, children, wait_until
+from tests.support.skew import faketime_command, faketime_env
 from token_service.client import operation_token
 from token_service.store import TokenStore
 
@@ -29,8 +33,16 @@ BROKER_URL = os.environ.get("TS_TEST_BROKER_URL", "amqp://guest:guest@127.0.0.1:
 class Worker:
     """``celery worker`` for tests/integrations/celery_tasks.py, in its own process."""
 
-    def __init__(self, env: dict[str, str], name: str, pool: str = "solo", concurrency: int = 1) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        name: str,
+        pool: str = "solo",
+        concurrency: int = 1,
+        prefix: Sequence[str] = (),
+    ) -> None:
         self.env = env
+        self.prefix = list(prefix)  # e.g. faketime's, to run the worker with its clock shifted
         self.name = f"{name}-{secrets.token_hex(3)}@localhost"
         self.args = [f"--pool={pool}", f"--concurrency={concurrency}"]
         self.log_path = Path(tempfile.mkstemp(prefix="ts-celery-", suffix=".log")[1])
@@ -38,13 +50,19 @@ class Worker:
 
     def start(self) -> Worker:
         command = [
-            sys.executable, "-m", "celery", "-A", "tests.integrations.celery_tasks", "worker",
+            *self.prefix, sys.executable, "-m", "celery", "-A", "tests.integrations.celery_tasks", "worker",
             "-n", self.name, "-Q", self.env["TS_TEST_QUEUE"], "--loglevel=INFO",
             "--without-mingle", "--without-gossip", "--without-heartbeat", *self.args,
         ]  # fmt: skip
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                command, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT
+                command,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO_ROOT,
+                # a prefix (faketime) runs the worker as its child: signals go to the whole group
+                start_new_session=bool(self.prefix),
             )
 
         def ready() -> bool:
@@ -58,21 +76,39 @@ class Worker:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def kill(self) -> None:
+    def _signal(self, sig: int) -> None:
         assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
+        if not self.prefix:
+            self.process.send_signal(sig)
+            return
+        with contextlib.suppress(ProcessLookupError):  # the group may just have ended
+            os.killpg(self.process.pid, sig)
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+        assert self.process is not None
         self.process.wait(timeout=10)
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
             # cold shutdown (a warm one waits ~10 s on the broker); whatever is unacked is redelivered
-            self.process.send_signal(signal.SIGQUIT)
+            self._signal(signal.SIGQUIT)
             try:
                 self.process.wait(timeout=3)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
+                if self.prefix:  # the worker outlives faketime, its parent, by its cold shutdown
+                    wait_until(self._group_gone, timeout_seconds=3, what="the worker's process group")
+            except (subprocess.TimeoutExpired, TimeoutError):
+                self._signal(signal.SIGKILL)
                 self.process.wait()
         self.log_path.unlink(missing_ok=True)
+
+    def _group_gone(self) -> bool:
+        assert self.process is not None
+        try:
+            os.killpg(self.process.pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
 
     def finished(self, task: str, task_id: str) -> int:
         """How many deliveries of that task id this worker finished (succeeded or not)."""
@@ -247,6 +283,42 @@ def test_a_duplicate_retries_while_the_key_is_held_then_gets_the_holders_result(
     holder.succeed({"order": "o-held", "amount": 5, "run": "by the holder"})
     assert result.get(timeout=60) == {"order": "o-held", "amount": 5, "run": "by the holder"}
     assert tasks.counters.get("runs:charge:o-held") is None
+
+
+@pytest.mark.parametrize("shift_seconds", [-10, +10])
+def test_a_worker_whose_clock_is_off_comes_back_after_its_countdown_and_runs_nothing_twice(
+    celery_env: dict[str, str], tasks: Any, shift_seconds: int
+) -> None:
+    """The retry countdown of a held key is a duration (the store's Retry-After): a worker whose
+    wall clock is 10 s off (faketime, its monotonic clock true) is refused, comes back after the
+    countdown, is refused again, then gets the holder's result; the body never runs."""
+    from token_service.client import keyed_guard
+
+    before = datetime.now()
+    worker = Worker(faketime_env(celery_env), "skewed", prefix=faketime_command(shift_seconds)).start()
+    try:
+        # the worker's log is stamped by its own clock: shifted, whatever the machine's pace
+        first = re.search(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+", worker.log(), re.MULTILINE)
+        assert first is not None, worker.log()
+        stamped = datetime.strptime(first.group(1), "%Y-%m-%d %H:%M:%S")
+        shift = timedelta(seconds=shift_seconds)
+        assert before + shift - timedelta(seconds=1) <= stamped <= datetime.now() + shift
+
+        key = f"o-skew-{secrets.token_hex(4)}"
+        holder = keyed_guard(tasks.tokens, "tests.charge", key, lease_seconds=60)
+        assert holder.start()
+        result = tasks.charge.delay(key, 5)
+        wait_until(
+            lambda: worker.log().count("key in progress elsewhere") >= 2,
+            timeout_seconds=60,
+            what="a retry that came back after its countdown",
+        )
+        assert not result.ready()
+        holder.succeed({"order": key, "amount": 5, "run": "by the holder"})
+        assert result.get(timeout=60) == {"order": key, "amount": 5, "run": "by the holder"}
+        assert tasks.counters.get(f"runs:charge:{key}") is None
+    finally:
+        worker.stop()
 
 
 def test_the_example_runs_with_one_command(celery_env: dict[str, str], redis_server: RedisServer) -> None:

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -40,15 +41,29 @@ def faketime_binary() -> str:
     pytest.skip(message)
 
 
+SITE = Path(__file__).with_name("faketime_site")
+
+
+def faketime_command(shift_seconds: int) -> list[str]:
+    """The prefix that runs a command with its wall clock ``shift_seconds`` off."""
+    return [faketime_binary(), "-f", f"{shift_seconds:+d}s"]
+
+
+def faketime_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a Python process under :func:`faketime_command`: its monotonic clock left true,
+    and ``time.sleep`` mended for faketime (faketime_site/sitecustomize.py)."""
+    path = os.pathsep.join(part for part in (str(SITE), env.get("PYTHONPATH", "")) if part)
+    return {**env, "FAKETIME_DONT_FAKE_MONOTONIC": "1", "PYTHONPATH": path}
+
+
 class Skewed:
     """``python -m tests.support.skewed_child SCENARIO ARGS`` with its wall clock ``shift_seconds`` off."""
 
     def __init__(self, shift_seconds: int, scenario: str, args: dict[str, Any]) -> None:
         self.shift_seconds = shift_seconds
         self.started_at = time.time()  # before the child exists: its real clock reads at least this
-        command = [faketime_binary(), "-f", f"{shift_seconds:+d}s", sys.executable, "-m", CHILD]
-        command += [scenario, json.dumps(args)]
-        env = {**os.environ, "FAKETIME_DONT_FAKE_MONOTONIC": "1", "PYTHONUNBUFFERED": "1"}
+        command = [*faketime_command(shift_seconds), sys.executable, "-m", CHILD, scenario, json.dumps(args)]
+        env = faketime_env({**os.environ, "PYTHONUNBUFFERED": "1"})
         self.process = subprocess.Popen(
             command,
             cwd=REPO_ROOT,

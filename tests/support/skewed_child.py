@@ -3,6 +3,7 @@
 ``python -m tests.support.skewed_child SCENARIO JSON_ARGS``. It reports one JSON
 object a line on stdout: first ``{"time": time.time()}`` (the parent checks the
 shift), then whatever the scenario reports; it exits 0 when the scenario ran.
+(``time.sleep`` is mended for faketime by tests/support/faketime_site/sitecustomize.py.)
 """
 
 from __future__ import annotations
@@ -10,20 +11,9 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
-
-
-def _sleep(seconds: float) -> None:
-    # libfaketime 0.9.10 (Debian's) breaks Python 3.11's time.sleep when the monotonic clock
-    # is left alone: it rewrites clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME)'s deadline and
-    # the kernel answers EINVAL (wolfcw/libfaketime#426). A timed wait sleeps the same duration.
-    threading.Event().wait(seconds)
-
-
-time.sleep = _sleep
 
 
 def report(**fields: Any) -> None:
