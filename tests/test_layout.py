@@ -65,6 +65,30 @@ def test_the_operators_tools_never_import_the_server(path: Path) -> None:
     assert _imports_from(path, "server") == set()
 
 
+# The SDK's private names ops/ reads its records with (token_service/ops/__init__.py says why)
+OPS_PRIVATE_SDK = {
+    ("token_service.client._idempotency_store", "digest"),
+    ("token_service.client._response", "StoredResponse"),
+}
+
+
+def test_the_operators_tools_use_only_the_listed_private_names_of_the_sdk() -> None:
+    used = set()
+    for path in OPS:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("token_service.client"):
+                private = any(part.startswith("_") for part in (node.module or "").split("."))
+                used |= {(node.module, alias.name) for alias in node.names if private or alias.name[0] == "_"}
+            elif isinstance(node, ast.Import):
+                used |= {
+                    (alias.name, "*")
+                    for alias in node.names
+                    if alias.name.startswith("token_service.client.")
+                    and any(part.startswith("_") for part in alias.name.split("."))
+                }
+    assert used == OPS_PRIVATE_SDK
+
+
 # the same kind of alias inside a layer: a module renamed for what it is (client/wsgi.py)
 ALIASES = {name: new for name, new in MOVED.items()} | {"client/idempotency.py": "token_service.client.wsgi"}
 

@@ -4,4 +4,11 @@ They read what both the service and the SDK write (token records, the
 Idempotency-Key middlewares' stored responses, the durable backstop's rows),
 so they sit above core and the SDK and import both; ``server/`` serves them
 as ``token-service admin`` and the ``/admin/`` routes (docs/operations.md).
+
+Two of the names they use are the SDK's private ones, on purpose: how an
+Idempotency-Key record is keyed (``client._idempotency_store.digest``) and how
+its stored response is encoded (``client._response.StoredResponse``) have one
+definition, the SDK's, shipped in the same package, and are no public API for
+users. tests/test_layout.py lists what of the SDK's private modules ``ops/``
+may import, so a new one is a choice.
 """
