@@ -1,5 +1,6 @@
 # The two commands of the README:
-#   make run    — the service on http://127.0.0.1:8000 (embedded store unless TOKEN_SERVICE_REDIS_URL is set)
+#   make run    — the service on http://127.0.0.1:8000 (PORT=... to change it; embedded store unless
+#                 TOKEN_SERVICE_REDIS_URL is set)
 #   make test   — lint, type-check, the docs build and the whole test suite (fakeredis and real redis-server)
 # Both create .venv and install the project into it on first use, from requirements/dev.lock
 # (make lock refreshes it after a change to pyproject.toml's dependencies).
@@ -12,7 +13,7 @@ export NO_MKDOCS_2_WARNING := 1
 # A development key so the curl walk-through works out of the box; set your own in production.
 export TOKEN_SERVICE_API_KEYS ?= dev-service-key-change-me
 
-.PHONY: run test lint docs-build docs install lock clean bench
+.PHONY: run test lint docs-build docs install lock clean bench example-fastapi example-django
 
 # Installs are reproducible: the pinned, hashed dependencies of requirements/dev.lock
 # first, then the project itself without resolving anything. A lock older than
@@ -35,8 +36,18 @@ lock:
 	$(BIN)/python -m uv --version >/dev/null 2>&1 || $(BIN)/pip install --quiet uv
 	$(BIN)/python requirements/lock.py write
 
+# Log lines for a person at a terminal (the embedded store's warning stands out); JSON elsewhere.
 run: install
-	$(BIN)/token-service serve --host $${HOST:-127.0.0.1} --port $${PORT:-8000}
+	TOKEN_SERVICE_LOG_FORMAT=$${TOKEN_SERVICE_LOG_FORMAT:-console} \
+	  $(BIN)/token-service serve --host $${HOST:-127.0.0.1} --port $${PORT:-8000}
+
+# The runnable examples of docs/integrations/, each on its own port (PORT=... to change it),
+# against the Redis of TOKEN_SERVICE_REDIS_URL (default redis://127.0.0.1:6379/0).
+example-fastapi: install
+	$(BIN)/python -m examples.fastapi_app
+
+example-django: install
+	$(BIN)/python -m examples.django_app
 
 lint: install
 	$(BIN)/ruff check .

@@ -16,6 +16,7 @@ import redis
 
 from tests.support.processes import RedisServer
 from tests.support.service import API_KEY
+from tests.support.skip_summary import pytest_terminal_summary  # noqa: F401 — the run's last line
 from token_service import create_app
 from token_service.store import TokenStore
 

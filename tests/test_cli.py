@@ -125,3 +125,118 @@ def test_help_is_plain_text(command: list[str]) -> None:
     assert result.returncode == 0, result.stderr
     assert "usage: token-service" in result.stdout
     assert not re.search(r"``|:(func|class|mod|meth):`", result.stdout), result.stdout
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A port another program listens on, as 8000 is on a newcomer's laptop."""
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        yield other.getsockname()[1]
+
+
+def test_serve_on_a_busy_port_names_the_setting(busy_port: int) -> None:
+    result = run_cli("serve", "--port", str(busy_port))
+    assert result.returncode == 2
+    assert f"port {busy_port} on 127.0.0.1 is in use" in result.stderr
+    assert "--port" in result.stderr
+    assert "PORT=" in result.stderr
+    assert "Can't connect" not in result.stderr  # gunicorn never started
+
+
+def test_make_run_on_a_busy_port_names_the_setting(busy_port: int) -> None:
+    from tests.support.docs import make_here, shell_env
+
+    result = subprocess.run(
+        ["bash", "-c", make_here("make run")],
+        env=shell_env(PORT=str(busy_port)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
+    assert result.returncode != 0
+    assert f"port {busy_port} on 127.0.0.1 is in use" in result.stderr
+    assert "PORT=8010 make run" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("example", "target"), [("fastapi_app", "example-fastapi"), ("django_app", "example-django")]
+)
+def test_an_example_on_a_busy_port_names_the_setting(busy_port: int, example: str, target: str) -> None:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TOKEN_SERVICE_")}
+    result = subprocess.run(
+        [sys.executable, "-m", f"examples.{example}"],
+        env={**clean, "PORT": str(busy_port)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
+    assert result.returncode == 1
+    assert f"port {busy_port} on 127.0.0.1 is in use" in result.stderr
+    assert f"PORT={busy_port + 10} make {target}" in result.stderr
+
+
+def test_check_writes_the_defaults_as_configuration_md_does() -> None:
+    """`false` and `10`, not Python's `False` and `10.0`: what the page's table says, what a reader sets."""
+    documented = {}
+    for line in (REPO_ROOT / "docs/configuration.md").read_text().splitlines():
+        row = re.match(r"\| `(TOKEN_SERVICE_\w+)` \| ([^|]+) \|", line)
+        if row and not row.group(2).startswith("*"):  # *(none)* and the like: no literal default
+            documented[row.group(1)] = row.group(2).split(" (")[0].strip().strip("`")
+    result = run_cli("check")
+    assert result.returncode == 0, result.stderr
+    printed = dict(
+        line.strip().split("=", 1)
+        for line in result.stdout.splitlines()
+        if line.startswith("  TOKEN_SERVICE_")
+    )
+    assert "TOKEN_SERVICE_REQUIRE_REQUEST_ID" in documented
+    assert "TOKEN_SERVICE_BODY_TIMEOUT_SECONDS" in documented
+    for name, value in documented.items():
+        assert printed[name] == value, name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("log_format", ["console", "json"])
+def test_the_embedded_store_warning_in_each_log_format(log_format: str) -> None:
+    """make run's console lines put the warning on a line of its own; production keeps JSON."""
+    port = free_port()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TOKEN_SERVICE_")}
+    process = subprocess.Popen(
+        [*CLI, "serve", "--port", str(port)],
+        env={**clean, "TOKEN_SERVICE_API_KEYS": DEV_KEY, "TOKEN_SERVICE_LOG_FORMAT": log_format},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(
+            lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 60, what="token-service serve"
+        )
+        httpx.get(url + "/", timeout=10)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        log = process.communicate(timeout=20)[0]
+    [warning] = [line for line in log.splitlines() if "EMBEDDED IN-MEMORY STORE" in line]
+    [access] = [
+        line
+        for line in log.splitlines()
+        if "token_service.access" in line and ("route=/ " in line or '"route": "/"' in line)
+    ]
+    if log_format == "console":
+        assert re.match(
+            r"\d\d:\d\d:\d\d WARNING token_service\.\w+: TOKEN_SERVICE_REDIS_URL is not set", warning
+        )
+        assert re.match(r"\d\d:\d\d:\d\d INFO    token_service\.access: request .*status=200", access), access
+    else:
+        import json
+
+        assert json.loads(warning)["level"] == "WARNING"
+        assert json.loads(access)["status"] == 200

@@ -88,3 +88,16 @@ def test_every_operation_documents_the_statuses_gunicorn_answers_before_the_app(
             if method in {"get", "post", "put", "patch", "delete"}:
                 missing = SERVER_STATUSES - set(operation["responses"])
                 assert not missing, (method, path, missing)
+
+
+def test_the_root_says_what_answers_and_where_to_read_on(client: Any) -> None:
+    from token_service import __version__
+
+    response = client.get("/")
+    assert response.status_code == 200
+    body = response.get_json()
+    assert body["service"] == "token-service"
+    assert body["version"] == __version__
+    assert "docs/" in body["docs"]
+    for path in body["links"].values():
+        assert client.get(path).status_code == 200, path

@@ -252,6 +252,16 @@ def _log_level(raw: str) -> str:
     return level
 
 
+_LOG_FORMATS = ("json", "console")
+
+
+def _log_format(raw: str) -> str:
+    text = raw.strip().lower()
+    if text not in _LOG_FORMATS:
+        raise ValueError(f"must be one of {', '.join(_LOG_FORMATS)}, got {raw!r}")
+    return text
+
+
 def _bool(raw: str) -> bool:
     text = raw.strip().lower()
     if text in ("1", "true", "yes", "on"):
@@ -304,6 +314,8 @@ class Settings:
     # Scopes with a metric label of their own from the start (others: once a consume or begin,
     # which need a service key, names them; never an anonymous generate).
     metric_scopes: tuple[str, ...] = field(default=(), metadata={"parse": _scopes})
+    # json in production (what log collectors parse); console for a person at a terminal (make run)
+    log_format: str = field(default="json", metadata={"parse": _log_format})
     # Graceful shutdown: on SIGTERM /readyz fails for this long before gunicorn stops taking requests.
     drain_seconds: int = field(default=0, metadata={"parse": _int(0, 300)})
     # While this file exists /readyz answers 503 (set by the gunicorn config; operators may touch it).
@@ -375,9 +387,24 @@ class Settings:
             elif f.name == "rate_limit":
                 text = str(value) if value else "off"
             else:
-                text = "" if value is None else str(value)
+                text = written(value)
             shown[PREFIX + f.name.upper()] = text
         return shown
+
+
+def written(value: object) -> str:
+    """A value as configuration.md (and the environment) writes it: ``false``, ``10``, ``0.5``.
+
+    Python's ``str`` gives ``False`` and ``10.0``, which a reader copying ``check``'s output
+    back into the environment would have to translate.
+    """
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def variable_names() -> list[str]:

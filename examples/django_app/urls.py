@@ -1,10 +1,15 @@
 from django.urls import path
 
-from . import views
+from token_service.client.django import require_token
+
+from .views import Orders, checkout_token, pay, pay_async, payments, user
 
 urlpatterns = [
-    path("checkout/token", views.checkout_token),
-    path("payments", views.pay),
-    path("payments/list", views.payments),
-    path("api/orders", views.OrdersView.as_view()),
+    path("checkout/token", checkout_token),
+    path("payments", pay),
+    path("payments-async", pay_async),
+    path("payments/list", payments),
+    path("api/orders", Orders.as_view()),
+    # a DRF view behind a token instead: decorate what is routed
+    path("drf/payments", require_token("payment.create", subject=user)(Orders.as_view())),
 ]

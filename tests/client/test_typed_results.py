@@ -200,6 +200,40 @@ async def test_async_guard_round_trips_a_dataclass(async_sdk: Sdk) -> None:
     assert isinstance(duplicate, Receipt)
 
 
+def test_a_class_defined_in_a_function_warns_once_and_gives_the_json_form(fake_redis: Any) -> None:
+    """This module has ``from __future__ import annotations``: ``-> Local`` is the string
+    "Local", which the module's globals do not have. Plain JSON then, said once, not in silence."""
+    import warnings
+
+    from token_service.client import UnresolvedResultType
+
+    @dataclass(frozen=True)
+    class Local:
+        charge_id: str
+
+    def charge_local() -> Local:
+        return Local("ch_9")
+
+    client = TokenClient.from_redis(fake_redis)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")  # what a user's program has: each location once
+        results = []
+        for _ in range(3):
+            token = client.generate(SCOPE).token
+            client.guard(token, SCOPE).run(charge_local)
+            results.append(client.guard(token, SCOPE).run(charge_local))  # the duplicate
+    assert results == [{"charge_id": "ch_9"}] * 3
+    [warning] = caught
+    assert warning.category is UnresolvedResultType
+    assert "charge_local" in str(warning.message)
+    assert "result_type=" in str(warning.message)
+    assert warning.filename == __file__
+    # with the type given, the class comes back
+    token = client.generate(SCOPE).token
+    client.guard(token, SCOPE, result_type=Local).run(charge_local)
+    assert client.guard(token, SCOPE, result_type=Local).run(charge_local) == Local("ch_9")
+
+
 # -- hooks ------------------------------------------------------------------------------------
 
 

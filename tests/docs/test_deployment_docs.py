@@ -62,7 +62,7 @@ def test_the_docker_build_labels_the_version_and_the_run_outlasts_the_drain() ->
 @contextlib.contextmanager
 def started(command: str, port: int, redis_url: str) -> Iterator[str]:
     process = subprocess.Popen(
-        ["bash", "-c", command.replace("--port 8000", f"--port {port}")],
+        ["bash", "-c", command.replace("--port 8000", f"--port {port}").replace(":8000", f":{port}")],
         cwd=REPO_ROOT,
         env=shell_env(**service_env(redis_url), PORT=str(port)),
         stdout=subprocess.DEVNULL,
@@ -107,3 +107,11 @@ def test_the_request_after_compose_up(redis_server: RedisServer) -> None:
     with started(commands(0)[0], free_port(), redis_server.url) as url:
         output = run_sh(request, base_url=url)
         assert '"token":' in output
+
+
+def test_the_command_by_hand_binds_what_serve_binds() -> None:
+    """Without --bind, gunicorn listens on 127.0.0.1:8000 only: not "the same" as serve's 0.0.0.0."""
+    serve, _check, by_hand = commands(0)
+    options = dict(zip(serve.split()[2::2], serve.split()[3::2], strict=True))
+    assert f"--bind {options['--host']}:{options['--port']}" in by_hand
+    assert f"--workers {options['--workers']}" in by_hand

@@ -130,7 +130,7 @@ def test_the_bundling_snippets_install_and_get_a_token(tmp_path: Path, demo: Run
     if npm is None or node is None:
         if os.environ.get("CI"):
             pytest.fail("node and npm are missing — CI must run this", pytrace=False)
-        pytest.skip("node and npm are missing")
+        pytest.skip("node and npm are missing (apt-get install nodejs npm)")
     command = command.replace("/path/to/token-service", str(REPO_ROOT)).replace(
         "npm install", "npm install --offline"
     )

@@ -329,7 +329,9 @@ def test_the_example_runs_with_one_command(redis_server: RedisServer) -> None:
     example.start()
     try:
         headers = {"X-User-Id": "ada"}
-        token = httpx.post(example.url + "/checkout/token", headers=headers, timeout=30).json()["token"]
+        token = httpx.post(
+            example.url + "/checkout/token", json={"amount": 5}, headers=headers, timeout=30
+        ).json()["token"]
         headers["Idempotency-Token"] = token
         clicks = concurrently(
             2, lambda: httpx.post(example.url + "/payments", json={"amount": 5}, headers=headers, timeout=30)

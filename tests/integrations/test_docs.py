@@ -4,11 +4,14 @@ Each page's blocks read the service's Redis from TOKEN_SERVICE_REDIS_URL (set
 here to a redis-server the test started). App blocks are written to a module
 in a temporary directory and served by the real server (uvicorn) or worker
 (celery) they are documented for; the client blocks then run against it, with
-the documented localhost:8000 pointed at that server.
+the documented address pointed at that server. The FastAPI and Django pages show
+their example's files (``--8<--``): the test serves the example itself, with two
+workers as deployed.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import secrets
 import subprocess
@@ -21,7 +24,7 @@ import pytest
 
 from tests.integrations.servers import AppServer
 from tests.support.docs import code_blocks, run_python
-from tests.support.processes import RedisServer, wait_until
+from tests.support.processes import REPO_ROOT, RedisServer, wait_until
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 FUNCTIONS = "docs/integrations/functions.md"
@@ -52,48 +55,56 @@ def test_functions_page(redis_env: dict[str, str]) -> None:
         run_python(block, namespace)
 
 
-def test_fastapi_page(redis_env: dict[str, str], module_dir: Path) -> None:
+def pay_many_at_once(url: str, payment: dict[str, object], count: int = 12) -> list[str]:
+    """``count`` checkouts paid concurrently, each on a new connection (any worker): the receipts' ids."""
+    import httpx
+
+    def checkout(n: int) -> str:
+        ada = {"X-User-Id": f"user-{n}", "Connection": "close"}
+        token = httpx.post(url + "/checkout/token", json=payment, headers=ada, timeout=30).json()["token"]
+        paid = httpx.post(
+            url + "/payments", json=payment, headers={**ada, "Idempotency-Token": token}, timeout=30
+        )
+        assert paid.status_code == 201, paid.text
+        return str(paid.json()["id"])
+
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        return list(pool.map(checkout, range(count)))
+
+
+def test_fastapi_page(redis_env: dict[str, str]) -> None:
     app_block, client_block = code_blocks(FASTAPI, "python")
-    (module_dir / "docs_fastapi_app.py").write_text(app_block.code)
-    server = AppServer.uvicorn("docs_fastapi_app:app", {**redis_env, "PYTHONPATH": os.environ["PYTHONPATH"]})
-    server.health_path = "/openapi.json"
-    server.start()
+    assert app_block.code == (REPO_ROOT / "examples/fastapi_app/app.py").read_text()  # one source
+    # as deployed: more than one worker process
+    server = AppServer.uvicorn("examples.fastapi_app.app:app", redis_env, "--workers", "2").start()
     try:
         run_python(client_block, {}, base_url=server.url)
+        ids = pay_many_at_once(server.url, {"amount": 700, "currency": "EUR"})
+        assert len(set(ids)) == len(ids), ids  # one numbering for both workers
+        import httpx
+
+        charges = httpx.get(server.url + "/payments", timeout=30).json()["charges"]
+        assert len(charges) == len(ids) + 1  # and one bank: the page's payment and these
     finally:
         server.stop()
 
 
-def test_django_page(redis_env: dict[str, str], module_dir: Path) -> None:
+def test_django_page(redis_env: dict[str, str]) -> None:
     settings_block, views_block, urls_block, client_block = code_blocks(DJANGO, "python")
-    package = module_dir / "docs_django"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    base = (
-        'SECRET_KEY = "docs-test"\nALLOWED_HOSTS = ["127.0.0.1"]\nROOT_URLCONF = "docs_django.urls"\n'
-        'INSTALLED_APPS = ["rest_framework"]\nDATABASES = {}\n'
-        'REST_FRAMEWORK = {"DEFAULT_AUTHENTICATION_CLASSES": [], "DEFAULT_PERMISSION_CLASSES": [],'
-        ' "UNAUTHENTICATED_USER": None}\n'
-    )
-    (package / "settings.py").write_text(base + settings_block.code)
-    (package / "views.py").write_text(views_block.code)
-    # the page's urls, plus a health check for the test to wait on
-    health = (
-        "\nfrom django.http import HttpResponse\n"
-        "urlpatterns.append(path('healthz', lambda request: HttpResponse('ok')))\n"
-    )
-    (package / "urls.py").write_text("from docs_django.views import *  # noqa\n" + urls_block.code + health)
-    (package / "asgi.py").write_text(
-        "import os\nos.environ.setdefault('DJANGO_SETTINGS_MODULE', 'docs_django.settings')\n"
-        "from django.core.asgi import get_asgi_application\napplication = get_asgi_application()\n"
-    )
-    env = {**redis_env, "PYTHONPATH": os.environ["PYTHONPATH"]}
-    server = AppServer.uvicorn("docs_django.asgi:application", env).start()
+    for block, example in [(settings_block, "settings"), (views_block, "views"), (urls_block, "urls")]:
+        assert block.code == (REPO_ROOT / f"examples/django_app/{example}.py").read_text()  # one source
+    server = AppServer.gunicorn("examples.django_app.wsgi", redis_env, "--workers", "2")
+    server.health_path = "/payments/list"
+    server.start()
     try:
         run_python(client_block, {}, base_url=server.url)
-        # the async view, under Django's ASGI handler
+        ids = pay_many_at_once(server.url, {"amount": 7})
+        assert len(set(ids)) == len(ids), ids  # one numbering for both workers
         import httpx
 
+        charges = httpx.get(server.url + "/payments/list", timeout=30).json()["charges"]
+        assert len(charges) == len(ids) + 1
+        # the async view
         ada = {"X-User-Id": "ada"}
         token = httpx.post(
             server.url + "/checkout/token", json={"amount": 7}, headers=ada, timeout=30
@@ -105,6 +116,8 @@ def test_django_page(redis_env: dict[str, str], module_dir: Path) -> None:
         ]
         assert paid[0].json() == paid[1].json()
         assert paid[1].headers["Idempotent-Replayed"] == "true"
+        mismatch = httpx.post(server.url + "/payments-async", json={"amount": 1}, headers=headers, timeout=30)
+        assert mismatch.json()["code"] == "token_mismatch"
     finally:
         server.stop()
 

@@ -221,7 +221,9 @@ def test_the_example_charges_a_double_click_once(redis_server: RedisServer, real
     example.start()
     try:
         headers = {"X-User-Id": "ada"}
-        token = httpx.post(example.url + "/checkout/token", headers=headers, timeout=30).json()["token"]
+        token = httpx.post(example.url + "/checkout/token", json=PAYMENT, headers=headers, timeout=30).json()[
+            "token"
+        ]
         headers["Idempotency-Token"] = token
 
         def click(_: int) -> httpx.Response:

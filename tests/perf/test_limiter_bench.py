@@ -12,7 +12,10 @@ import pytest
 from benchmarks import limiter
 
 
-@pytest.mark.skipif(shutil.which("redis-benchmark") is None, reason="redis-benchmark is not installed")
+@pytest.mark.skipif(
+    shutil.which("redis-benchmark") is None,
+    reason="redis-benchmark is not installed (apt-get install redis-tools)",
+)
 def test_quick_run_measures_every_row() -> None:
     result = limiter.run(limiter.Config.quick_mode())
     assert len(result["medians"]) == 9
@@ -38,7 +41,7 @@ def test_the_suite_keeps_the_limiter_section_of_results_md() -> None:
 
 @pytest.mark.skipif(
     not all(shutil.which(tool) for tool in ("redis-benchmark", "valgrind", "callgrind_control")),
-    reason="redis-benchmark or valgrind is not installed",
+    reason="redis-benchmark or valgrind is not installed (apt-get install redis-tools valgrind)",
 )
 def test_instruction_counts_cover_every_row_and_the_function_variant() -> None:
     counted = limiter.instructions(requests=50, keyspace=1000)

@@ -22,7 +22,13 @@ from pathlib import Path
 
 from tests.support.processes import REPO_ROOT
 
-DOCUMENTED_ADDRESSES = ("localhost:8000", "127.0.0.1:8000")
+# The service's port (8000), and the FastAPI (8200) and Django (8300) examples' own.
+DOCUMENTED_ADDRESSES = tuple(
+    f"{host}:{port}" for port in (8000, 8200, 8300) for host in ("localhost", "127.0.0.1")
+)
+# A line of a fenced block that pymdownx.snippets replaces with a file, or a file's section,
+# as the site shows it (mkdocs.yml: base_path is the repository root).
+SNIPPET = re.compile(r'^-{1,}8<-{1,} "([^"]+)"\n', re.MULTILINE)
 EXPECTED = re.compile(r"#\s*→\s*(.*)$")
 FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
 
@@ -49,10 +55,21 @@ def pages() -> list[str]:
     return ["README.md", *docs]
 
 
+def included(code: str) -> str:
+    """A block with its ``--8<-- "file"`` lines replaced by the file (the page shows the example)."""
+
+    def content(match: re.Match[str]) -> str:
+        name, _, part = match.group(1).partition(":")
+        text = section(name, part) + "\n" if part else (REPO_ROOT / name).read_text(encoding="utf-8")
+        return text if text.endswith("\n") else text + "\n"
+
+    return SNIPPET.sub(content, code)
+
+
 def code_blocks(page: str, lang: str | None = None) -> list[Block]:
     text = (REPO_ROOT / page).read_text(encoding="utf-8")
     blocks = [
-        Block(page, text.count("\n", 0, match.start()) + 1, match.group(1), match.group(2))
+        Block(page, text.count("\n", 0, match.start()) + 1, match.group(1), included(match.group(2)))
         for match in FENCE.finditer(text)
     ]
     return [block for block in blocks if lang is None or block.lang == lang]

@@ -39,7 +39,7 @@ from ._client import AsyncTokenClient, TokenClient
 from ._direct import DirectLimits
 from ._fingerprint import RequestFacts, fields_fingerprint, fingerprint, http_fingerprint
 from ._response import StoredResponse, default_store_status
-from ._results import dump_result, load_result
+from ._results import UnresolvedResultType, dump_result, load_result
 from ._telemetry import Telemetry
 from ._types import (
     Completed,
@@ -87,6 +87,7 @@ __all__ = [
     "TokenMismatch",
     "TokenUsed",
     "Unauthorized",
+    "UnresolvedResultType",
     "default_store_status",
     "describe_error",
     "dump_result",

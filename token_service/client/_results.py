@@ -33,6 +33,7 @@ import json
 import types
 import typing
 import uuid
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
@@ -198,6 +199,10 @@ def _hints(tp: type) -> dict[str, Any]:
 _RETURN_TYPES: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
+class UnresolvedResultType(UserWarning):
+    """A guarded function's return annotation names what cannot be found: results are plain JSON."""
+
+
 def return_type(function: Callable[..., Any]) -> Any:
     """The declared return type of ``function`` (awaited, for a coroutine function), or None."""
     key = getattr(function, "__func__", function)  # a bound method: its function's
@@ -207,10 +212,35 @@ def return_type(function: Callable[..., Any]) -> Any:
         pass
     try:
         hints = typing.get_type_hints(function)
-    except Exception:  # an annotation that does not resolve: no type, plain JSON
+    except Exception as exc:  # an annotation that does not resolve: no type, plain JSON
+        _warn_unresolved(function, exc)
         return None
     declared = hints.get("return")  # for an async def: the awaited value's type
     found = None if declared is type(None) else declared
     with contextlib.suppress(TypeError):  # not weakly referable: asked again next time
         _RETURN_TYPES[key] = found
     return found
+
+
+def _warn_unresolved(function: Callable[..., Any], error: Exception) -> None:
+    """Say once per function why its results come back as plain JSON.
+
+    The usual cause: ``from __future__ import annotations`` turns every annotation into a
+    string, resolved later in the module's globals, where a class defined inside a function
+    is not. The warning points at the function's own definition, and Python's registry
+    there shows it once however often the guard runs.
+    """
+    code = getattr(function, "__code__", None)
+    module_globals = getattr(function, "__globals__", None)
+    if code is None or module_globals is None:
+        return
+    annotation = getattr(function, "__annotations__", {}).get("return")
+    warnings.warn_explicit(
+        f"{function.__qualname__}: its return annotation {annotation!r} does not resolve ({error}); "
+        "its results come back as plain JSON. Define the class at module level, or pass result_type=.",
+        UnresolvedResultType,
+        code.co_filename,
+        code.co_firstlineno,
+        module=module_globals.get("__name__", "<unknown>"),
+        registry=module_globals.setdefault("__warningregistry__", {}),
+    )

@@ -42,7 +42,7 @@ def _admin(args: argparse.Namespace) -> Any:
         raise _UsageError(f"configuration error: {exc}") from None
     if settings.embedded:
         raise _UsageError("admin needs TOKEN_SERVICE_REDIS_URL (the embedded store is the server's own)")
-    logging.config.dictConfig(logging_config(settings.log_level))
+    logging.config.dictConfig(logging_config(settings.log_level, settings.log_format))
     return Admin(
         redis_client(settings),
         key_prefix=settings.key_prefix,

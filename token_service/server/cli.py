@@ -5,7 +5,9 @@ finds, shows, revokes, releases and lists records and reconciles stuck operation
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -41,8 +43,37 @@ def _settings_or_exit() -> Settings:
     return settings
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something already listens on ``host:port`` (checked before gunicorn starts).
+
+    gunicorn would retry for 5 s and then say only ``Can't connect to ('127.0.0.1', 8000)``;
+    a newcomer with another server on 8000 needs the setting that moves ours. SO_REUSEADDR as
+    gunicorn sets it, so a port in TIME_WAIT is free here as it is for gunicorn.
+    """
+    try:
+        addresses = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return False  # gunicorn names an unknown host itself
+    for family, kind, proto, _name, address in addresses:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    return True
+    return False
+
+
 def serve(args: argparse.Namespace) -> int:
     settings = _settings_or_exit()
+    if port_in_use(args.host, args.port):
+        print(
+            f"token-service: port {args.port} on {args.host} is in use (another server?); "
+            "choose another with --port (make run: PORT=8010 make run)",
+            file=sys.stderr,
+        )
+        return 2
     workers = args.workers
     if settings.embedded and workers not in (None, 1):
         print(

@@ -102,7 +102,7 @@ control_socket_disable = True
 accesslog = None
 errorlog = "-"
 loglevel = _settings.log_level.lower()
-logconfig_dict = logging_config(_settings.log_level)
+logconfig_dict = logging_config(_settings.log_level, _settings.log_format)
 
 # gunicorn builds its access-log fields for every request whenever a logging config is
 # given, even when nothing would write them; this logger skips that work then.

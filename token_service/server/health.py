@@ -1,4 +1,4 @@
-"""Operational routes: liveness, readiness and the OpenAPI document."""
+"""Operational routes: what answers at ``/``, liveness, readiness and the OpenAPI document."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from flask import Blueprint, Response
 
+from token_service import __version__
 from token_service.resources import shipped
 from token_service.server.responses import json_response
 from token_service.store import TokenStore
@@ -28,6 +29,24 @@ def make_blueprint(
     store: TokenStore, drain_file: str = "", warnings: Callable[[], list[str]] = list
 ) -> Blueprint:
     bp = Blueprint("ops", __name__)
+
+    @bp.get("/")
+    def index() -> Response:
+        # A newcomer's first request (a browser on the port, curl without a path): what this
+        # is and where to read on, instead of a 404.
+        return json_response(
+            {
+                "service": "token-service",
+                "version": __version__,
+                "docs": "README.md and docs/ of the source; make docs serves them on http://127.0.0.1:8001",
+                "links": {
+                    "openapi": "/openapi.yaml",
+                    "healthz": "/healthz",
+                    "readyz": "/readyz",
+                    "client_js": "/static/token-client.js",
+                },
+            }
+        )
 
     @bp.get("/healthz")
     def healthz() -> Response:

@@ -1,4 +1,4 @@
-"""Logging configuration: one JSON object per line on stderr.
+"""Logging configuration: one JSON object per line on stderr (``console``: plain lines for development).
 
 ``token_service.server.gunicorn_conf`` hands :func:`logging_config` to gunicorn
 (``logconfig_dict``), so gunicorn's own messages, the app's and the access
@@ -99,10 +99,37 @@ class JsonFormatter(_LibraryJsonFormatter):
             return self.jsonify_log_record(data)
 
 
-def logging_config(level: str = "INFO") -> dict[str, Any]:
+# What every LogRecord has; the rest of a record's attributes are its ``extra`` fields.
+_RECORD_ATTRIBUTES = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "request_id"}
+
+
+class ConsoleFormatter(logging.Formatter):
+    """``TOKEN_SERVICE_LOG_FORMAT=console`` (``make run``): a line a person reads in a terminal.
+
+    Time, level, logger and message, then the record's extra fields as ``key=value`` (the
+    access line's route, status, timings). Not for production: JSON is what collectors parse.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extra = [
+            f"{key}={value}"
+            for key, value in record.__dict__.items()
+            if key not in _RECORD_ATTRIBUTES and not key.startswith("_")
+        ]
+        request_id = getattr(record, "request_id", None)
+        if request_id:
+            extra.append(f"request_id={request_id}")
+        return f"{line} {' '.join(extra)}" if extra else line
+
+
+def logging_config(level: str = "INFO", log_format: str = "json") -> dict[str, Any]:
     handler = {
         "class": "logging.StreamHandler",
-        "formatter": "json",
+        "formatter": log_format,
         "filters": ["request_id"],
         "stream": "ext://sys.stderr",
     }
@@ -118,7 +145,8 @@ def logging_config(level: str = "INFO") -> dict[str, Any]:
                 "()": "token_service.server.logs.JsonFormatter",
                 "fmt": JSON_FORMAT,
                 "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"},
-            }
+            },
+            "console": {"()": "token_service.server.logs.ConsoleFormatter"},
         },
         "handlers": {"json": handler},
         "root": {"level": level, "handlers": ["json"]},
