@@ -17,7 +17,9 @@ import pytest
 
 # "(apt-get install nodejs npm)", "apt-get install chromium to run …": Debian package names,
 # up to a closing parenthesis, the end, punctuation or " to "
-APT_INSTALL = re.compile(r"apt-get install ([a-z0-9][a-z0-9.+-]*(?: [a-z0-9][a-z0-9.+-]*)*?)(?=\)|$| to |[:;,])")
+APT_INSTALL = re.compile(
+    r"apt-get install ([a-z0-9][a-z0-9.+-]*(?: [a-z0-9][a-z0-9.+-]*)*?)(?=\)|$| to |[:;,])"
+)
 
 
 def packages_of(reason: str) -> list[str]:
