@@ -2,9 +2,10 @@
 
 The "no thread per call" property is held by counting objects, not time: across 200
 short guarded calls (``@idempotent`` and ``client.guard(...).run``, renewal on) at most
-one thread is created (the scheduler's own, the first time) and no ``threading.Condition``
-(nor ``Event``, which makes one) or ``weakref.finalize`` per call. The previous renewer
-built an Event, an RLock, closures and a finalizer on every call.
+one thread is created (the scheduler's own, the first time), no ``threading.Condition``
+(nor ``Event``, which makes one) or ``weakref.finalize`` per call, and the scheduler's
+thread is woken at most once (a wake-up per call is a thread switch per call). The
+previous renewer built an Event, an RLock, closures and a finalizer on every call.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def test_short_guarded_calls_create_no_thread_condition_or_finalizer(
     def ship(order_id: str) -> dict[str, str]:
         return {"order": order_id}
 
-    started_before = SCHEDULER.threads_started
+    started_before, wakeups_before = SCHEDULER.threads_started, SCHEDULER.wakeups
     for i in range(CALLS // 2):
         assert ship(f"o-{i}") == {"order": f"o-{i}"}
     for token in tokens:
@@ -74,6 +75,8 @@ def test_short_guarded_calls_create_no_thread_condition_or_finalizer(
     assert counted["threads"].count <= 1
     assert counted["conditions"].count <= 1  # the scheduler's, with its thread
     assert SCHEDULER.threads_started == started_before  # no renewal ran: none was due
+    # nor is the scheduler's thread woken per call: at most once, if it slept with nothing to do
+    assert SCHEDULER.wakeups - wakeups_before <= 1
     assert [t.name for t in threading.enumerate()].count("token-lease-scheduler") == 1
     assert SCHEDULER.pending() == 0  # every call took its renewal off the schedule
 

@@ -46,6 +46,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -143,19 +144,27 @@ class RenewalScheduler:
     :meth:`schedule` pushes a lease's first renewal; a renewal that falls due
     runs on a thread of its own (see the module docs) and pushes the next one.
     Stopped renewals are popped without running whenever the thread wakes up,
-    however far off they were due, so the heap holds about as many entries as
-    guarded calls start in a third of a lease.
+    however far off they were due (but the last, which it sleeps towards), so
+    the heap holds about as many entries as guarded calls start in a third of a
+    lease, and the thread wakes about once a third of a lease: a push wakes it
+    only when due before whatever it sleeps towards (the first push after an
+    idle spell, a lease shorter than the others), never once per call.
     """
 
     def __init__(self) -> None:
         self._reset()
-        self.threads_started = 0  # renewal threads (not counting the scheduler's own): for tests
+        # for tests: renewal threads started (not the scheduler's own), and pushes that woke it
+        self.threads_started = 0
+        self.wakeups = 0
 
     def _reset(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._heap: list[tuple[float, int, Renewal]] = []
         self._seq = itertools.count()
         self._thread: threading.Thread | None = None
+        # A push due before this wakes the thread: what it sleeps towards while it waits
+        # (infinity: an empty heap), -infinity while it is awake (it reads the heap anyway).
+        self._wake_before = -math.inf
 
     def forget(self) -> None:
         """In a forked child: start over, empty (the parent's leases are the parent's to renew)."""
@@ -170,14 +179,12 @@ class RenewalScheduler:
     def _push(self, renewal: Renewal, due: float) -> None:
         entry = (due, next(self._seq), renewal)
         with self._cond:
-            heap = self._heap
-            heapq.heappush(heap, entry)
-            if heap[0] is entry:  # due before whatever the thread sleeps towards (or it sleeps for good)
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._loop, name=SCHEDULER_THREAD_NAME, daemon=True
-                    )
-                    self._thread.start()
+            heapq.heappush(self._heap, entry)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name=SCHEDULER_THREAD_NAME, daemon=True)
+                self._thread.start()
+            elif due < self._wake_before:  # rare: the thread sleeps towards a later deadline
+                self.wakeups += 1
                 self._cond.notify()
 
     def pending(self) -> int:
@@ -188,20 +195,32 @@ class RenewalScheduler:
     def _loop(self) -> None:
         cond = self._cond  # a forked child replaces it: this thread does not exist there
         heap = self._heap
+        due_now: list[Renewal] = []
         while True:
             with cond:
+                self._wake_before = -math.inf  # awake: it reads the heap before it sleeps again
                 while True:
-                    while heap and heap[0][2].stopped:
-                        heapq.heappop(heap)  # ended before it was due: forget it now
-                    if not heap:
-                        cond.wait()
-                        continue
-                    wait = heap[0][0] - time.monotonic()
-                    if wait <= 0:
+                    now = time.monotonic()
+                    while heap:
+                        due, _, renewal = heap[0]
+                        if due <= now:
+                            heapq.heappop(heap)
+                            if not renewal.stopped:
+                                due_now.append(renewal)
+                        elif renewal.stopped and len(heap) > 1:
+                            heapq.heappop(heap)  # ended before it was due: forget it now
+                        else:
+                            # The last stopped entry stays, to sleep towards: every call pushes a
+                            # renewal due later than it, so none of them has to wake this thread.
+                            break
+                    if due_now:
                         break
-                    cond.wait(wait)
-                _, _, renewal = heapq.heappop(heap)
-            self._start(renewal)
+                    self._wake_before = heap[0][0] if heap else math.inf
+                    cond.wait(heap[0][0] - now if heap else None)
+                    self._wake_before = -math.inf
+            for renewal in due_now:
+                self._start(renewal)
+            due_now.clear()
 
     def _start(self, renewal: Renewal) -> None:
         if renewal.target() is None:
