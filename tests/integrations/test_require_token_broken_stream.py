@@ -4,13 +4,18 @@
 
 - Django, from a sync view and an ``async def`` view alike: an async view's synchronous stream is read
   ahead before it goes out (``django._read_ahead``), and a break there must free the token too.
+- Django, an ``async def`` view's async stream served over WSGI (gunicorn's sync workers, the test
+  ``Client``): Django reads it whole after the view's event loop is gone, on a loop of its own, where
+  the guard's Redis connection cannot be used ("Event loop is closed": the body broke, the token stayed
+  held until its lease ran out, then a retry ran the view again). It is read in the view's loop
+  instead, as Django would read it, so it is kept (or omitted with its length) and goes out whole.
 - FastAPI: a ``FileResponse`` whose file is missing (its size is read to settle it; Flask's
   ``send_file`` raises in the view) answers 500 and frees the token."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +59,8 @@ async def test_a_stream_that_breaks_frees_the_token(
 ) -> None:
     configure_django()
     runs: Counter[str] = Counter()
-    async_tokens = AsyncTokenClient.from_redis(redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port))
+    connection = redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port)
+    async_tokens = AsyncTokenClient.from_redis(connection)
     with TokenClient.from_redis(real_redis) as tokens:
         if kind == "sync":
 
@@ -89,13 +95,61 @@ async def test_a_stream_that_breaks_frees_the_token(
                     assert runs["view"] == attempt
         finally:
             await async_tokens.close()
+            await connection.aclose()
+
+
+@pytest.mark.parametrize("count", [3, 300])  # under and over the caps
+def test_an_async_views_async_stream_over_wsgi_is_settled(
+    redis_server: RedisServer, real_redis: redis.Redis, count: int
+) -> None:
+    configure_django()
+    runs: Counter[str] = Counter()
+    body = b"".join(b"line %04d\n" % number for number in range(count))
+
+    async def streams(request: HttpRequest) -> StreamingHttpResponse:
+        runs["view"] += 1
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for number in range(count):
+                yield b"line %04d\n" % number
+
+        return StreamingHttpResponse(chunks(), content_type="text/plain")
+
+    async def view(request: HttpRequest) -> Any:
+        # under WSGI each request has an event loop of its own: a client per request, closed in it
+        connection = redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port)
+        client = AsyncTokenClient.from_redis(connection)
+        try:
+            return await require_token(SCOPE, client=client, max_result_bytes=2048)(streams)(request)
+        finally:
+            await client.close()
+            await connection.aclose()
+
+    urlpatterns[:] = [path("report", view)]
+    with TokenClient.from_redis(real_redis) as tokens:
+        token = tokens.generate(SCOPE).token
+        headers = {"Idempotency-Token": token}
+        with override_settings(ROOT_URLCONF=__name__, ALLOWED_HOSTS=["testserver"]):
+            first = DjangoClient(raise_request_exception=False).post("/report", headers=headers)
+            assert first.status_code == 200
+            assert b"".join(first) == body
+            first.close()
+            assert tokens.inspect(token).state == "SUCCEEDED"
+            again = DjangoClient().post("/report", headers=headers)
+        assert again["Idempotent-Replayed"] == "true"
+        if count == 3:
+            assert again.content == body
+        else:
+            assert (again.content, again["Idempotent-Body-Omitted"]) == (b"", str(len(body)))
+        assert runs["view"] == 1
 
 
 async def test_a_file_response_whose_file_is_missing_frees_the_token(
     redis_server: RedisServer, real_redis: redis.Redis, tmp_path: Path
 ) -> None:
     runs: Counter[str] = Counter()
-    async_tokens = AsyncTokenClient.from_redis(redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port))
+    connection = redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port)
+    async_tokens = AsyncTokenClient.from_redis(connection)
     app = FastAPI()
 
     @app.post("/report")
@@ -116,3 +170,4 @@ async def test_a_file_response_whose_file_is_missing_frees_the_token(
                     assert runs["view"] == attempt
         finally:
             await async_tokens.close()
+            await connection.aclose()

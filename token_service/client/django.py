@@ -68,6 +68,7 @@ import redis
 import redis.asyncio
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
+from django.core.handlers.asgi import ASGIRequest
 from django.http import (
     HttpRequest,
     HttpResponse,
@@ -482,7 +483,8 @@ def require_token(
 
 def _settle_now(core: RequireToken, guard: Guard | AsyncGuard, request: HttpRequest, response: Any) -> Any:
     """What to settle now (a :class:`Reply`); None when the response is a stream, wrapped here to be
-    recorded as it goes out; ``_READ_AHEAD`` for an async view's synchronous stream."""
+    recorded as it goes out; ``_READ_AHEAD`` for an async view's stream that Django sends after
+    the view's event loop is gone (a synchronous one; an async one outside ASGI)."""
     head = Reply(response.status_code, list(response.items()))
     length = declared_length(str(response.get("Content-Length") or ""))
     if isinstance(response, HttpResponse):
@@ -491,7 +493,7 @@ def _settle_now(core: RequireToken, guard: Guard | AsyncGuard, request: HttpRequ
         return dataclasses.replace(head, omitted=length or 0)
     if request.method == "HEAD":
         return core.head_of_stream(head, length)
-    if response.is_async:
+    if response.is_async and (isinstance(guard, Guard) or isinstance(request, ASGIRequest)):
         response.streaming_content = core.arecord(guard, response.streaming_content, head, length)
     elif isinstance(guard, Guard):
         response.streaming_content = core.record(guard, response.streaming_content, head, length)
@@ -513,6 +515,9 @@ async def _read_ahead(core: RequireToken, guard: AsyncGuard, response: Streaming
     What was read goes out first.
     """
     head = Reply(response.status_code, list(response.items()))
+    if response.is_async:
+        await _read_whole(core, guard, response, head)
+        return
     chunks = iter(response.streaming_content)
     read: list[bytes] = []
 
@@ -536,3 +541,27 @@ async def _read_ahead(core: RequireToken, guard: AsyncGuard, response: Streaming
         length = declared_length(str(response.get("Content-Length") or ""))
         await core.asettle(guard, dataclasses.replace(head, omitted=length or 0))
     response.streaming_content = itertools.chain(read, chunks)
+
+
+async def _read_whole(
+    core: RequireToken, guard: AsyncGuard, response: StreamingHttpResponse, head: Reply
+) -> None:
+    """An async view's async stream outside ASGI (an async view under WSGI), read whole and settled here.
+
+    Django reads such a stream whole into a list before it sends it (``StreamingHttpResponse.__iter__``),
+    on an event loop of its own: there the guard's connection, made on the view's loop, is unusable
+    ("Event loop is closed"), and a generator first read on the view's loop was closed with it. So it is
+    read here instead, as Django would, and goes out as that list: kept when it fits the caps, else
+    omitted with its real length; freed when it raises.
+    """
+    try:
+        read = [chunk async for chunk in response.streaming_content]
+    except BaseException:
+        await core.asettle(guard, None)  # the body broke before it went out: freed, as a broken stream is
+        raise
+    size = sum(map(len, read))
+    if size <= core.cap_bytes:
+        await core.asettle(guard, dataclasses.replace(head, body=b"".join(read)))
+    else:
+        await core.asettle(guard, dataclasses.replace(head, omitted=size))
+    response.streaming_content = iter(read)
