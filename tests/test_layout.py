@@ -114,6 +114,24 @@ def test_the_hot_path_and_its_operations_run_without_flask() -> None:
     assert "token_service.server.api" not in hot_path | operations
 
 
+def test_every_token_error_is_defined_in_the_error_tree_and_drawn_at_its_top() -> None:
+    # one place for the error tree (token_service/errors.py), like httpx's _exceptions.py
+    errors_py = PACKAGE / "errors.py"
+    tree = ast.parse(errors_py.read_text(encoding="utf-8"))
+    defined = {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+    elsewhere = [
+        f"{path.relative_to(PACKAGE)}:{node.name}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != errors_py
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ClassDef)
+        and any(isinstance(base, ast.Name) and base.id in defined for base in node.bases)
+    ]
+    assert elsewhere == []
+    drawn = ast.get_docstring(tree) or ""
+    assert [name for name in sorted(defined) if not name.startswith("_") and f" {name} " not in drawn] == []
+
+
 def test_the_package_root_exports_only_create_app_and_the_version() -> None:
     import token_service
 

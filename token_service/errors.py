@@ -1,11 +1,46 @@
-"""The error hierarchy shared by the store, the HTTP API and the SDK.
+"""The error tree: every error token-service reports, from the service, the SDK and the tools.
 
-Every failure a caller can meet has one narrow class whose ``code`` is the
-stable machine-readable code of the API's error table (openapi.yaml,
-docs/http-api.md) and whose ``status`` is
-the HTTP status the API answers with. The SDK raises the very same classes, so
-a backend never parses HTTP to learn what happened. This module imports
-nothing outside the standard library: the SDK must work without Flask.
+::
+
+    TokenError                              code (status)
+    ├── InvalidRequest                      invalid_request (400)
+    │   └── IdempotencyKeyRepeated          idempotency_key_repeated (400)      [1]
+    ├── Unauthorized                        unauthorized (401)
+    ├── TokenMismatch                       token_mismatch (403)
+    ├── TokenInvalid                        token_invalid (404)
+    ├── TokenUsed                           token_used (409)
+    ├── TokenInProgress                     token_in_progress (409, retry after)
+    ├── TokenFailed                         token_failed (409)
+    ├── LeaseLost                           lease_lost (409)
+    ├── PayloadTooLarge                     payload_too_large (413)
+    ├── RateLimited                         rate_limited (429, retry after)
+    │   └── OutstandingCapReached           rate_limited (429): the cap; read back as RateLimited
+    ├── ServiceUnavailable                  store_unavailable (503, retry after)
+    ├── RequestTimeout                      request_timeout (408)               [2]
+    ├── RecordNotFound                      not_found (404)                     [3]
+    ├── NotInProgress                       not_in_progress (409)               [3]
+    └── RecordError                         record_error (500)                  [4]
+        ├── RecordInProgress                record_in_progress (409)
+        ├── RecordFailed                    record_failed (409)
+        ├── FingerprintMismatch             fingerprint_mismatch (422)
+        ├── RowNotFound                     row_not_found (404)
+        ├── IllegalTransition               illegal_transition (409)
+        └── StaleVersion                    stale_version (409)
+
+The classes without a mark are the token API's error table (openapi.yaml,
+docs/http-api.md), :data:`ERRORS_BY_CODE`: the SDK's HTTP transport turns a
+problem document back into its class. The others are answered as problem
+documents too but are not that table's: [1] the Idempotency-Key middlewares'
+own answer; [2] the service's, a body that did not arrive in time (raised by
+``server/body.py``); [3] the operators' tools' (``ops/admin.py``, the
+``/admin/`` routes); [4] the durable records' in the business database
+(``token_service.client.durable``, which re-exports them).
+
+Every failure a caller can meet has one narrow class whose ``code`` is its
+stable machine-readable code and whose ``status`` is the HTTP status it is
+answered with. The SDK raises the very same classes, so a backend never
+parses HTTP to learn what happened. This module imports nothing outside the
+standard library: the SDK must work without Flask.
 
 What an error adds to its problem document (``errors``, ``field``, ``error``,
 ``retry_after_seconds``) is said once, by the class: :meth:`TokenError.problem_extras`
@@ -189,6 +224,10 @@ class RateLimited(_RetryLater):
     title = "Rate limited"
 
 
+class OutstandingCapReached(RateLimited):
+    """Also ``429 rate_limited``; its own class so that metrics can tell the two limits apart."""
+
+
 class ServiceUnavailable(_RetryLater):
     """The store is unreachable; nothing is known to have happened (fail closed)."""
 
@@ -213,3 +252,141 @@ ERRORS_BY_CODE: dict[str, type[TokenError]] = {
         ServiceUnavailable,
     )
 }
+
+
+# Not in the API's table (see the tree above): answered as problem documents, never read back.
+
+
+class RequestTimeout(TokenError):
+    """The request body did not arrive in time (``TOKEN_SERVICE_BODY_TIMEOUT_SECONDS``)."""
+
+    code = "request_timeout"
+    status = 408
+    title = "Request timeout"
+
+
+class RecordNotFound(TokenError):
+    """Operators' tools: no record under that reference (never issued, expired, or deleted)."""
+
+    code = "not_found"
+    status = 404
+    title = "Not found"
+
+
+class NotInProgress(TokenError):
+    """Operators' tools: release asked of a record that holds no operation in progress."""
+
+    code = "not_in_progress"
+    status = 409
+    title = "Not in progress"
+
+
+# The idempotency records in the business database (token_service.client.durable): a backend
+# answers them like any other TokenError, but they never travel over HTTP as codes of the token API.
+
+
+class RecordError(TokenError):
+    """Base class of the errors of the idempotency records in the business database."""
+
+    code = "record_error"
+    status = 500
+    title = "Idempotency record error"
+
+
+class RecordInProgress(RecordError):
+    """Another holder's lease on this record is live; retry after ``retry_after_seconds``."""
+
+    code = "record_in_progress"
+    status = 409
+    title = "Request in progress"
+
+    def __init__(self, message: str | None = None, key: str = "", retry_after_seconds: int = 1) -> None:
+        super().__init__(message)
+        self.key = key
+        self.retry_after_seconds = retry_after_seconds
+
+
+class RecordFailed(RecordError):
+    """A terminal failure was recorded for this key; ``error`` is what the holder stored."""
+
+    code = "record_failed"
+    status = 409
+    title = "Request failed"
+
+    def __init__(self, message: str | None = None, key: str = "", error: Any = None) -> None:
+        super().__init__(message)
+        self.key = key
+        self.error = error
+
+
+class FingerprintMismatch(RecordError):
+    """The key was first used for a different request (IETF Idempotency-Key: 422)."""
+
+    code = "fingerprint_mismatch"
+    status = 422
+    title = "Key reused with a different request"
+
+    def __init__(self, message: str | None = None, key: str = "") -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class RowNotFound(RecordError):
+    """The row a transition or versioned update targets does not exist."""
+
+    code = "row_not_found"
+    status = 404
+    title = "Row not found"
+
+    def __init__(self, message: str | None = None, row_id: Any = None) -> None:
+        super().__init__(message)
+        self.row_id = row_id
+
+
+class IllegalTransition(RecordError):
+    """The state machine does not allow ``current`` → ``target``.
+
+    ``current`` is None when the move was refused before touching the database
+    (the target cannot be reached from any state, or from the state the caller
+    said it expected). ``already`` is true when the row is in ``target`` already:
+    a duplicate of a move that has happened, which callers often answer as a
+    success.
+    """
+
+    code = "illegal_transition"
+    status = 409
+    title = "Illegal state transition"
+
+    def __init__(
+        self,
+        message: str | None = None,
+        row_id: Any = None,
+        current: str | None = None,
+        target: str = "",
+        allowed_from: frozenset[str] = frozenset(),
+    ) -> None:
+        super().__init__(message)
+        self.row_id = row_id
+        self.current = current
+        self.target = target
+        self.allowed_from = allowed_from
+
+    @property
+    def already(self) -> bool:
+        return self.current is not None and self.current == self.target
+
+
+class StaleVersion(RecordError):
+    """Optimistic lock: the row's version is no longer ``expected`` (``actual`` is)."""
+
+    code = "stale_version"
+    status = 409
+    title = "Stale version"
+
+    def __init__(
+        self, message: str | None = None, row_id: Any = None, expected: int = 0, actual: int | None = None
+    ) -> None:
+        super().__init__(message)
+        self.row_id = row_id
+        self.expected = expected
+        self.actual = actual

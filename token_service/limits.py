@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from token_service.config import RateLimit
-from token_service.errors import RateLimited
+from token_service.errors import OutstandingCapReached, RateLimited
 from token_service.records import raise_for, text
 from token_service.tokens import TOKEN_CHARS
 
@@ -35,10 +35,6 @@ MAX_COUNTED_SECONDS = 3600
 CLIENT_ID_CHARS = 22
 # "l:" (not the "c:" of the hashes of earlier versions, which expire on their own)
 _CLIENT_INFIX = "l:"
-
-
-class OutstandingCapReached(RateLimited):
-    """Also ``429 rate_limited``; its own class so that metrics can tell the two limits apart."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,8 +38,8 @@ from tests.props.limiter_model import LimiterModel
 from tests.props.profiles import props_settings
 from tests.props.test_state_machine import _TIME_PASSES_LUA
 from token_service.config import RateLimit
-from token_service.errors import RateLimited, TokenInvalid, TokenUsed
-from token_service.limits import IssuanceLimits, OutstandingCapReached, client_key, parse_limit_record
+from token_service.errors import OutstandingCapReached, RateLimited, TokenInvalid, TokenUsed
+from token_service.limits import IssuanceLimits, client_key, parse_limit_record
 from token_service.store import IssueRequest, TokenStore
 
 TICK_MS = 60_000

@@ -40,7 +40,7 @@ from redis import exceptions as redis_errors
 from token_service import defaults, records
 from token_service.client._idempotency_store import digest as idempotency_digest
 from token_service.client._response import StoredResponse
-from token_service.errors import InvalidRequest, TokenError
+from token_service.errors import InvalidRequest, NotInProgress, RecordNotFound
 from token_service.scripts import lua_source
 from token_service.store import translate_errors
 from token_service.tokens import is_plain_text, new_lease_id
@@ -61,22 +61,6 @@ MAX_COUNT = 10000
 BODY_PREVIEW_BYTES = 4096
 _SEP = "\x1f"
 _SCRIPTS = ("admin_read", "begin", "complete", "fail", "revoke", "idempotency_release")
-
-
-class RecordNotFound(TokenError):
-    """No record under that reference (never issued, expired, or deleted)."""
-
-    code = "not_found"
-    status = 404
-    title = "Not found"
-
-
-class NotInProgress(TokenError):
-    """Release asked of a record that holds no operation in progress."""
-
-    code = "not_in_progress"
-    status = 409
-    title = "Not in progress"
 
 
 def check_ref(ref: str) -> str:

@@ -193,8 +193,8 @@ def reconcile(args: argparse.Namespace) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from token_service.errors import InvalidRequest
-    from token_service.ops.admin import NotInProgress, RecordNotFound, audit, shown_ref
+    from token_service.errors import InvalidRequest, NotInProgress, RecordNotFound
+    from token_service.ops.admin import audit, shown_ref
 
     try:
         return int(args.admin_handler(args))

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from token_service.errors import InvalidRequest, PayloadTooLarge, TokenError
+from token_service.errors import InvalidRequest, PayloadTooLarge, RequestTimeout, TokenError
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
@@ -40,14 +40,6 @@ ENDED_EARLY = "The request body ended early."
 BODY_STATE = "token_service.body"
 READ = "read"
 FAILED = "failed"
-
-
-class RequestTimeout(TokenError):
-    """The request body did not arrive in time (``TOKEN_SERVICE_BODY_TIMEOUT_SECONDS``)."""
-
-    code = "request_timeout"
-    status = 408
-    title = "Request timeout"
 
 
 def has_body(environ: WSGIEnvironment) -> bool:

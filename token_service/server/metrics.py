@@ -36,8 +36,8 @@ from prometheus_client import (
 
 from token_service import defaults, records
 from token_service.config import MAX_METRIC_SCOPES
-from token_service.errors import RateLimited, TokenError
-from token_service.limits import IssuanceLimits, OutstandingCapReached
+from token_service.errors import OutstandingCapReached, RateLimited, TokenError
+from token_service.limits import IssuanceLimits
 from token_service.server import request_context
 from token_service.server.metric_files import OTHER_SCOPE, multiprocess_dir, reading, scope_labels
 from token_service.store import IssueRequest, TokenStore
