@@ -42,10 +42,6 @@ RUN /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/dis
 
 # --- runtime: slim, no compiler, no build tools, no source tree, no root ---
 FROM ${BASE_IMAGE} AS runtime
-# VERSION: the package's version, for the label (the build command above passes it).
-ARG VERSION
-LABEL org.opencontainers.image.title="token-service" \
-      org.opencontainers.image.version="${VERSION:-unknown}"
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -57,6 +53,11 @@ RUN groupadd --gid 10001 app \
  && useradd --uid 10001 --gid app --no-create-home --no-log-init --shell /usr/sbin/nologin app
 # One layer with the installed environment: no wheel files copied in and deleted later.
 COPY --from=build /opt/venv /opt/venv
+# VERSION: the package's version, for the label (the build command above passes it). Declared
+# after the RUN steps, so a new version does not rebuild them or show in their history.
+ARG VERSION
+LABEL org.opencontainers.image.title="token-service" \
+      org.opencontainers.image.version="${VERSION:-unknown}"
 USER 10001:10001
 WORKDIR /tmp
 EXPOSE 8000
