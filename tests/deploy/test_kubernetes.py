@@ -634,7 +634,7 @@ def test_the_documented_kubectl_line_creates_the_secret_the_deployment_reads(tmp
     records its arguments: it creates the Secret the Deployment reads, with values the service
     accepts (unlike the example's). secret.example.yaml shows the same command."""
     if shutil.which("openssl") is None:
-        message = "openssl is not installed: the documented line makes its keys with it"
+        message = "openssl is not installed: the kubectl line makes keys with it (apt-get install openssl)"
         if os.environ.get("CI"):
             pytest.fail(message + " — CI must run it", pytrace=False)
         pytest.skip(message)
