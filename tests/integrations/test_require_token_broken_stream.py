@@ -144,6 +144,44 @@ def test_an_async_views_async_stream_over_wsgi_is_settled(
         assert runs["view"] == 1
 
 
+def test_an_async_views_async_stream_that_breaks_over_wsgi_frees_the_token(
+    redis_server: RedisServer, real_redis: redis.Redis
+) -> None:
+    configure_django()
+    runs: Counter[str] = Counter()
+
+    async def streams(request: HttpRequest) -> StreamingHttpResponse:
+        runs["view"] += 1
+
+        async def chunks() -> AsyncIterator[bytes]:
+            yield b"first line\n"
+            raise OSError("the report's source went away")
+
+        return StreamingHttpResponse(chunks(), content_type="text/plain")
+
+    async def view(request: HttpRequest) -> Any:
+        connection = redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port)
+        client = AsyncTokenClient.from_redis(connection)
+        try:
+            return await require_token(SCOPE, client=client)(streams)(request)
+        finally:
+            await client.close()
+            await connection.aclose()
+
+    urlpatterns[:] = [path("report", view)]
+    with TokenClient.from_redis(real_redis) as tokens:
+        token = tokens.generate(SCOPE).token
+        with override_settings(ROOT_URLCONF=__name__, ALLOWED_HOSTS=["testserver"]):
+            for attempt in (1, 2):
+                answer = DjangoClient(raise_request_exception=False).post(
+                    "/report", headers={"Idempotency-Token": token}
+                )
+                assert answer.status_code == 500  # broke before it went out
+                answer.close()
+                assert tokens.inspect(token).state == "ISSUED", attempt
+                assert runs["view"] == attempt
+
+
 async def test_a_file_response_whose_file_is_missing_frees_the_token(
     redis_server: RedisServer, real_redis: redis.Redis, tmp_path: Path
 ) -> None:
