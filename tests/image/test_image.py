@@ -235,6 +235,27 @@ class Container:
         done = podman("healthcheck", "run", self.name, check=False, timeout=60)
         return done.returncode, (done.stdout + done.stderr).strip()
 
+    def health_after_checks(self, want: str, within_seconds: float = 180) -> tuple[str, list[str]]:
+        """Run the image's HEALTHCHECK until the container's health is ``want`` (or time is up).
+
+        One run can fail on a loaded machine without anything being wrong: the check starts a
+        Python in the container and must finish within the image's 3 s ``--timeout``, which a
+        machine at load 15 does not always give it. That is why the image asks for 3 failures in
+        a row (``--retries=3``, failures in the 10 s ``--start-period`` not counted) before it
+        calls a container unhealthy; the test goes by the same rule, so it waits for the state
+        instead of counting on one run's speed.
+        """
+        outputs: list[str] = []
+        health = ""
+        deadline = time.monotonic() + within_seconds
+        while time.monotonic() < deadline:
+            _, output = self.healthcheck()
+            outputs.append(output)
+            health = self.inspect("{{.State.Health.Status}}")
+            if health == want:
+                break
+        return health, outputs
+
     def logs(self) -> str:
         done = podman("logs", self.name, check=False)
         return done.stdout + done.stderr
@@ -409,21 +430,19 @@ def test_every_gunicorn_process_runs_as_the_image_user(service: tuple[Container,
 
 def test_the_healthcheck_passes_while_it_serves(service: tuple[Container, str]) -> None:
     container, _ = service
-    status, output = container.healthcheck()
-    assert status == 0, output
-    health = container.inspect("{{.State.Health.Status}}")
-    assert health == "healthy"
-    say(f"HEALTHCHECK on the serving container: exit 0, status {health}: ok")
+    health, outputs = container.health_after_checks("healthy")
+    assert health == "healthy", outputs
+    say(f"HEALTHCHECK on the serving container: status {health} after {len(outputs)} run(s): ok")
 
 
 def test_the_healthcheck_fails_with_nothing_listening(image: Image) -> None:
     # the image's own HEALTHCHECK, in a container whose command does not listen
     container = image.run("silent", command=["python", "-c", "import time; time.sleep(600)"])
     wait_until(container.running, 60, what="the silent container")
-    status, output = container.healthcheck()
-    assert status != 0
-    assert "unhealthy" in output, output
-    say(f"HEALTHCHECK with nothing listening: {output!r} (exit {status}): ok")
+    health, outputs = container.health_after_checks("unhealthy")
+    assert health == "unhealthy", outputs
+    assert len(outputs) >= 3, outputs  # --retries=3: three failed runs in a row, not one
+    say(f"HEALTHCHECK with nothing listening: {health} after {len(outputs)} runs ({outputs[-1]!r}): ok")
     podman("rm", "--force", "--time", "0", container.name)
 
 
@@ -438,8 +457,8 @@ def test_a_read_only_root_with_a_tmpfs_tmp_serves(image: Image, redis_server: Re
     consumed = httpx.post(url + "/token/consume", json=body, headers=auth, timeout=30)
     assert consumed.status_code == 200, consumed.text
     assert httpx.get(url + "/metrics", timeout=30).status_code == 200  # multiprocess files under /dev/shm
-    status, output = container.healthcheck()
-    assert status == 0, output
+    health, outputs = container.health_after_checks("healthy")
+    assert health == "healthy", outputs
     written = subprocess.run(
         [*PODMAN, "exec", container.name, "sh", "-c", "touch /opt/venv/x 2>&1; touch /tmp/x && echo tmp-ok"],
         capture_output=True,
