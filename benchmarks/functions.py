@@ -328,11 +328,11 @@ def _instruction_lines(instructions: dict[str, Any]) -> list[str]:
         "Instructions per call in the calling process (`python -m benchmarks.functions --callgrind`:",
         "`valgrind --tool=callgrind` on N and 2N calls against a real redis-server, the",
         "difference per call: load-independent; redis-server's own work is not counted).",
-        *instructions.get("notes", []),
         "",
         header,
         "|---|" + "---|" * len(labels),
         *rows,
+        *(["", *instructions["notes"]] if instructions.get("notes") else []),
     ]
 
 
