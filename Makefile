@@ -2,6 +2,7 @@
 #   make run    — the service on http://127.0.0.1:8000 (PORT=... to change it; embedded store unless
 #                 TOKEN_SERVICE_REDIS_URL is set)
 #   make test   — lint, type-check, the docs build and the whole test suite (fakeredis and real redis-server)
+# and, while developing, make check — lint, type-check and the fast tests (about 2 minutes).
 # Both create .venv and install the project into it on first use, from requirements/dev.lock
 # (make lock refreshes it after a change to pyproject.toml's dependencies).
 
@@ -13,7 +14,7 @@ export NO_MKDOCS_2_WARNING := 1
 # A development key so the curl walk-through works out of the box; set your own in production.
 export TOKEN_SERVICE_API_KEYS ?= dev-service-key-change-me
 
-.PHONY: run test lint docs-build docs install lock clean bench example-fastapi example-django
+.PHONY: run test check lint docs-build docs install lock clean bench example-fastapi example-django
 
 # Installs are reproducible: the pinned, hashed dependencies of requirements/dev.lock
 # first, then the project itself without resolving anything. A lock older than
@@ -54,8 +55,18 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# make check runs on PYTEST_WORKERS processes (pytest-xdist); a test file never leaves its worker
+# and files that share something run one after another (tests/conftest.py, docs/testing.md).
+# Most tests wait on subprocesses and sockets, so 3 on 2 cores; PYTEST_WORKERS=0 runs serially.
+PYTEST_WORKERS ?= 3
+
 test: lint docs-build
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest --durations=30 $(PYTEST_ARGS)
+
+# The loop while developing (docs/testing.md): lint, types and the tests not marked slow, the
+# property tests on their quick profile; make test before landing.
+check: lint
+	PROPS_PROFILE=$${PROPS_PROFILE:-quick} $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
 
 # The documentation site (mkdocs.yml, docs/): built --strict by make test, served by make docs.
 docs-build: install

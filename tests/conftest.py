@@ -21,6 +21,33 @@ from token_service import create_app
 from token_service.store import TokenStore
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``make test`` (pytest-xdist, ``--dist loadgroup``) a test file runs whole on one worker.
+
+    Each test without an ``xdist_group`` mark gets its file as its group, so a file's module and
+    session fixtures are set up once and its tests keep their order, as in a serial run; a mark
+    names a group several files share (tests that must never run at the same time as each other).
+    The slowest groups are sent out first, so the run is not left waiting on one started last.
+    Runs before xdist's own hook, which reads the marks (``tryfirst`` below).
+    """
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    items.sort(key=lambda item: _SLOW_FIRST.get(_group(item), len(_SLOW_FIRST)))
+
+
+def _group(item: pytest.Item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    assert mark is not None
+    return str(mark.args[0] if mark.args else mark.kwargs["name"])
+
+
+# The groups that take longest (`pytest --durations`, docs/testing.md), slowest first; the rest
+# follow in collection order (sort is stable).
+_SLOW_FIRST: dict[str, int] = {name: rank for rank, name in enumerate([])}
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     server = RedisServer().start()

@@ -176,7 +176,6 @@ def test_a_generated_token_is_issued_and_consumable(paths: Paths) -> None:
         consume({"scope": SCOPE}, headers={"Authorization": "Bearer wrong-key"}),
         consume({"scope": SCOPE}, headers={"Authorization": f"Basic {API_KEY}"}),
     ],
-    ids=lambda s: str(id(s)),
 )
 def test_consume_replies_agree(paths: Paths, scenario: Scenario) -> None:
     assert_same(paths, scenario)

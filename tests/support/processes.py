@@ -73,6 +73,7 @@ class RedisServer:
 
     def __init__(self, *extra_args: str, port: int | None = None) -> None:
         self.port = port or free_port()
+        self.fixed_port = port is not None
         self.extra_args = list(extra_args)
         self.dir = Path(tempfile.mkdtemp(prefix="ts-redis-"))
         self.process: subprocess.Popen[bytes] | None = None
@@ -85,6 +86,15 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)  # type: ignore[arg-type]
 
     def start(self) -> RedisServer:
+        attempts = 1 if self.fixed_port else 3
+        for attempt in range(attempts):
+            if self._start_once(last=attempt == attempts - 1):
+                return self
+            self.port = free_port()  # taken by another process in the meantime: another free one
+        raise AssertionError("unreachable: the last attempt raises")
+
+    def _start_once(self, *, last: bool) -> bool:
+        """Start it; False if it exited because its port was not free any more."""
         args = [
             redis_server_binary(),
             "--port",
@@ -102,12 +112,37 @@ class RedisServer:
             *self.extra_args,
         ]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(self._ping, what=f"redis-server on {self.port}")
-        return self
+        try:
+            wait_until(self._ping, what=f"redis-server on {self.port}")
+        except TimeoutError:
+            taken = self.process.poll() is not None and "Address already in use" in self._log()
+            if last or not taken:
+                self.kill()
+                raise
+            return False
+        return True
 
     def _ping(self) -> bool:
+        # free_port() only finds a port free for a moment: another test (another xdist worker,
+        # another checkout's run) can take it first. Then this redis-server exits and the ping
+        # would reach theirs, so the server that answers must be this one: its --dir.
+        if self.process is not None and self.process.poll() is not None:
+            raise RuntimeError(f"redis-server on {self.port} exited: {self._log()}")
         with self.client(socket_timeout=0.5) as client:  # closed: no socket left for the GC to warn about
-            return bool(client.ping())
+            if not client.ping():
+                return False
+            served = client.config_get("dir")
+        answered = {
+            str(name, "utf-8") if isinstance(name, bytes) else name: value for name, value in served.items()
+        }
+        here = answered.get("dir", b"")
+        if Path(here.decode() if isinstance(here, bytes) else here).resolve() != self.dir.resolve():
+            raise RuntimeError(f"port {self.port} is another redis-server's (its dir: {here!r})")
+        return True
+
+    def _log(self) -> str:
+        log = self.dir / "redis.log"
+        return log.read_text(errors="replace")[-500:] if log.exists() else ""
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.process and self.process.poll() is None:
