@@ -75,7 +75,7 @@ CASES = {
             "tests/integrations/test_fastapi.py::test_concurrent_duplicates_without_waiting_get_409_in_progress",
             "tests/integrations/test_fastapi.py::test_sync_endpoints_and_returned_responses",
             "tests/integrations/test_fastapi.py::test_a_stored_4xx_is_replayed_a_5xx_or_an_exception_frees_the_token",
-            "tests/integrations/test_fastapi.py::test_a_streamed_response_is_kept_without_its_body",
+            "tests/integrations/test_fastapi.py::test_a_streamed_response_is_recorded_as_it_goes_out_and_replayed",
             "tests/integrations/test_fastapi.py::test_the_error_table",
         ),
     ),
