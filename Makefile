@@ -2,7 +2,7 @@
 #   make run    — the service on http://127.0.0.1:8000 (PORT=... to change it; embedded store unless
 #                 TOKEN_SERVICE_REDIS_URL is set)
 #   make test   — lint, type-check, the docs build and the whole test suite (fakeredis and real redis-server)
-# and, while developing, make check — lint, type-check and the fast tests (about 2 minutes).
+# and, while developing, make check — lint, type-check and the tests not marked slow (docs/testing.md).
 # Both create .venv and install the project into it on first use, from requirements/dev.lock
 # (make lock refreshes it after a change to pyproject.toml's dependencies).
 
