@@ -52,7 +52,7 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from token_service.errors import LeaseLost, TokenError, TokenInvalid
 
@@ -251,16 +251,18 @@ SCHEDULER = RenewalScheduler()
 os.register_at_fork(after_in_child=SCHEDULER.forget)
 
 
-class LeaseRenewer:
-    """Calls ``renew()`` every ``interval_seconds`` until :meth:`stop`, on the process's scheduler.
+ReplyT = TypeVar("ReplyT")
+RenewalT = TypeVar("RenewalT", "Renewal", "AsyncRenewal")
 
-    ``on_lost(error)`` is called once when a renewal is refused for good,
-    ``on_error(error)`` when the store could not answer (renewing goes on).
-    """
+
+class _LeaseRenewerBase(Generic[ReplyT, RenewalT]):
+    """What :class:`LeaseRenewer` and :class:`AsyncLeaseRenewer` share: a ``renew`` callable and
+    its two callbacks, handed to a renewal (the process's scheduler or the running loop) that
+    counts renewals and keeps the loss; the subclasses only start and stop it."""
 
     def __init__(
         self,
-        renew: Callable[[], Any],
+        renew: Callable[[], ReplyT],
         interval_seconds: float,
         *,
         on_lost: Callable[[TokenError], Any] | None = None,
@@ -270,15 +272,7 @@ class LeaseRenewer:
         self.interval_seconds = interval_seconds
         self._on_lost = on_lost
         self._on_error = on_error
-        self._renewal: Renewal | None = None
-
-    def start(self) -> LeaseRenewer:
-        self._renewal = SCHEDULER.schedule(self, self.interval_seconds, weak=False)
-        return self
-
-    def stop(self, timeout_seconds: float | None = 5.0) -> None:
-        if self._renewal is not None:
-            self._renewal.stop(timeout_seconds)
+        self._renewal: RenewalT | None = None
 
     @property
     def renewals(self) -> int:
@@ -288,7 +282,7 @@ class LeaseRenewer:
     def lost(self) -> TokenError | None:
         return self._renewal.lost if self._renewal is not None else None
 
-    def _renew_lease(self) -> Any:
+    def _renew_lease(self) -> ReplyT:
         return self._renew()
 
     def _lost(self, exc: TokenError) -> None:
@@ -298,6 +292,22 @@ class LeaseRenewer:
     def _renew_failed(self, exc: TokenError) -> None:
         if self._on_error is not None:
             self._on_error(exc)
+
+
+class LeaseRenewer(_LeaseRenewerBase[Any, "Renewal"]):
+    """Calls ``renew()`` every ``interval_seconds`` until :meth:`stop`, on the process's scheduler.
+
+    ``on_lost(error)`` is called once when a renewal is refused for good,
+    ``on_error(error)`` when the store could not answer (renewing goes on).
+    """
+
+    def start(self) -> LeaseRenewer:
+        self._renewal = SCHEDULER.schedule(self, self.interval_seconds, weak=False)
+        return self
+
+    def stop(self, timeout_seconds: float | None = 5.0) -> None:
+        if self._renewal is not None:
+            self._renewal.stop(timeout_seconds)
 
 
 # -- asyncio: the event loop's own timer heap ---------------------------------------------------
@@ -377,22 +387,8 @@ def renew_on_loop(target: AsyncRenewable, interval_seconds: float, *, weak: bool
     return renewal
 
 
-class AsyncLeaseRenewer:
+class AsyncLeaseRenewer(_LeaseRenewerBase[Awaitable[Any], "AsyncRenewal"]):
     """:class:`LeaseRenewer` for asyncio: ``await renew()`` every ``interval_seconds``."""
-
-    def __init__(
-        self,
-        renew: Callable[[], Awaitable[Any]],
-        interval_seconds: float,
-        *,
-        on_lost: Callable[[TokenError], Any] | None = None,
-        on_error: Callable[[TokenError], Any] | None = None,
-    ) -> None:
-        self._renew = renew
-        self.interval_seconds = interval_seconds
-        self._on_lost = on_lost
-        self._on_error = on_error
-        self._renewal: AsyncRenewal | None = None
 
     def start(self) -> AsyncLeaseRenewer:
         self._renewal = renew_on_loop(self, self.interval_seconds, weak=False)
@@ -401,22 +397,3 @@ class AsyncLeaseRenewer:
     async def stop(self) -> None:
         if self._renewal is not None:
             await self._renewal.stop()
-
-    @property
-    def renewals(self) -> int:
-        return self._renewal.renewals if self._renewal is not None else 0
-
-    @property
-    def lost(self) -> TokenError | None:
-        return self._renewal.lost if self._renewal is not None else None
-
-    def _renew_lease(self) -> Awaitable[Any]:
-        return self._renew()
-
-    def _lost(self, exc: TokenError) -> None:
-        if self._on_lost is not None:
-            self._on_lost(exc)
-
-    def _renew_failed(self, exc: TokenError) -> None:
-        if self._on_error is not None:
-            self._on_error(exc)
