@@ -13,15 +13,6 @@ Install with ``pip install 'idempotency-token-service[db]'``.
 from token_service.client._fingerprint import fingerprint as request_fingerprint
 from token_service.client._response import StoredResponse
 from token_service.client.durable._cleanup import delete_expired
-from token_service.client.durable._errors import (
-    FingerprintMismatch,
-    IllegalTransition,
-    RecordError,
-    RecordFailed,
-    RecordInProgress,
-    RowNotFound,
-    StaleVersion,
-)
 from token_service.client.durable._guard import (
     DEFAULT_LEASE_SECONDS,
     DEFAULT_RECORD_TTL_SECONDS,
@@ -51,7 +42,17 @@ from token_service.client.durable._schema import (
     records_table,
 )
 from token_service.client.durable._transitions import StateMachine, update_versioned
-from token_service.errors import LeaseLost, TokenUsed
+from token_service.errors import (
+    FingerprintMismatch,
+    IllegalTransition,
+    LeaseLost,
+    RecordError,
+    RecordFailed,
+    RecordInProgress,
+    RowNotFound,
+    StaleVersion,
+    TokenUsed,
+)
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",

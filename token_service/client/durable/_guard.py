@@ -51,7 +51,6 @@ from sqlalchemy.engine import Connection
 from token_service import defaults
 from token_service.client._response import StoredResponse
 from token_service.client._telemetry import DEFAULT_TELEMETRY, DURABLE_SPAN_NAME, Telemetry
-from token_service.client.durable._errors import FingerprintMismatch, RecordFailed, RecordInProgress
 from token_service.client.durable._schema import (
     FAILED,
     IDEMPOTENCY_RECORDS,
@@ -60,7 +59,14 @@ from token_service.client.durable._schema import (
     check_fingerprint,
     check_key,
 )
-from token_service.errors import LeaseLost, TokenInvalid, TokenUsed
+from token_service.errors import (
+    FingerprintMismatch,
+    LeaseLost,
+    RecordFailed,
+    RecordInProgress,
+    TokenInvalid,
+    TokenUsed,
+)
 from token_service.tokens import is_well_formed, token_digest
 
 # Longer than the longest token TTL (MAX_TTL_SECONDS, 86400 by default) on

@@ -14,7 +14,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from token_service.client.durable._errors import IllegalTransition, RowNotFound, StaleVersion
+from token_service.errors import IllegalTransition, RowNotFound, StaleVersion
 
 
 class StateMachine:
