@@ -231,3 +231,19 @@ def test_usage_errors_exit_2_without_a_traceback(ops_standalone: Standalone) -> 
     assert done.returncode == 2
     assert "TOKEN_SERVICE_REDIS_URL" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_an_unknown_setting_is_refused_naming_the_closest_one(ops_standalone: Standalone) -> None:
+    # a typo would otherwise leave a default in force (serve and check refuse it the same way)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOKEN_SERVICE_")}
+    env.update(
+        TOKEN_SERVICE_REDIS_URL=ops_standalone.url,
+        TOKEN_SERVICE_KEY_PREFX="other:",
+        PYTHONPATH=str(REPO_ROOT),
+    )
+    done = subprocess.run([*CLI, "list"], env=env, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert done.returncode == 2, done.stderr
+    assert "TOKEN_SERVICE_KEY_PREFX: not a setting of token-service" in done.stderr
+    assert "did you mean TOKEN_SERVICE_KEY_PREFIX?" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""

@@ -31,11 +31,16 @@ def _emit(document: Any) -> None:
 
 
 def _admin(args: argparse.Namespace) -> Any:
-    from token_service.config import ConfigError, Settings
+    from token_service.config import ConfigError, Settings, unknown_variables
     from token_service.connection import redis_client
     from token_service.ops.admin import Admin
     from token_service.server.logs import logging_config
 
+    # A misspelt variable (TOKEN_SERVICE_REDIS_UR) would leave the default in force: an operator
+    # could walk another Redis than the service's. Refused as serve and check refuse it.
+    unknown = unknown_variables(os.environ)
+    if unknown:
+        raise _UsageError("configuration error: " + "; ".join(unknown))
     try:
         settings = Settings.from_env(os.environ)
     except ConfigError as exc:
