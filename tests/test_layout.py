@@ -68,7 +68,7 @@ def test_the_operators_tools_never_import_the_server(path: Path) -> None:
 # The SDK's private names ops/ reads its records with (token_service/ops/__init__.py says why)
 OPS_PRIVATE_SDK = {
     ("token_service.client._idempotency_store", "digest"),
-    ("token_service.client._response", "StoredResponse"),
+    ("token_service.client._stored_response", "StoredResponse"),
 }
 
 
@@ -89,8 +89,11 @@ def test_the_operators_tools_use_only_the_listed_private_names_of_the_sdk() -> N
     assert used == OPS_PRIVATE_SDK
 
 
-# the same kind of alias inside a layer: a module renamed for what it is (client/wsgi.py)
-ALIASES = {name: new for name, new in MOVED.items()} | {"client/idempotency.py": "token_service.client.wsgi"}
+# the same kind of alias inside a layer: a module renamed for what it is (client/wsgi.py, client/keyed.py)
+ALIASES = {name: new for name, new in MOVED.items()} | {
+    "client/idempotency.py": "token_service.client.wsgi",
+    "client/functions.py": "token_service.client.keyed",
+}
 
 
 @pytest.mark.parametrize("name", sorted(ALIASES))

@@ -3,8 +3,10 @@
 ``token_service.admin`` and ``token_service.reconcile`` went to ``token_service.ops``;
 ``token_service.gunicorn_conf`` (``gunicorn -c python:token_service.gunicorn_conf``) to
 ``token_service.server``; ``token_service.client.idempotency`` (the WSGI middleware) is
-``token_service.client.wsgi``. Importing an old path raises a ``DeprecationWarning`` naming
-the new one and hands back the new module itself; CHANGELOG.md names the version they go in.
+``token_service.client.wsgi``, ``token_service.client.functions`` (``@idempotent``,
+``keyed_guard``) ``token_service.client.keyed``. Importing an old path raises a
+``DeprecationWarning`` naming the new one and hands back the new module itself; CHANGELOG.md
+names the version they go in.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ MOVED = {
     "token_service.reconcile": "token_service.ops.reconcile",
     "token_service.gunicorn_conf": "token_service.server.gunicorn_conf",
     "token_service.client.idempotency": "token_service.client.wsgi",
+    "token_service.client.functions": "token_service.client.keyed",
 }
 GOES_IN = "0.3.0"
 
@@ -65,6 +68,17 @@ def test_the_wsgi_middleware_imports_from_its_old_path_as_the_same_class() -> No
         from token_service.client.idempotency import IdempotencyMiddleware, default_store_status
     assert IdempotencyMiddleware is wsgi.IdempotencyMiddleware
     assert default_store_status is wsgi.default_store_status
+
+
+@pytest.mark.usefixtures("unimported")
+def test_the_keyed_functions_import_from_their_old_path_as_the_same_objects() -> None:
+    from token_service.client import keyed
+
+    with pytest.warns(DeprecationWarning, match="client.functions moved to token_service.client.keyed"):
+        from token_service.client.functions import DEFAULT_KEY_TTL_SECONDS, idempotent, keyed_guard
+    assert idempotent is keyed.idempotent
+    assert keyed_guard is keyed.keyed_guard
+    assert DEFAULT_KEY_TTL_SECONDS == keyed.DEFAULT_KEY_TTL_SECONDS
 
 
 def test_the_warning_points_at_the_importing_line() -> None:

@@ -226,7 +226,7 @@ def test_every_integration_answers_a_refused_service_key_with_the_same_503(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # Flask, FastAPI and Django answer the token service's refusals through this one function
-    from token_service.client._response import refusal
+    from token_service.client._stored_response import refusal
     from token_service.errors import ServiceUnavailable, TokenUsed, Unauthorized
 
     answer = refusal(Unauthorized("bad key"))

@@ -11,7 +11,7 @@ from flask import Flask, Response, request
 
 from tests.support.processes import wait_until
 from token_service.client._idempotency_store import Claimed, IdempotencyStore
-from token_service.client._response import StoredResponse
+from token_service.client._stored_response import StoredResponse
 from token_service.client.wsgi import IdempotencyMiddleware
 from token_service.scripts import lua_source
 

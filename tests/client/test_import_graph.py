@@ -31,7 +31,7 @@ def test_guard_imports_no_client_module() -> None:
 
 
 def test_the_guard_support_modules_import_neither_client_nor_guard() -> None:
-    for module in ("_renewal.py", "_results.py", "_telemetry.py"):
+    for module in ("_renewal.py", "_typed_results.py", "_telemetry.py"):
         imported = _imported_modules(module)
         mine = {name for name in imported if name.startswith((".", "token_service"))}
         assert not {name for name in mine if name.endswith(("_client", "guard"))}, (module, mine)

@@ -27,7 +27,7 @@ from token_service.client import (
     TokenMismatch,
     TokenUsed,
 )
-from token_service.client._results import dump_result, load_result
+from token_service.client._typed_results import dump_result, load_result
 
 SCOPE = "payment.create"
 

@@ -27,7 +27,7 @@ NOT_NEEDED = (
 MODULES = {
     "token_service.client": (),
     "token_service.client.asgi": (),
-    "token_service.client.functions": (),
+    "token_service.client.keyed": (),
     "token_service.client.celery": ("celery",),
     "token_service.client.fastapi": ("fastapi", "starlette"),
     "token_service.client.django": ("django",),

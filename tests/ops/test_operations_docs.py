@@ -25,7 +25,7 @@ from tests.support.processes import REPO_ROOT, Gunicorn, RedisServer
 from tests.support.service import service_env
 from token_service.client import durable
 from token_service.client._idempotency_store import IdempotencyStore
-from token_service.client._response import StoredResponse
+from token_service.client._stored_response import StoredResponse
 from token_service.store import IssueRequest, TokenStore
 from token_service.tokens import token_digest
 

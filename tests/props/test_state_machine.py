@@ -75,7 +75,7 @@ SCOPES = st.sampled_from(["payment.create", "order:submit"])
 SUBJECTS = st.sampled_from([None, "alice", "bob"])
 FINGERPRINTS = st.sampled_from([None, "fp-1", "fp-2"])
 REQUEST_IDS = st.sampled_from([None, "req-a", "req-b", "req-c"])
-# keyed operations' records (functions.py): names no generate ever issues
+# keyed operations' records (client/keyed.py): names no generate ever issues
 KEYED_NAMES = st.sampled_from(["op:order-1", "op:order-2"])
 # None: present the token's own binding; a tuple: present that (often a mismatch)
 # (three times in four the token's own, which shrinks best)

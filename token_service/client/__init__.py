@@ -11,7 +11,7 @@ This package does not import Flask. The Flask view decorator lives in
 (its ASGI twin in :mod:`token_service.client.asgi`). ``fingerprint`` is the one
 fingerprint function of every guard (``http_fingerprint`` for an HTTP request).
 ``idempotent`` / ``keyed_guard`` run any function at most once per key
-(:mod:`token_service.client.functions`), no token needed.
+(:mod:`token_service.client.keyed`), no token needed.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from token_service.tokens import new_request_id
 from ._client import AsyncTokenClient, TokenClient
 from ._direct import DirectLimits
 from ._fingerprint import RequestFacts, fields_fingerprint, fingerprint, http_fingerprint
-from ._response import StoredResponse, default_store_status
-from ._results import UnresolvedResultType, dump_result, load_result
+from ._stored_response import StoredResponse, default_store_status
 from ._telemetry import Telemetry
+from ._typed_results import UnresolvedResultType, dump_result, load_result
 from ._types import (
     Completed,
     Consumed,
@@ -52,8 +52,8 @@ from ._types import (
     Started,
     TokenInfo,
 )
-from .functions import idempotent, keyed_guard, operation_token
 from .guard import AsyncGuard, Guard, Replayed, describe_error, guarded
+from .keyed import idempotent, keyed_guard, operation_token
 
 __all__ = [
     "ERRORS_BY_CODE",

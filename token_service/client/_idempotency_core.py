@@ -53,7 +53,7 @@ from token_service.client._idempotency_store import (
     Outcome,
 )
 from token_service.client._renewal import AsyncLeaseRenewer, LeaseRenewer, interval_for
-from token_service.client._response import (
+from token_service.client._stored_response import (
     OMITTED_HEADER,
     REPLAYED_HEADER,
     StoredResponse,

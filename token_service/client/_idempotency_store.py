@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from token_service import defaults, records
-from token_service.client._response import StoredResponse
+from token_service.client._stored_response import StoredResponse
 from token_service.errors import InvalidRequest
 from token_service.scripts import lua_source
 from token_service.store import translate_errors

@@ -62,7 +62,13 @@ from token_service.errors import InvalidRequest, TokenError
 from token_service.records import dump_json
 
 from ._idempotency_core import Recorder
-from ._response import DEFAULT_MAX_RESULT_BYTES, StoredResponse, StorePolicy, default_store_status, refusal
+from ._stored_response import (
+    DEFAULT_MAX_RESULT_BYTES,
+    StoredResponse,
+    StorePolicy,
+    default_store_status,
+    refusal,
+)
 from .guard import AsyncGuard, Guard
 
 log = logging.getLogger("token_service.client.require_token")

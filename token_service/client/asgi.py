@@ -43,7 +43,7 @@ from token_service.client._idempotency_core import (
     declared_length,
 )
 from token_service.client._idempotency_store import AsyncIdempotencyStore
-from token_service.client._response import StorePolicy, default_store_status
+from token_service.client._stored_response import StorePolicy, default_store_status
 from token_service.client._telemetry import Telemetry
 
 __all__ = ["REPLAYED_HEADER", "IdempotencyMiddleware", "default_identity", "default_store_status"]

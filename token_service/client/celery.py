@@ -47,8 +47,8 @@ from token_service.errors import ServiceUnavailable, TokenInProgress
 from token_service.tokens import SCOPE_RE
 
 from ._client import TokenClient
-from .functions import DEFAULT_KEY_TTL_SECONDS, KeySpec, _key_reader, keyed_guard
 from .guard import Guard, Terminal
+from .keyed import DEFAULT_KEY_TTL_SECONDS, KeySpec, _key_reader, keyed_guard
 
 __all__ = ["IdempotentTask"]
 

@@ -96,7 +96,7 @@ from ._idempotency_core import (
 )
 from ._idempotency_store import AsyncIdempotencyStore, IdempotencyStore
 from ._require_token_core import Replay, Reply, RequireToken, fingerprint_fields
-from ._response import (
+from ._stored_response import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_REPLAY_HEADERS,
     StoredResponse,

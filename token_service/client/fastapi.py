@@ -63,7 +63,7 @@ from ._client import AsyncTokenClient
 from ._fingerprint import body_fingerprint
 from ._idempotency_core import declared_length
 from ._require_token_core import Replay, Reply, RequireToken, ValueReply, fingerprint_fields
-from ._response import (
+from ._stored_response import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_REPLAY_HEADERS,
     REPLAYED_HEADER,

@@ -44,7 +44,7 @@ from token_service.problems import problem_for
 from ._client import TokenClient
 from ._fingerprint import body_fingerprint
 from ._require_token_core import Replay, Reply, RequireToken, fingerprint_fields
-from ._response import (
+from ._stored_response import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_REPLAY_HEADERS,
     OMITTED_HEADER,

@@ -33,7 +33,7 @@ and ``complete`` is refused: the guard raises
 :class:`~token_service.errors.LeaseLost` and the result of whoever took over
 stands.
 
-Results are stored as JSON (:mod:`token_service.client._results`); with a
+Results are stored as JSON (:mod:`token_service.client._typed_results`); with a
 ``result_type`` (or the return annotation of the function the guard runs)
 they are read back as that type — dataclasses, pydantic models, tuples — so
 the first caller and every duplicate get the same typed value. Hooks
@@ -68,8 +68,8 @@ from token_service.records import Completed, FailRecorded, Finished, Renewed, St
 from token_service.tokens import new_request_id
 
 from ._renewal import SCHEDULER, AsyncRenewal, Renewal, interval_for, renew_on_loop
-from ._results import dump_result, load_result, return_type
 from ._telemetry import DEFAULT_TELEMETRY, GuardSpan, Telemetry
+from ._typed_results import dump_result, load_result, return_type
 
 log = logging.getLogger(__name__)
 

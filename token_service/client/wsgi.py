@@ -68,7 +68,7 @@ from token_service.client._idempotency_core import (
     status_line,
 )
 from token_service.client._idempotency_store import IdempotencyStore
-from token_service.client._response import StorePolicy, default_store_status
+from token_service.client._stored_response import StorePolicy, default_store_status
 from token_service.client._telemetry import Telemetry
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ from redis import exceptions as redis_errors
 
 from token_service import defaults, records
 from token_service.client._idempotency_store import digest as idempotency_digest
-from token_service.client._response import StoredResponse
+from token_service.client._stored_response import StoredResponse
 from token_service.errors import InvalidRequest, NotInProgress, RecordNotFound
 from token_service.scripts import lua_source
 from token_service.store import translate_errors

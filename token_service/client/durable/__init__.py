@@ -11,7 +11,7 @@ Install with ``pip install 'idempotency-token-service[db]'``.
 """
 
 from token_service.client._fingerprint import fingerprint as request_fingerprint
-from token_service.client._response import StoredResponse
+from token_service.client._stored_response import StoredResponse
 from token_service.client.durable._cleanup import delete_expired
 from token_service.client.durable._guard import (
     DEFAULT_LEASE_SECONDS,

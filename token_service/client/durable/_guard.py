@@ -49,7 +49,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from token_service import defaults
-from token_service.client._response import StoredResponse
+from token_service.client._stored_response import StoredResponse
 from token_service.client._telemetry import DEFAULT_TELEMETRY, DURABLE_SPAN_NAME, Telemetry
 from token_service.client.durable._schema import (
     FAILED,

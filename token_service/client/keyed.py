@@ -1,0 +1,489 @@
+"""Any function, keyed by any value: run it at most once per key, no token issued beforehand.
+
+::
+
+    @idempotent(client, "order.ship", key="order_id")
+    def ship(order_id: str, address: dict) -> dict:
+        ...
+
+    ship("o-1", address)   # runs, stores its (JSON) result
+    ship("o-1", address)   # does not run: returns the stored result
+
+The key is any JSON value taken from the call: an argument's name
+(``key="message_id"``), several names (``key=("user_id", "cart_id")``) or a
+callable given the function's arguments. The block form is
+:func:`keyed_guard`; coroutine functions take an :class:`AsyncTokenClient`.
+
+It is the two-phase guard (:class:`~token_service.client.guard.Guard`) on a
+record derived from ``(scope, key)`` instead of an issued token: ``begin``
+treats an absent record as ISSUED (``lua/begin.lua``'s ``claim_ms``), and
+everything after is the token state machine — a lease while the function runs
+(taken over when its holder dies), release on an exception (retryable),
+terminal failures recorded (``terminal=``: duplicates get
+:class:`~token_service.errors.TokenFailed`), the result replayed to every
+duplicate, ``wait_seconds`` to wait for a live holder and return its result.
+
+The derived record can never be reached with a token: its name (``op:`` and a
+digest) is not a well-formed token, which every token path (the HTTP API, the
+direct transport, ``@require_token``) refuses before Redis. It runs on the
+direct transport (``TokenClient.from_redis``): the service's HTTP API takes
+issued tokens only.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import inspect
+import logging
+import re
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from token_service.errors import TokenError, TokenInvalid
+from token_service.records import Completed, FailRecorded, Finished, Renewed, Started
+
+from . import _validate as check
+from ._client import AsyncTokenClient, TokenClient
+from ._direct import AsyncDirectTransport, DirectTransport, _info
+from ._fingerprint import canonical_json, fingerprint
+from ._typed_results import return_type
+from ._types import Consumed, IssuedToken, TokenInfo
+from .guard import AsyncGuard, Guard, Terminal, as_json, guard_hooks
+
+if TYPE_CHECKING:
+    from token_service.store import AsyncTokenStore, TokenStore
+
+__all__ = ["DEFAULT_KEY_TTL_SECONDS", "idempotent", "keyed_guard", "operation_token"]
+
+# the name it had as client/functions.py, so logging configs that name it still reach it
+log = logging.getLogger("token_service.client.functions")
+
+T = TypeVar("T")
+# How long a key is remembered while nothing finished it (a finished one is kept at least
+# the store's result_ttl_seconds): the longest a released or abandoned key blocks nothing.
+DEFAULT_KEY_TTL_SECONDS = 86400
+_OPERATION_RE = re.compile(r"op:[A-Za-z0-9_-]{43}\Z")
+KeySpec = str | Sequence[str] | Callable[..., Any]
+
+
+def operation_token(scope: str, key: Any) -> str:
+    """The name of the record of ``key`` in ``scope``: ``op:`` and a SHA-256 of both (never a token).
+
+    The key itself never reaches Redis, only this digest of it.
+    """
+    check.scope(scope)
+    if key is None:
+        raise ValueError("the idempotency key is None (a missing message id?): refusing to key on it")
+    try:
+        # a str key (the usual order or message id) is its own JSON form: no round trip
+        canonical = canonical_json([scope, key] if type(key) is str else as_json([scope, key]))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"an idempotency key must be a JSON value (str, int, tuple, ...): {exc}") from exc
+    digest = hashlib.sha256(canonical).digest()
+    return "op:" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+def _operation(value: Any) -> str:
+    if not isinstance(value, str) or not _OPERATION_RE.match(value):
+        raise TokenInvalid("Not a keyed operation's record.")
+    return value
+
+
+def _fingerprint(value: Any) -> str | None:
+    """The record's fingerprint for a JSON value describing the input: its SHA-256 (hex)."""
+    if value is None:
+        return None
+    try:
+        return fingerprint(as_json(value))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"a fingerprint must be made of JSON values: {exc}") from exc
+
+
+def _not_for_keys(operation: str) -> TypeError:
+    return TypeError(f"{operation} is for issued tokens, not keyed operations")
+
+
+class _Keyed:
+    """Checks shared by both keyed transports."""
+
+    def __init__(self, direct: DirectTransport | AsyncDirectTransport, ttl_seconds: int) -> None:
+        limits = direct.limits
+        check.bounded("ttl_seconds", ttl_seconds, 1, limits.max_ttl_seconds)
+        self.direct = direct
+        self.ttl_seconds = ttl_seconds
+
+    def begin_args(
+        self,
+        token: str,
+        scope: str,
+        subject: str | None,
+        fingerprint: str | None,
+        request_id: str,
+        lease_seconds: int | None,
+    ) -> dict[str, Any]:
+        if subject is not None:
+            raise TypeError("a keyed operation has no subject: make it part of the key")
+        return {
+            "name": _operation(token),
+            "scope": check.scope(scope),
+            "fingerprint": check.text("fingerprint", fingerprint, 128),
+            "request_id": check.text("request_id", request_id, 128) or "",
+            "lease_seconds": self.direct.lease_seconds(lease_seconds),
+            "claim_ttl_seconds": self.ttl_seconds,
+        }
+
+    def result_args(self, token: str, lease_id: str, name: str, value: Any) -> tuple[str, str]:
+        check.payload(name, value, self.direct.limits.max_result_bytes)
+        return _operation(token), self.direct.lease_id(lease_id)
+
+
+class _KeyedTransport(_Keyed):
+    """What :class:`Guard` calls on a client, for ``op:`` records, on the direct transport's store."""
+
+    def __init__(self, direct: DirectTransport, ttl_seconds: int) -> None:
+        super().__init__(direct, ttl_seconds)
+        self.store: TokenStore = direct.store
+
+    def begin(
+        self,
+        token: str,
+        scope: str,
+        subject: str | None,
+        fingerprint: str | None,
+        request_id: str,
+        lease_seconds: int | None,
+    ) -> Started | Finished:
+        return self.store.begin_keyed(
+            **self.begin_args(token, scope, subject, fingerprint, request_id, lease_seconds)
+        )
+
+    def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
+        record, lease = _operation(token), self.direct.lease_id(lease_id)
+        return self.store.renew(record, lease, self.direct.lease_seconds(lease_seconds))
+
+    def complete(self, token: str, lease_id: str, result: Any) -> Completed:
+        return self.store.complete(*self.result_args(token, lease_id, "result", result), result)
+
+    def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded:
+        record, lease = self.result_args(token, lease_id, "error", error)
+        return self.store.fail(record, lease, retryable=retryable, error=error)
+
+    def inspect(self, token: str) -> TokenInfo:
+        return _info(self.store.inspect(_operation(token)))
+
+    def issue(self, *args: Any) -> list[IssuedToken]:
+        raise _not_for_keys("issue")
+
+    def consume(self, *args: Any) -> Consumed:
+        raise _not_for_keys("consume")
+
+    def revoke(self, *args: Any) -> None:
+        raise _not_for_keys("revoke")
+
+    def close(self) -> None:
+        pass  # the client's connections belong to the client the decorator was given
+
+
+class _AsyncKeyedTransport(_Keyed):
+    def __init__(self, direct: AsyncDirectTransport, ttl_seconds: int) -> None:
+        super().__init__(direct, ttl_seconds)
+        self.store: AsyncTokenStore = direct.store
+
+    async def begin(
+        self,
+        token: str,
+        scope: str,
+        subject: str | None,
+        fingerprint: str | None,
+        request_id: str,
+        lease_seconds: int | None,
+    ) -> Started | Finished:
+        args = self.begin_args(token, scope, subject, fingerprint, request_id, lease_seconds)
+        return await self.store.begin_keyed(**args)
+
+    async def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
+        record, lease = _operation(token), self.direct.lease_id(lease_id)
+        return await self.store.renew(record, lease, self.direct.lease_seconds(lease_seconds))
+
+    async def complete(self, token: str, lease_id: str, result: Any) -> Completed:
+        return await self.store.complete(*self.result_args(token, lease_id, "result", result), result)
+
+    async def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded:
+        record, lease = self.result_args(token, lease_id, "error", error)
+        return await self.store.fail(record, lease, retryable=retryable, error=error)
+
+    async def inspect(self, token: str) -> TokenInfo:
+        return _info(await self.store.inspect(_operation(token)))
+
+    async def issue(self, *args: Any) -> list[IssuedToken]:
+        raise _not_for_keys("issue")
+
+    async def consume(self, *args: Any) -> Consumed:
+        raise _not_for_keys("consume")
+
+    async def revoke(self, *args: Any) -> None:
+        raise _not_for_keys("revoke")
+
+    async def close(self) -> None:
+        pass
+
+
+def _keyed_client(client: TokenClient | AsyncTokenClient, ttl_seconds: int) -> TokenClient | AsyncTokenClient:
+    """A client of the same kind and retry policy whose operations address ``op:`` records."""
+    backend = client._backend
+    if isinstance(client, AsyncTokenClient) and isinstance(backend, AsyncDirectTransport):
+        keyed = _AsyncKeyedTransport(backend, ttl_seconds)
+        return AsyncTokenClient(retry=client.retry, telemetry=client.telemetry, _backend=keyed)
+    if isinstance(client, TokenClient) and isinstance(backend, DirectTransport):
+        sync_keyed = _KeyedTransport(backend, ttl_seconds)
+        return TokenClient(retry=client.retry, telemetry=client.telemetry, _backend=sync_keyed)
+    raise TypeError(
+        "keyed operations run on the direct transport: use TokenClient.from_redis(...) "
+        "(or AsyncTokenClient.from_redis) on the service's Redis"
+    )
+
+
+def _guard_for(
+    keyed: TokenClient | AsyncTokenClient,
+    scope: str,
+    key: Any,
+    fingerprint: Any,
+    request_id: str | None,
+    lease_seconds: int | None,
+    terminal: Terminal,
+    wait_seconds: float,
+    renew: bool = True,
+    result_type: Any = None,
+    hooks: dict[str, Any] | None = None,
+) -> Guard | AsyncGuard:
+    return keyed.guard(
+        operation_token(scope, key),
+        scope,
+        fingerprint=_fingerprint(fingerprint),
+        request_id=request_id,
+        lease_seconds=lease_seconds,
+        terminal=terminal,
+        wait_seconds=wait_seconds,
+        renew=renew,
+        result_type=result_type,
+        **(hooks or {}),
+    )
+
+
+def keyed_guard(
+    client: TokenClient | AsyncTokenClient,
+    scope: str,
+    key: Any,
+    *,
+    fingerprint: Any = None,
+    ttl_seconds: int = DEFAULT_KEY_TTL_SECONDS,
+    request_id: str | None = None,
+    lease_seconds: int | None = None,
+    terminal: Terminal = (),
+    wait_seconds: float = 0.0,
+    renew: bool = True,
+    on_replay: Callable[[Any], Any] | None = None,
+    on_conflict: Callable[[Any, TokenError], Any] | None = None,
+    on_mismatch: Callable[[Any, TokenError], Any] | None = None,
+    on_lease_lost: Callable[[Any, TokenError], Any] | None = None,
+) -> Any:
+    """A guard on ``key`` in ``scope``: ``with`` it (``async with`` for an AsyncTokenClient).
+
+    ::
+
+        try:
+            with keyed_guard(client, "invoice.send", invoice_id) as op:
+                op.result = send(invoice_id)
+            sent = op.result
+        except Replayed as replay:
+            sent = replay.result
+
+    ``fingerprint`` is any JSON value describing the operation's input (kept as
+    its SHA-256): the same key with another fingerprint raises
+    :class:`~token_service.errors.TokenMismatch` instead of replaying a result
+    that answers another question. ``ttl_seconds`` is how long an unfinished key
+    is remembered (a finished one: at least the store's ``result_ttl_seconds``).
+    ``renew=False`` skips the background lease renewal (work that always ends well
+    within ``lease_seconds``). ``on_replay``, ``on_conflict``, ``on_mismatch`` and
+    ``on_lease_lost`` are the guard's hooks.
+    """
+    keyed = _keyed_client(client, ttl_seconds)
+    hooks = guard_hooks(on_replay, on_conflict, on_mismatch, on_lease_lost)
+    return _guard_for(
+        keyed, scope, key, fingerprint, request_id, lease_seconds, terminal, wait_seconds, renew, None, hooks
+    )
+
+
+def _key_reader(
+    operation: Callable[..., Any], key: KeySpec, what: str
+) -> Callable[[tuple[Any, ...], dict[str, Any]], Any]:
+    """How to read the key (or fingerprint) of a call: argument name(s) or a callable."""
+    if callable(key):
+        return lambda args, kwargs: key(*args, **kwargs)
+    signature = inspect.signature(operation)
+    names = (key,) if isinstance(key, str) else tuple(key)
+    if not names:
+        raise TypeError(f"{what} names no argument")
+    for name in names:
+        if name not in signature.parameters:
+            raise TypeError(f"{operation.__qualname__} has no parameter {name!r} to take the {what} from")
+
+    def read(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # partial: a durable function's ``conn`` is not the caller's to pass
+        bound = signature.bind_partial(*args, **kwargs)
+        bound.apply_defaults()
+        values = [bound.arguments[name] for name in names]
+        return values[0] if isinstance(key, str) else values
+
+    if not isinstance(key, str):
+        return read
+    # One argument by name, on every call: read it where the caller put it (its position or
+    # its keyword) without binding the whole signature; anything else is bound as above.
+    parameters = list(signature.parameters.values())
+    position = parameters.index(signature.parameters[key])
+    by_position = all(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters[: position + 1]
+    )
+    keyword = signature.parameters[key].kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+
+    positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in parameters)
+
+    def read_one(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # (too many arguments: bound below, which refuses them before anything reaches Redis)
+        if by_position and position < len(args) <= positional and not kwargs:
+            return args[position]
+        if keyword and not args and len(kwargs) == 1 and key in kwargs:
+            return kwargs[key]
+        return read(args, kwargs)
+
+    return read_one
+
+
+def idempotent(
+    client: TokenClient | AsyncTokenClient,
+    scope: str,
+    *,
+    key: KeySpec,
+    fingerprint: KeySpec | None = None,
+    ttl_seconds: int = DEFAULT_KEY_TTL_SECONDS,
+    lease_seconds: int | None = None,
+    terminal: Terminal = (),
+    wait_seconds: float = 0.0,
+    renew: bool = True,
+    durable: Any = None,
+    durable_table: Any = None,
+    on_replay: Callable[[Any], Any] | None = None,
+    on_conflict: Callable[[Any, TokenError], Any] | None = None,
+    on_mismatch: Callable[[Any, TokenError], Any] | None = None,
+    on_lease_lost: Callable[[Any, TokenError], Any] | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorate a function so it runs at most once per key (see the module docs).
+
+    ``key`` names the argument (or arguments) the key is made of, or is a
+    callable given the function's arguments. ``fingerprint`` (names or a
+    callable, optional) describes the input: the same key called with another
+    fingerprint raises :class:`~token_service.errors.TokenMismatch`. The
+    decorated function returns the result read back as its return annotation
+    (a dataclass, a pydantic model, ``tuple[...]``; without one, its JSON form:
+    tuples become lists), the same value every duplicate gets. Raises
+    :class:`~token_service.errors.TokenInProgress` while another call holds
+    the key (after ``wait_seconds``), :class:`~token_service.errors.TokenFailed`
+    after a terminal failure.
+
+    ``durable`` (a SQLAlchemy ``Engine``, ``pip install 'idempotency-token-service[db]'``)
+    also records the key in the durable backstop (:mod:`token_service.client.durable`):
+    the function is called with ``conn=``, a connection inside a transaction
+    that also inserts the key's record, so its own writes and the record commit
+    together or not at all. Should Redis ever forget the key (a failover that
+    lost the write), the record refuses the second execution and its stored
+    result is returned. ``durable_table`` is the records table (default
+    ``idempotency_records``).
+
+    ``on_replay(guard)``, ``on_conflict(guard, error)``, ``on_mismatch(guard, error)``
+    and ``on_lease_lost(guard, error)`` are the guard's hooks (see the SDK docs).
+    """
+    check.scope(scope)
+    keyed = _keyed_client(client, ttl_seconds)
+    hooks = guard_hooks(on_replay, on_conflict, on_mismatch, on_lease_lost)
+
+    def decorate(operation: Callable[..., Any]) -> Callable[..., Any]:
+        read_key = _key_reader(operation, key, "key")
+        read_fingerprint = _key_reader(operation, fingerprint, "fingerprint") if fingerprint else None
+        is_async = inspect.iscoroutinefunction(operation)
+        typed = return_type(operation)  # once, not per call: results are read back as this type
+        if is_async != isinstance(keyed, AsyncTokenClient):
+            raise TypeError("coroutine functions need an AsyncTokenClient, plain functions a TokenClient")
+        if durable is not None:
+            if is_async:
+                raise TypeError("durable= records run in a sync transaction: not for coroutine functions")
+            if "conn" not in inspect.signature(operation).parameters:
+                raise TypeError(f"{operation.__qualname__} takes durable= records: give it a conn parameter")
+
+        def guard_for(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            described = read_fingerprint(args, kwargs) if read_fingerprint else None
+            key_value = read_key(args, kwargs)
+            return _guard_for(
+                keyed,
+                scope,
+                key_value,
+                described,
+                None,
+                lease_seconds,
+                terminal,
+                wait_seconds,
+                renew,
+                typed,
+                hooks,
+            )
+
+        if is_async:
+
+            @functools.wraps(operation)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                return await guard_for(args, kwargs).run(operation, *args, **kwargs)
+
+            return run_async
+
+        @functools.wraps(operation)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            guard = guard_for(args, kwargs)
+            if durable is None:
+                return guard.run(operation, *args, **kwargs)
+            return guard.run(_recorded, durable, durable_table, guard.token, operation, args, kwargs)
+
+        return run
+
+    return decorate
+
+
+def _recorded(
+    engine: Any,
+    table: Any,
+    name: str,
+    operation: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """Run ``operation`` in a transaction that also claims the key's durable record (or replay it)."""
+    from token_service.client.durable import IDEMPOTENCY_RECORDS, retry_transaction, run_once
+
+    from ._stored_response import StoredResponse
+    from ._typed_results import dump_result
+
+    record_key = name  # "op:" and the key's digest: never a token's record key ("token:...")
+
+    def handler(conn: Any) -> StoredResponse:
+        return StoredResponse.json(200, as_json(dump_result(operation(*args, conn=conn, **kwargs))))
+
+    def work(conn: Any) -> Any:
+        outcome = run_once(conn, record_key, handler, table=IDEMPOTENCY_RECORDS if table is None else table)
+        if outcome.replayed:
+            log.warning("a keyed operation Redis had no record of was found done in the database")
+        return outcome.response.payload()
+
+    return retry_transaction(engine, work)
