@@ -14,6 +14,12 @@ never see a redis-py exception. Sync (:class:`TokenStore`) and asyncio
 (:class:`AsyncTokenStore`) variants share :mod:`token_service.records`, so a
 reply means the same thing to the service and to every SDK transport.
 
+A store built with an ``observer`` (:data:`Observer`) calls it once per
+operation, when its script has answered or failed (``_observed``, the one
+place that does): the service's metrics count what each operation did, and
+its access log names the token, this way. Without an observer an operation
+pays one ``is not None`` test for it.
+
 This is the code that talks to Redis for token records. Two other modules do
 too, on records of their own, with scripts linked by :mod:`token_service.scripts` and
 :func:`translate_errors`: :mod:`token_service.client._idempotency_store` (the
@@ -28,9 +34,9 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, ParamSpec, TypeVar
 
 import redis
 import redis.asyncio
@@ -42,7 +48,14 @@ from token_service import defaults, records
 from token_service.errors import ServiceUnavailable
 from token_service.limits import IssuanceLimits, admit_reply, client_key_of, client_tag
 from token_service.scripts import ADMIT_ISSUE, SCRIPT_NAMES, admit_issue_source, lua_source
-from token_service.tokens import new_lease_id, new_request_id, new_tokens, record_key
+from token_service.tokens import (
+    digest_key,
+    new_lease_id,
+    new_request_id,
+    new_tokens,
+    record_key,
+    token_digest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +64,16 @@ log = logging.getLogger(__name__)
 _BUCKET_AT = {"consume": 2, "begin": 4, "revoke": 1}
 # readiness writes one small key that lives this long (store.ready)
 READY_PROBE_MS = 10_000
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+# What a store tells its observer after each operation, succeeded or not: the name of the
+# script it ran ("consume", "begin", ..., "issue", "admit", "admit+issue"), the request's
+# scope (None where the operation carries none), the digest of the token it named (None for
+# issue and admit, which name none: tokens.token_digest, the record key's last part), and
+# what the operation returned or the exception it raised.
+Observer = Callable[[str, "str | None", "str | None", Any], None]
 
 # Errors that mean "Redis cannot answer now", as opposed to a bug in a script.
 _UNAVAILABLE: tuple[type[Exception], ...] = (
@@ -172,12 +195,14 @@ class _StoreBase:
         key_prefix: str = defaults.KEY_PREFIX,
         result_ttl_seconds: int = defaults.RESULT_TTL_SECONDS,
         clock_ms: Callable[[], int] | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.key_prefix = key_prefix
         self.result_ttl_seconds = result_ttl_seconds
         self._cluster = False
         # Tests may control time for leases; in production Redis's clock decides.
         self._clock_ms = clock_ms
+        self._observe = observer
 
     def _now(self) -> str:
         return str(self._clock_ms()) if self._clock_ms else ""
@@ -194,14 +219,15 @@ class _StoreBase:
     def key(self, token: str) -> str:
         return record_key(self.key_prefix, token)
 
-    def _keys(self, name: str, token: str) -> list[str]:
-        """KEYS of a per-token script: the record; for consume, begin and revoke also the
-        client's limit record if one counts the token (not on Cluster, where it lives in
-        another slot: see _release)."""
+    def _keys(self, name: str, token: str, digest: str | None) -> list[str]:
+        """KEYS of a per-token script: the record (its key from ``digest`` if the caller made
+        it already); for consume, begin and revoke also the client's limit record if one
+        counts the token (not on Cluster, where it lives in another slot: see _release)."""
+        key = self.key(token) if digest is None else digest_key(self.key_prefix, digest)
         if name not in _BUCKET_AT:
-            return [self.key(token)]
+            return [key]
         client_key = None if self._cluster else client_key_of(self.key_prefix, token)
-        return [self.key(token), client_key] if client_key else [self.key(token)]
+        return [key, client_key] if client_key else [key]
 
 
 def _send_and_read(conn: Any, command: tuple[Any, ...]) -> Any:
@@ -345,10 +371,14 @@ class TokenStore(_StoreBase):
             # the reload lost a race with another flush or restart; EVAL loads and runs in one step.
             return client.eval(script.script, len(keys), *keys, *args)
 
-    def _run(self, name: str, token: str, args: Sequence[str]) -> Any:
+    def _run(
+        self, name: str, token: str, args: Sequence[str], read: Callable[[Any], T], digest: str | None = None
+    ) -> T:
+        """Run a per-token script and ``read`` its reply (records' decoder: the outcome, or the
+        TokenError its code means)."""
         # translate_errors(), as try/except: nothing to enter or exit when Redis answers
         try:
-            reply = self._call(name, self._keys(name, token), args)
+            reply = self._call(name, self._keys(name, token, digest), args)
         except Exception as exc:
             unavailable = _unavailable(exc)
             if unavailable is None:
@@ -356,7 +386,35 @@ class TokenStore(_StoreBase):
             raise unavailable from exc
         if self._cluster:
             self._release(name, token, reply)
-        return reply
+        return read(reply)
+
+    def _observed_run(
+        self, name: str, token: str, args: Sequence[str], read: Callable[[Any], T], scope: str | None = None
+    ) -> T:
+        """A per-token operation, observed: the token digested once, for its record key and
+        for the observer (the service's access log names the token by that digest)."""
+        digest = token_digest(token)
+        return self._observed(name, scope, digest, self._run, name, token, args, read, digest)
+
+    def _observed(
+        self,
+        name: str,
+        scope: str | None,
+        digest: str | None,
+        run: Callable[P, T],
+        *args: P.args,
+        **kw: P.kwargs,
+    ) -> T:
+        """``run(*args)``, and the observer told what came of it: the one place a store does."""
+        observe = self._observe
+        assert observe is not None  # the operation checked
+        try:
+            outcome = run(*args, **kw)
+        except BaseException as error:  # an error reply, Redis down, or a timeout's exception
+            observe(name, scope, digest, error)
+            raise
+        observe(name, scope, digest, outcome)
+        return outcome
 
     def _release(self, name: str, token: str, reply: Any) -> None:
         """Cluster: take the token out of its client's count, a second call in the client's slot.
@@ -378,6 +436,8 @@ class TokenStore(_StoreBase):
 
     def issue(self, request: IssueRequest, count: int = 1) -> list[str]:
         """Issue ``count`` tokens in one round trip; returns the raw tokens (never stored)."""
+        if self._observe is not None:
+            return self._observed("issue", request.scope, None, self._issue, request, count)
         return self._issue(request, count)
 
     def _issue(self, request: IssueRequest, count: int, client_key: str = "", bucket: str = "") -> list[str]:
@@ -430,6 +490,11 @@ class TokenStore(_StoreBase):
 
         Returns the bucket the tokens are counted in ('' without a cap) for issue.
         """
+        if self._observe is not None:
+            return self._observed("admit", None, None, self._admit, client_key, limits, count, ttl_seconds)
+        return self._admit(client_key, limits, count, ttl_seconds)
+
+    def _admit(self, client_key: str, limits: IssuanceLimits, count: int, ttl_seconds: int) -> str:
         limits.check_count(count, ttl_seconds)
         with translate_errors():
             reply = self._call("admit", [client_key], limits.args(count, ttl_seconds, self._limiter_now()))
@@ -441,10 +506,19 @@ class TokenStore(_StoreBase):
         """``admit`` then ``issue``, in one script run (one round trip) where the keys allow it.
 
         The same checks and effects as the two calls: a refusal writes nothing
-        and issues nothing. On Cluster it is the two calls.
+        and issues nothing. On Cluster it is the two calls (observed as this one).
         """
+        if self._observe is not None:
+            return self._observed(
+                ADMIT_ISSUE, request.scope, None, self._admit_and_issue, client_key, limits, request, count
+            )
+        return self._admit_and_issue(client_key, limits, request, count)
+
+    def _admit_and_issue(
+        self, client_key: str, limits: IssuanceLimits, request: IssueRequest, count: int
+    ) -> list[str]:
         if self._cluster:
-            bucket = self.admit(client_key, limits, count, request.ttl_seconds)
+            bucket = self._admit(client_key, limits, count, request.ttl_seconds)
             return self._issue(request, count, client_key, bucket)
         limits.check_count(count, request.ttl_seconds)
         tokens, keys = new_tokens(
@@ -460,7 +534,7 @@ class TokenStore(_StoreBase):
         if len(issued) < count:
             # a digest collision (never seen in practice): the tokens are charged, draw the rest
             # (uncounted: they stop counting when their bucket ends)
-            issued += TokenStore._issue(self, request, count - len(issued))
+            issued += self._issue(request, count - len(issued))
         return issued
 
     def consume(
@@ -472,7 +546,9 @@ class TokenStore(_StoreBase):
         request_id: str | None = None,
     ) -> records.Consumed:
         args = records.consume_args(scope, subject, fingerprint, request_id or new_request_id(), self._now())
-        return records.consume_reply(self._run("consume", token, args))
+        if self._observe is not None:
+            return self._observed_run("consume", token, args, records.consume_reply, scope)
+        return self._run("consume", token, args, records.consume_reply)
 
     def begin(
         self,
@@ -492,7 +568,9 @@ class TokenStore(_StoreBase):
             new_lease_id(),
             self._now(),
         )
-        return records.begin_reply(self._run("begin", token, args))
+        if self._observe is not None:
+            return self._observed_run("begin", token, args, records.begin_reply, scope)
+        return self._run("begin", token, args, records.begin_reply)
 
     def begin_keyed(
         self,
@@ -518,28 +596,41 @@ class TokenStore(_StoreBase):
             self._now(),
             claim_ttl_seconds,
         )
-        return records.begin_reply(self._run("begin", name, args))
+        if self._observe is not None:
+            return self._observed_run("begin", name, args, records.begin_reply, scope)
+        return self._run("begin", name, args, records.begin_reply)
 
     def renew(
         self, token: str, lease_id: str, lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS
     ) -> records.Renewed:
         """Extend the live lease to ``lease_seconds`` from now (never shorter); LeaseLost if not live."""
         args = records.renew_args(lease_id, lease_seconds, self._now())
-        return records.renew_reply(self._run("renew", token, args))
+        if self._observe is not None:
+            return self._observed_run("renew", token, args, records.renew_reply)
+        return self._run("renew", token, args, records.renew_reply)
 
     def complete(self, token: str, lease_id: str, result: Any) -> records.Completed:
         args = records.complete_args(lease_id, result, self.result_ttl_seconds, self._now())
-        return records.complete_reply(self._run("complete", token, args))
+        if self._observe is not None:
+            return self._observed_run("complete", token, args, records.complete_reply)
+        return self._run("complete", token, args, records.complete_reply)
 
     def fail(self, token: str, lease_id: str, *, retryable: bool, error: Any = None) -> records.FailRecorded:
         args = records.fail_args(lease_id, retryable, error, self.result_ttl_seconds, self._now())
-        return records.fail_reply(self._run("fail", token, args))
+        if self._observe is not None:
+            return self._observed_run("fail", token, args, records.fail_reply)
+        return self._run("fail", token, args, records.fail_reply)
 
     def inspect(self, token: str) -> records.Inspection:
-        return records.inspect_reply(self._run("inspect", token, [self._now()]))
+        args = [self._now()]
+        if self._observe is not None:
+            return self._observed_run("inspect", token, args, records.inspect_reply)
+        return self._run("inspect", token, args, records.inspect_reply)
 
     def revoke(self, token: str) -> None:
-        records.revoke_reply(self._run("revoke", token, []))
+        if self._observe is not None:
+            return self._observed_run("revoke", token, (), records.revoke_reply)
+        return self._run("revoke", token, (), records.revoke_reply)
 
     def ready(self) -> None:
         """Raise ServiceUnavailable unless Redis answers, takes a write, and every script is loaded.
@@ -575,12 +666,41 @@ class AsyncTokenStore(_StoreBase):
         except redis_errors.NoScriptError:
             return await self.client.eval(lua_source(name), len(keys), *keys, *args)
 
-    async def _run(self, name: str, token: str, args: Sequence[str]) -> Any:
+    async def _run(
+        self, name: str, token: str, args: Sequence[str], read: Callable[[Any], T], digest: str | None = None
+    ) -> T:
         with translate_errors():
-            reply = await self._call(name, self._keys(name, token), args)
+            reply = await self._call(name, self._keys(name, token, digest), args)
         if self._cluster:
             await self._release(name, token, reply)
-        return reply
+        return read(reply)
+
+    def _observed_run(
+        self, name: str, token: str, args: Sequence[str], read: Callable[[Any], T], scope: str | None = None
+    ) -> Awaitable[T]:
+        """As TokenStore._observed_run."""
+        digest = token_digest(token)
+        return self._observed(name, scope, digest, self._run, name, token, args, read, digest)
+
+    async def _observed(
+        self,
+        name: str,
+        scope: str | None,
+        digest: str | None,
+        run: Callable[P, Awaitable[T]],
+        *args: P.args,
+        **kw: P.kwargs,
+    ) -> T:
+        """As TokenStore._observed, for coroutines."""
+        observe = self._observe
+        assert observe is not None  # the operation checked
+        try:
+            outcome = await run(*args, **kw)
+        except BaseException as error:
+            observe(name, scope, digest, error)
+            raise
+        observe(name, scope, digest, outcome)
+        return outcome
 
     async def _release(self, name: str, token: str, reply: Any) -> None:
         """As TokenStore._release."""
@@ -596,6 +716,11 @@ class AsyncTokenStore(_StoreBase):
             log.warning("a token's outstanding-cap slot was not released (Redis unavailable)")
 
     async def issue(self, request: IssueRequest, count: int = 1) -> list[str]:
+        if self._observe is not None:
+            return await self._observed("issue", request.scope, None, self._issue, request, count)
+        return await self._issue(request, count)
+
+    async def _issue(self, request: IssueRequest, count: int) -> list[str]:
         issued: list[str] = []
         args = request.args()
         while len(issued) < count:
@@ -641,7 +766,9 @@ class AsyncTokenStore(_StoreBase):
         request_id: str | None = None,
     ) -> records.Consumed:
         args = records.consume_args(scope, subject, fingerprint, request_id or new_request_id(), self._now())
-        return records.consume_reply(await self._run("consume", token, args))
+        if self._observe is not None:
+            return await self._observed_run("consume", token, args, records.consume_reply, scope)
+        return await self._run("consume", token, args, records.consume_reply)
 
     async def begin(
         self,
@@ -661,7 +788,9 @@ class AsyncTokenStore(_StoreBase):
             new_lease_id(),
             self._now(),
         )
-        return records.begin_reply(await self._run("begin", token, args))
+        if self._observe is not None:
+            return await self._observed_run("begin", token, args, records.begin_reply, scope)
+        return await self._run("begin", token, args, records.begin_reply)
 
     async def begin_keyed(
         self,
@@ -682,26 +811,39 @@ class AsyncTokenStore(_StoreBase):
             self._now(),
             claim_ttl_seconds,
         )
-        return records.begin_reply(await self._run("begin", name, args))
+        if self._observe is not None:
+            return await self._observed_run("begin", name, args, records.begin_reply, scope)
+        return await self._run("begin", name, args, records.begin_reply)
 
     async def renew(
         self, token: str, lease_id: str, lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS
     ) -> records.Renewed:
         args = records.renew_args(lease_id, lease_seconds, self._now())
-        return records.renew_reply(await self._run("renew", token, args))
+        if self._observe is not None:
+            return await self._observed_run("renew", token, args, records.renew_reply)
+        return await self._run("renew", token, args, records.renew_reply)
 
     async def complete(self, token: str, lease_id: str, result: Any) -> records.Completed:
         args = records.complete_args(lease_id, result, self.result_ttl_seconds, self._now())
-        return records.complete_reply(await self._run("complete", token, args))
+        if self._observe is not None:
+            return await self._observed_run("complete", token, args, records.complete_reply)
+        return await self._run("complete", token, args, records.complete_reply)
 
     async def fail(
         self, token: str, lease_id: str, *, retryable: bool, error: Any = None
     ) -> records.FailRecorded:
         args = records.fail_args(lease_id, retryable, error, self.result_ttl_seconds, self._now())
-        return records.fail_reply(await self._run("fail", token, args))
+        if self._observe is not None:
+            return await self._observed_run("fail", token, args, records.fail_reply)
+        return await self._run("fail", token, args, records.fail_reply)
 
     async def inspect(self, token: str) -> records.Inspection:
-        return records.inspect_reply(await self._run("inspect", token, [self._now()]))
+        args = [self._now()]
+        if self._observe is not None:
+            return await self._observed_run("inspect", token, args, records.inspect_reply)
+        return await self._run("inspect", token, args, records.inspect_reply)
 
     async def revoke(self, token: str) -> None:
-        records.revoke_reply(await self._run("revoke", token, []))
+        if self._observe is not None:
+            return await self._observed_run("revoke", token, (), records.revoke_reply)
+        return await self._run("revoke", token, (), records.revoke_reply)

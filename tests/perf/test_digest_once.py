@@ -7,9 +7,7 @@ from typing import Any
 import pytest
 
 from tests.support.service import AUTH
-from token_service import tokens
-from token_service.server import metrics
-from token_service.store import TokenStore
+from token_service import store, tokens
 
 
 @pytest.fixture
@@ -23,7 +21,7 @@ def digests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return real(token)
 
     monkeypatch.setattr(tokens, "token_digest", counting)
-    monkeypatch.setattr(metrics, "token_digest", counting)
+    monkeypatch.setattr(store, "token_digest", counting)
     return seen
 
 
@@ -35,13 +33,3 @@ def test_a_consume_digests_its_token_once(client: Any, digests: list[str]) -> No
     assert digests == [token]  # the access log's token_ref and the record key share it
     again = client.post("/token/consume", json={"token": token, "scope": "pay"}, headers=AUTH)
     assert again.status_code == 409  # the key it used was the token's own
-
-
-def test_the_noted_key_is_only_reused_for_that_token(app: Any) -> None:
-    store = app.extensions["token_service"]["store"]
-    first, second = tokens.new_token(), tokens.new_token()
-    with app.test_request_context():
-        store._note(first)
-        assert store.key(first) == TokenStore.key(store, first)
-        assert store.key(second) == tokens.record_key(store.key_prefix, second)
-        assert store.key(first) != store.key(second)

@@ -12,6 +12,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from tests.support.service import AUTH, service_config
 from tests.support.topologies import Topology
@@ -76,3 +77,19 @@ def test_the_async_store_releases_too(capped_app: Any, topology: Topology) -> No
     )
     assert batch.status_code == 201
     assert client_key("ts:", "addr:192.0.2.50").endswith(tokens[0][43:])
+
+
+def _total(name: str) -> float:
+    return sum(
+        sample.value for metric in REGISTRY.collect() for sample in metric.samples if sample.name == name
+    )
+
+
+def test_tokens_issued_under_limits_are_counted(capped_app: Any, topology: Topology) -> None:
+    """On Cluster a limited generate is two store calls (admit, then issue): its tokens were not
+    counted in token_service_tokens_issued (the metered store counted only its public issue)."""
+    http = capped_app.test_client()
+    issued, refused = _total("token_service_tokens_issued_total"), _total("token_service_rate_limited_total")
+    fill(http, "192.0.2.60")  # CAP tokens, then one generate refused by the cap
+    assert _total("token_service_tokens_issued_total") == issued + CAP
+    assert _total("token_service_rate_limited_total") == refused + 1

@@ -28,6 +28,7 @@ from token_service.server import (
 )
 from token_service.server.metric_files import multiprocess_dir
 from token_service.server.responses import register_error_handlers
+from token_service.store import TokenStore
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +74,11 @@ def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
     # No implicit /static route: every route is declared (and documented in openapi.yaml).
     app = proxies.DetectingFlask("token_service", static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    store = metrics.MeteredStore(
+    store = TokenStore(
         redis_client(settings),
         key_prefix=settings.key_prefix,
         result_ttl_seconds=settings.result_ttl_seconds,
-        metric_scopes=settings.metric_scopes,
+        observer=metrics.StoreMetrics(settings.metric_scopes),
     )
     app.extensions["token_service"] = {"settings": settings, "store": store}
     register_error_handlers(app)

@@ -34,14 +34,12 @@ from prometheus_client import (
     generate_latest,
 )
 
-from token_service import defaults, records
+from token_service import records
 from token_service.config import MAX_METRIC_SCOPES
 from token_service.errors import OutstandingCapReached, RateLimited, TokenError
-from token_service.limits import IssuanceLimits
+from token_service.scripts import ADMIT_ISSUE
 from token_service.server import request_context
 from token_service.server.metric_files import OTHER_SCOPE, multiprocess_dir, reading, scope_labels
-from token_service.store import IssueRequest, TokenStore
-from token_service.tokens import digest_key, token_digest
 
 MAX_SCOPES = MAX_METRIC_SCOPES
 # The whole digest: it is the record key's last part (<prefix>t:<token_ref>), so an operator
@@ -71,11 +69,6 @@ LATENCY = Histogram(
 )
 
 
-def note_token(token: str, digest: str | None = None) -> None:
-    """Remember a short digest prefix of the request's token for the access log."""
-    request_context.note_token_ref((digest or token_digest(token))[:TOKEN_REF_CHARS])
-
-
 # Labelled children, looked up once: every label value here is bounded (operations,
 # the API's error codes, scopes through metric_files.scope_labels), so are these caches.
 @cache
@@ -93,26 +86,38 @@ def _replays(operation: str) -> Any:
     return REPLAYS.labels(operation)
 
 
-class MeteredStore(TokenStore):
-    """The store, counting what each operation did. It adds no Redis calls."""
+class StoreMetrics:
+    """The store's observer (``TokenStore(observer=...)``): counts what each operation did and
+    names its token in the access log. It adds no Redis calls."""
 
-    def __init__(self, client: Any, *, metric_scopes: tuple[str, ...] = (), **options: Any) -> None:
-        super().__init__(client, **options)
+    def __init__(self, metric_scopes: tuple[str, ...] = ()) -> None:
         self.scopes = scope_labels(MAX_SCOPES, metric_scopes)
         self._zeroed: set[str] = set()  # scope labels whose use outcomes exist (at 0 or more)
         for scope in metric_scopes:
             self._label(scope)  # the configured scopes' outcomes, at 0 from the first scrape
-        # the last token noted and its key: the store's key() reuses the digest just made
-        self._noted: tuple[str | None, str] = (None, "")
 
-    def _note(self, token: str) -> None:
-        digest = token_digest(token)
-        self._noted = (token, digest_key(self.key_prefix, digest))  # one tuple: thread-safe
-        note_token(token, digest)
-
-    def key(self, token: str) -> str:
-        noted = self._noted
-        return noted[1] if noted[0] is token else super().key(token)
+    def __call__(self, operation: str, scope: str | None, digest: str | None, outcome: Any) -> None:
+        if digest is not None:
+            # the access log's token_ref: the digest the store made for the record key
+            request_context.note_token_ref(digest[:TOKEN_REF_CHARS])
+        if operation in _ISSUING:
+            if isinstance(outcome, list):
+                # generate needs no key: its scope gets no label of its own (the configured
+                # ones, or a backend's consume or begin, give it one)
+                _issued(self._label(scope or "", admit=False)).inc(len(outcome))
+            elif isinstance(outcome, RateLimited):
+                RATE_LIMITED.labels(
+                    "outstanding" if isinstance(outcome, OutstandingCapReached) else "rate"
+                ).inc()
+        elif isinstance(outcome, BaseException):
+            if isinstance(outcome, TokenError):
+                self._outcome(operation, outcome.code, scope)
+        else:
+            code, replayed = _success(outcome)
+            if code is not None:
+                self._outcome(operation, code, scope)
+            if replayed:
+                _replays(operation).inc()
 
     def _label(self, scope: str, *, admit: bool = True) -> str:
         """The scope's label value; ``admit=False`` (an anonymous caller's scope) takes only a label
@@ -131,126 +136,30 @@ class MeteredStore(TokenStore):
     def _outcome(self, operation: str, code: str, scope: str | None) -> None:
         _outcomes(operation, code, self._label(scope) if scope else NO_SCOPE).inc()
 
-    def _measured(self, operation: str, scope: str | None, call: Any) -> Any:
-        try:
-            result = call()
-        except TokenError as error:
-            self._outcome(operation, error.code, scope)
-            raise
-        return result
 
-    def admit(self, client_key: str, limits: IssuanceLimits, count: int, ttl_seconds: int) -> str:
-        try:
-            return super().admit(client_key, limits, count, ttl_seconds)
-        except RateLimited as refused:
-            RATE_LIMITED.labels("outstanding" if isinstance(refused, OutstandingCapReached) else "rate").inc()
-            raise
+# the operations that issue tokens: they count tokens issued and refusals by a limit
+_ISSUING = frozenset({"issue", "admit", ADMIT_ISSUE})
 
-    def issue(self, request: IssueRequest, count: int = 1) -> list[str]:
-        tokens = super().issue(request, count)
-        # generate needs no key: its scope gets no label of its own (the configured ones,
-        # or a backend's consume or begin, give it one)
-        _issued(self._label(request.scope, admit=False)).inc(len(tokens))
-        return tokens
 
-    def admit_and_issue(
-        self, client_key: str, limits: IssuanceLimits, request: IssueRequest, count: int = 1
-    ) -> list[str]:
-        if self._cluster:  # two calls, admit and issue above: each counts itself
-            return super().admit_and_issue(client_key, limits, request, count)
-        try:
-            tokens = super().admit_and_issue(client_key, limits, request, count)
-        except RateLimited as refused:
-            RATE_LIMITED.labels("outstanding" if isinstance(refused, OutstandingCapReached) else "rate").inc()
-            raise
-        _issued(self._label(request.scope, admit=False)).inc(len(tokens))
-        return tokens
-
-    def consume(
-        self,
-        token: str,
-        scope: str,
-        subject: str | None = None,
-        fingerprint: str | None = None,
-        request_id: str | None = None,
-    ) -> records.Consumed:
-        self._note(token)
-        outcome: records.Consumed = self._measured(
-            "consume",
-            scope,
-            lambda: super(MeteredStore, self).consume(token, scope, subject, fingerprint, request_id),
-        )
-        self._outcome("consume", "consumed", scope)
-        if outcome.replayed:
-            _replays("consume").inc()
-        return outcome
-
-    def begin(
-        self,
-        token: str,
-        scope: str,
-        subject: str | None = None,
-        fingerprint: str | None = None,
-        request_id: str | None = None,
-        lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS,
-    ) -> records.Started | records.Finished:
-        self._note(token)
-        outcome: records.Started | records.Finished = self._measured(
-            "begin",
-            scope,
-            lambda: super(MeteredStore, self).begin(
-                token, scope, subject, fingerprint, request_id, lease_seconds
-            ),
-        )
-        if isinstance(outcome, records.Finished):
-            self._outcome("begin", "succeeded", scope)
-            _replays("begin").inc()
-        else:
-            self._outcome("begin", "started", scope)
-            if outcome.replayed:
-                _replays("begin").inc()
-        return outcome
-
-    def renew(
-        self, token: str, lease_id: str, lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS
-    ) -> records.Renewed:
-        self._note(token)
-        outcome: records.Renewed = self._measured(
-            "renew", None, lambda: super(MeteredStore, self).renew(token, lease_id, lease_seconds)
-        )
-        self._outcome("renew", "renewed", None)
-        return outcome
-
-    def complete(self, token: str, lease_id: str, result: Any) -> records.Completed:
-        self._note(token)
-        outcome: records.Completed = self._measured(
-            "complete", None, lambda: super(MeteredStore, self).complete(token, lease_id, result)
-        )
-        self._outcome("complete", "succeeded", None)
-        if outcome.replayed:
-            _replays("complete").inc()
-        return outcome
-
-    def fail(self, token: str, lease_id: str, *, retryable: bool, error: Any = None) -> records.FailRecorded:
-        self._note(token)
-        outcome: records.FailRecorded = self._measured(
-            "fail",
-            None,
-            lambda: super(MeteredStore, self).fail(token, lease_id, retryable=retryable, error=error),
-        )
-        self._outcome("fail", outcome.outcome, None)
-        if outcome.replayed:
-            _replays("fail").inc()
-        return outcome
-
-    def inspect(self, token: str) -> records.Inspection:
-        self._note(token)
-        return self._measured("inspect", None, lambda: super(MeteredStore, self).inspect(token))  # type: ignore[no-any-return]
-
-    def revoke(self, token: str) -> None:
-        self._note(token)
-        self._measured("revoke", None, lambda: super(MeteredStore, self).revoke(token))
-        self._outcome("revoke", "revoked", None)
+def _success(outcome: Any) -> tuple[str | None, bool]:
+    """A per-token operation's success outcome as counted (None: not counted), and whether it
+    was an answer given again. The outcome's type says which operation it is."""
+    match outcome:
+        case records.Consumed(replayed=replayed):
+            return "consumed", replayed
+        case records.Started(replayed=replayed):
+            return "started", replayed
+        case records.Finished():  # a begin that found the stored result
+            return "succeeded", True
+        case records.Completed(replayed=replayed):
+            return "succeeded", replayed
+        case records.FailRecorded(outcome=code, replayed=replayed):
+            return code, replayed
+        case records.Renewed():
+            return "renewed", False
+        case None:  # revoke
+            return "revoked", False
+    return None, False  # inspect: its reads are not counted, only its errors
 
 
 def _registry() -> CollectorRegistry:
@@ -303,7 +212,7 @@ def zero_series(app: Flask) -> None:
     listed ahead: the outcomes' scope-less series (scope ``""``, as the operations that
     carry no scope have) and the issued counter's ``_other`` stand in, and a scope's
     consume and begin outcomes are created at 0 when it gets its label
-    (``MeteredStore._label``): at start for the configured scopes, else at the first
+    (``StoreMetrics._label``): at start for the configured scopes, else at the first
     consume or begin naming it.
     """
     for operation, codes in OUTCOME_CODES.items():
