@@ -13,29 +13,20 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, Unpack
 
 import redis
 import redis.asyncio
 
 from token_service import defaults
 from token_service.errors import ServiceUnavailable, TokenInvalid
+from token_service.records import Completed, Consumed, FailRecorded, Finished, Renewed, Started
 from token_service.store import AsyncTokenStore, TokenStore
 from token_service.tokens import new_request_id
 
 from ._direct import AsyncDirectTransport, DirectLimits, DirectTransport, redis_from_url
 from ._telemetry import DEFAULT_TELEMETRY, Telemetry
-from ._types import (
-    Completed,
-    Consumed,
-    FailRecorded,
-    Finished,
-    IssuedToken,
-    Renewed,
-    RetryPolicy,
-    Started,
-    TokenInfo,
-)
+from ._types import IssuedToken, RetryPolicy, TokenInfo
 from .guard import AsyncGuard, Guard, GuardOptions, guarded
 
 if TYPE_CHECKING:
@@ -101,7 +92,66 @@ def _policy(retry: RetryPolicy | int | None) -> RetryPolicy:
     return retry
 
 
-class TokenClient:
+class _RevokeAttempts:
+    """Around each attempt of one revoke: after an attempt whose reply was lost, TokenInvalid
+    means that attempt revoked it (the caller asked for the token to be gone, and it is)."""
+
+    def __init__(self) -> None:
+        self.outcome_unknown = False
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, ServiceUnavailable):
+            self.outcome_unknown = True
+        return isinstance(exc, TokenInvalid) and self.outcome_unknown
+
+
+class _ClientBase:
+    """All of a client but the waiting (httpx's ``BaseClient``): its settings and how each
+    backend is built. :class:`TokenClient` and :class:`AsyncTokenClient` add the calls."""
+
+    _is_async: ClassVar[bool]
+
+    def __init__(self, retry: RetryPolicy | int | None, telemetry: Telemetry | None) -> None:
+        self.retry = _policy(retry)
+        self.telemetry = telemetry or DEFAULT_TELEMETRY
+
+    def _over_http(
+        self, base_url: str | None, api_key: str | None, timeout: float, max_connections: int, transport: Any
+    ) -> Any:
+        """The HTTP transport; ``transport`` is an httpx transport of this client's kind."""
+        if base_url is None:
+            raise ValueError(f"base_url is required (or use {type(self).__name__}.from_redis)")
+        from . import _http  # httpx is only needed for this transport
+
+        kind = _http.AsyncHttpTransport if self._is_async else _http.HttpTransport
+        return kind(
+            base_url, api_key=api_key, timeout=timeout, max_connections=max_connections, transport=transport
+        )
+
+    @classmethod
+    def _over_redis(
+        cls,
+        url_or_client: Any,  # a URL, or a redis client of the kind the public signature names
+        key_prefix: str,
+        result_ttl_seconds: int,
+        timeout: float,
+        limits: DirectLimits | None,
+    ) -> Any:
+        """The direct transport: a client passed in is used as it is and not closed with ours."""
+        owns = isinstance(url_or_client, str)
+        client = redis_from_url(url_or_client, timeout, asyncio=cls._is_async) if owns else url_or_client
+        limits = limits or DirectLimits()
+        if cls._is_async:
+            store = AsyncTokenStore(client, key_prefix=key_prefix, result_ttl_seconds=result_ttl_seconds)
+            return AsyncDirectTransport(store, limits, owns_client=owns)
+        sync_store = TokenStore(client, key_prefix=key_prefix, result_ttl_seconds=result_ttl_seconds)
+        return DirectTransport(sync_store, limits, owns_client=owns)
+
+
+class TokenClient(_ClientBase):
     """The token service for a backend: over HTTP, or straight against Redis (:meth:`from_redis`).
 
     Every method may raise the :mod:`token_service.errors` class of the
@@ -109,6 +159,9 @@ class TokenClient:
     are spent. Use it as a context manager (or call :meth:`close`) to release
     its connections.
     """
+
+    _is_async = False
+    _backend: _Transport
 
     def __init__(
         self,
@@ -122,18 +175,10 @@ class TokenClient:
         telemetry: Telemetry | None = None,
         _backend: _Transport | None = None,
     ) -> None:
-        self.retry = _policy(retry)
-        self.telemetry = telemetry or DEFAULT_TELEMETRY
-        if _backend is not None:
-            self._backend = _backend
-            return
-        if base_url is None:
-            raise ValueError("base_url is required (or use TokenClient.from_redis)")
-        from ._http import HttpTransport  # httpx is only needed for this transport
-
-        self._backend = HttpTransport(
-            base_url, api_key=api_key, timeout=timeout, max_connections=max_connections, transport=transport
-        )
+        super().__init__(retry, telemetry)
+        if _backend is None:
+            _backend = self._over_http(base_url, api_key, timeout, max_connections, transport)
+        self._backend = _backend
 
     @classmethod
     def from_redis(
@@ -154,10 +199,7 @@ class TokenClient:
         A client passed in is used as it is (its own retry settings included)
         and not closed by :meth:`close`.
         """
-        owns = isinstance(url_or_client, str)
-        client = redis_from_url(url_or_client, timeout) if isinstance(url_or_client, str) else url_or_client
-        store = TokenStore(client, key_prefix=key_prefix, result_ttl_seconds=result_ttl_seconds)
-        backend = DirectTransport(store, limits or DirectLimits(), owns_client=owns)
+        backend = cls._over_redis(url_or_client, key_prefix, result_ttl_seconds, timeout, limits)
         return cls(retry=retry, telemetry=telemetry, _backend=backend)
 
     # -- plumbing -----------------------------------------------------------
@@ -255,19 +297,11 @@ class TokenClient:
 
     def revoke(self, token: str) -> None:
         """Delete a token whatever its state. Raises TokenInvalid when there was none."""
-        unknown_outcome = False
+        attempts = _RevokeAttempts()
 
         def attempt() -> None:
-            nonlocal unknown_outcome
-            try:
+            with attempts:
                 self._backend.revoke(token)
-            except ServiceUnavailable:
-                unknown_outcome = True
-                raise
-            except TokenInvalid:
-                # an earlier attempt may have revoked it before its reply was lost
-                if not unknown_outcome:
-                    raise
 
         self._call(attempt)
 
@@ -287,8 +321,11 @@ class TokenClient:
         return guarded(self, scope, **options)
 
 
-class AsyncTokenClient:
+class AsyncTokenClient(_ClientBase):
     """:class:`TokenClient` for asyncio: the same methods, awaited."""
+
+    _is_async = True
+    _backend: _AsyncTransport
 
     def __init__(
         self,
@@ -302,18 +339,10 @@ class AsyncTokenClient:
         telemetry: Telemetry | None = None,
         _backend: _AsyncTransport | None = None,
     ) -> None:
-        self.retry = _policy(retry)
-        self.telemetry = telemetry or DEFAULT_TELEMETRY
-        if _backend is not None:
-            self._backend = _backend
-            return
-        if base_url is None:
-            raise ValueError("base_url is required (or use AsyncTokenClient.from_redis)")
-        from ._http import AsyncHttpTransport
-
-        self._backend = AsyncHttpTransport(
-            base_url, api_key=api_key, timeout=timeout, max_connections=max_connections, transport=transport
-        )
+        super().__init__(retry, telemetry)
+        if _backend is None:
+            _backend = self._over_http(base_url, api_key, timeout, max_connections, transport)
+        self._backend = _backend
 
     @classmethod
     def from_redis(
@@ -327,14 +356,7 @@ class AsyncTokenClient:
         limits: DirectLimits | None = None,
         telemetry: Telemetry | None = None,
     ) -> AsyncTokenClient:
-        owns = isinstance(url_or_client, str)
-        client = (
-            redis_from_url(url_or_client, timeout, asyncio=True)
-            if isinstance(url_or_client, str)
-            else url_or_client
-        )
-        store = AsyncTokenStore(client, key_prefix=key_prefix, result_ttl_seconds=result_ttl_seconds)
-        backend = AsyncDirectTransport(store, limits or DirectLimits(), owns_client=owns)
+        backend = cls._over_redis(url_or_client, key_prefix, result_ttl_seconds, timeout, limits)
         return cls(retry=retry, telemetry=telemetry, _backend=backend)
 
     async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
@@ -422,18 +444,11 @@ class AsyncTokenClient:
     inspect = verify
 
     async def revoke(self, token: str) -> None:
-        unknown_outcome = False
+        attempts = _RevokeAttempts()
 
         async def attempt() -> None:
-            nonlocal unknown_outcome
-            try:
+            with attempts:
                 await self._backend.revoke(token)
-            except ServiceUnavailable:
-                unknown_outcome = True
-                raise
-            except TokenInvalid:
-                if not unknown_outcome:
-                    raise
 
         await self._call(attempt)
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import httpx
 
@@ -29,6 +30,8 @@ from token_service.records import Completed, Consumed, FailRecorded, Finished, R
 from token_service.tokens import whole_number
 
 from ._types import IssuedToken, TokenInfo
+
+T = TypeVar("T")
 
 _BY_STATUS: dict[int, type[TokenError]] = {
     400: InvalidRequest,
@@ -171,8 +174,60 @@ def _answer(response: httpx.Response) -> Any:
     return response.json()
 
 
-class HttpTransport:
-    """Sync: one ``httpx.Client`` (a connection pool) per client."""
+def _no_reply(exc: Exception) -> ServiceUnavailable:
+    return ServiceUnavailable(f"No reply from the token service: {type(exc).__name__}.")
+
+
+def _use(
+    token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
+) -> dict[str, Any]:
+    """The body of a request that uses a token (consume, and begin with its lease)."""
+    return {
+        "token": token,
+        "scope": scope,
+        "subject": subject,
+        "fingerprint": fingerprint,
+        "request_id": request_id,
+    }
+
+
+def _consumed(reply: Any) -> Consumed:
+    return Consumed(replayed=bool(reply["replayed"]))
+
+
+def _completed(reply: Any) -> Completed:
+    return Completed(replayed=bool(reply.get("replayed", False)))
+
+
+def _fail_recorded(reply: Any) -> FailRecorded:
+    return FailRecorded(outcome=reply["outcome"], replayed=bool(reply.get("replayed", False)))
+
+
+def _issued_batch(reply: Any) -> list[IssuedToken]:
+    return [_issued(item) for item in reply["tokens"]]
+
+
+def _issued_one(reply: Any) -> list[IssuedToken]:
+    return [_issued(reply)]
+
+
+def _nothing(reply: Any) -> None:
+    return None
+
+
+class _HttpOperations:
+    """Each operation once: its path, its JSON body and how its reply is read.
+
+    The two transports below differ only in :meth:`_post`: the sync one
+    returns the read reply, the async one a coroutine of it (as redis-py's
+    command methods serve both of its clients). So every operation here
+    returns ``Any``; ``_client``'s ``_Transport`` and ``_AsyncTransport``
+    protocols say what each transport's caller gets.
+    """
+
+    # httpx.Client or httpx.AsyncClient, and the attribute holding it (typed by each subclass)
+    _http_class: ClassVar[Callable[..., Any]]
+    http: Any
 
     def __init__(
         self,
@@ -181,9 +236,9 @@ class HttpTransport:
         api_key: str | None,
         timeout: float,
         max_connections: int = 20,
-        transport: httpx.BaseTransport | None = None,
+        transport: Any = None,  # of the subclass's kind: the public client's signature says which
     ) -> None:
-        self.http = httpx.Client(
+        self.http = self._http_class(
             base_url=base_url,
             headers=_headers(api_key),
             timeout=httpx.Timeout(timeout),
@@ -192,33 +247,21 @@ class HttpTransport:
         )
         self._urls = _Urls(self.http)
 
-    def _post(self, path: str, body: dict[str, Any]) -> Any:
-        try:
-            response = self.http.post(self._urls[path], content=_encode(body))
-        except _TRANSIENT as exc:
-            raise ServiceUnavailable(f"No reply from the token service: {type(exc).__name__}.") from exc
-        return _answer(response)
+    def _post(self, path: str, body: dict[str, Any], read: Callable[[Any], Any]) -> Any:
+        raise NotImplementedError
 
     def issue(
         self, scope: str, subject: str | None, fingerprint: str | None, ttl_seconds: int | None, count: int
-    ) -> list[IssuedToken]:
+    ) -> Any:
         body = {"scope": scope, "subject": subject, "fingerprint": fingerprint, "ttl_seconds": ttl_seconds}
         if count == 1:
-            return [_issued(self._post("/token/generate", body))]
-        reply = self._post("/token/generate/batch", {**body, "count": count})
-        return [_issued(item) for item in reply["tokens"]]
+            return self._post("/token/generate", body, _issued_one)
+        return self._post("/token/generate/batch", {**body, "count": count}, _issued_batch)
 
     def consume(
         self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
-    ) -> Consumed:
-        body = {
-            "token": token,
-            "scope": scope,
-            "subject": subject,
-            "fingerprint": fingerprint,
-            "request_id": request_id,
-        }
-        return Consumed(replayed=bool(self._post("/token/consume", body)["replayed"]))
+    ) -> Any:
+        return self._post("/token/consume", _use(token, scope, subject, fingerprint, request_id), _consumed)
 
     def begin(
         self,
@@ -228,126 +271,60 @@ class HttpTransport:
         fingerprint: str | None,
         request_id: str,
         lease_seconds: int | None,
-    ) -> Started | Finished:
-        body = {
-            "token": token,
-            "scope": scope,
-            "subject": subject,
-            "fingerprint": fingerprint,
-            "request_id": request_id,
-            "lease_seconds": lease_seconds,
-        }
-        return _begun(self._post("/token/begin", body))
+    ) -> Any:
+        body = _use(token, scope, subject, fingerprint, request_id)
+        body["lease_seconds"] = lease_seconds
+        return self._post("/token/begin", body, _begun)
 
-    def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
+    def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Any:
         body = {"token": token, "lease_id": lease_id, "lease_seconds": lease_seconds}
-        return _renewed(self._post("/token/renew", body))
+        return self._post("/token/renew", body, _renewed)
 
-    def complete(self, token: str, lease_id: str, result: Any) -> Completed:
-        reply = self._post("/token/complete", {"token": token, "lease_id": lease_id, "result": result})
-        return Completed(replayed=bool(reply.get("replayed", False)))
+    def complete(self, token: str, lease_id: str, result: Any) -> Any:
+        return self._post(
+            "/token/complete", {"token": token, "lease_id": lease_id, "result": result}, _completed
+        )
 
-    def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded:
+    def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> Any:
         body = {"token": token, "lease_id": lease_id, "retryable": retryable, "error": error}
-        reply = self._post("/token/fail", body)
-        return FailRecorded(outcome=reply["outcome"], replayed=bool(reply.get("replayed", False)))
+        return self._post("/token/fail", body, _fail_recorded)
 
-    def inspect(self, token: str) -> TokenInfo:
-        return _info(self._post("/token/inspect", {"token": token}))
+    def inspect(self, token: str) -> Any:
+        return self._post("/token/inspect", {"token": token}, _info)
 
-    def revoke(self, token: str) -> None:
-        self._post("/token/revoke", {"token": token})
+    def revoke(self, token: str) -> Any:
+        return self._post("/token/revoke", {"token": token}, _nothing)
+
+
+class HttpTransport(_HttpOperations):
+    """Sync: one ``httpx.Client`` (a connection pool) per client."""
+
+    _http_class = httpx.Client
+    http: httpx.Client
+
+    def _post(self, path: str, body: dict[str, Any], read: Callable[[Any], T]) -> T:
+        try:
+            response = self.http.post(self._urls[path], content=_encode(body))
+        except _TRANSIENT as exc:
+            raise _no_reply(exc) from exc
+        return read(_answer(response))
 
     def close(self) -> None:
         self.http.close()
 
 
-class AsyncHttpTransport:
+class AsyncHttpTransport(_HttpOperations):
     """Asyncio: one ``httpx.AsyncClient`` per client."""
 
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        api_key: str | None,
-        timeout: float,
-        max_connections: int = 20,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        self.http = httpx.AsyncClient(
-            base_url=base_url,
-            headers=_headers(api_key),
-            timeout=httpx.Timeout(timeout),
-            limits=_limits(max_connections),
-            transport=transport,
-        )
-        self._urls = _Urls(self.http)
+    _http_class = httpx.AsyncClient
+    http: httpx.AsyncClient
 
-    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+    async def _post(self, path: str, body: dict[str, Any], read: Callable[[Any], T]) -> T:
         try:
             response = await self.http.post(self._urls[path], content=_encode(body))
         except _TRANSIENT as exc:
-            raise ServiceUnavailable(f"No reply from the token service: {type(exc).__name__}.") from exc
-        return _answer(response)
-
-    async def issue(
-        self, scope: str, subject: str | None, fingerprint: str | None, ttl_seconds: int | None, count: int
-    ) -> list[IssuedToken]:
-        body = {"scope": scope, "subject": subject, "fingerprint": fingerprint, "ttl_seconds": ttl_seconds}
-        if count == 1:
-            return [_issued(await self._post("/token/generate", body))]
-        reply = await self._post("/token/generate/batch", {**body, "count": count})
-        return [_issued(item) for item in reply["tokens"]]
-
-    async def consume(
-        self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
-    ) -> Consumed:
-        body = {
-            "token": token,
-            "scope": scope,
-            "subject": subject,
-            "fingerprint": fingerprint,
-            "request_id": request_id,
-        }
-        return Consumed(replayed=bool((await self._post("/token/consume", body))["replayed"]))
-
-    async def begin(
-        self,
-        token: str,
-        scope: str,
-        subject: str | None,
-        fingerprint: str | None,
-        request_id: str,
-        lease_seconds: int | None,
-    ) -> Started | Finished:
-        body = {
-            "token": token,
-            "scope": scope,
-            "subject": subject,
-            "fingerprint": fingerprint,
-            "request_id": request_id,
-            "lease_seconds": lease_seconds,
-        }
-        return _begun(await self._post("/token/begin", body))
-
-    async def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
-        body = {"token": token, "lease_id": lease_id, "lease_seconds": lease_seconds}
-        return _renewed(await self._post("/token/renew", body))
-
-    async def complete(self, token: str, lease_id: str, result: Any) -> Completed:
-        reply = await self._post("/token/complete", {"token": token, "lease_id": lease_id, "result": result})
-        return Completed(replayed=bool(reply.get("replayed", False)))
-
-    async def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded:
-        body = {"token": token, "lease_id": lease_id, "retryable": retryable, "error": error}
-        reply = await self._post("/token/fail", body)
-        return FailRecorded(outcome=reply["outcome"], replayed=bool(reply.get("replayed", False)))
-
-    async def inspect(self, token: str) -> TokenInfo:
-        return _info(await self._post("/token/inspect", {"token": token}))
-
-    async def revoke(self, token: str) -> None:
-        await self._post("/token/revoke", {"token": token})
+            raise _no_reply(exc) from exc
+        return read(_answer(response))
 
     async def close(self) -> None:
         await self.http.aclose()
