@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from flask import Flask, request
+from flask import Flask, abort, request
+from werkzeug.exceptions import NotFound
 
 from tests.support.sdk import Sdk
 from token_service.client import Started, TokenClient
@@ -44,6 +45,8 @@ def payment_app(client: TokenClient, terminal: Any = (CardDeclined,), **options:
             raise CardDeclined("insufficient funds")
         if mode == "down":
             return {"error": "bank unavailable"}, 503
+        if mode in ("gone", "closed"):
+            abort(404 if mode == "gone" else 503)
         if mode == "cjk":
             return "\u4e2d" * 2730, 200, {"Content-Type": "text/plain; charset=utf-8"}
         if mode == "binary":
@@ -142,6 +145,35 @@ def test_a_5xx_frees_the_token_even_when_every_exception_is_terminal(sdk: Sdk) -
     token = sdk.client.generate(SCOPE, subject="alice").token
     assert post(app, token, {"mode": "down"}).status_code == 503
     assert sdk.client.verify(token).state == "ISSUED"
+
+
+def test_an_abort_is_the_response_flask_answers_kept_or_freed_by_its_status(sdk: Sdk) -> None:
+    app = payment_app(sdk.client)
+    token = sdk.client.generate(SCOPE, subject="alice").token
+    first = post(app, token, {"mode": "gone"})
+    again = post(app, token, {"mode": "gone"})
+    assert (first.status_code, again.status_code) == (404, 404)
+    assert b"Not Found" in first.get_data()  # Werkzeug's own page: no error handler in this app
+    assert again.get_data() == first.get_data()
+    assert again.headers["Content-Type"] == first.headers["Content-Type"]
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert len(app.config["calls"]) == 1
+    # abort(503): answered, and freed as a returned 503 is
+    other = sdk.client.generate(SCOPE, subject="alice").token
+    assert post(app, other, {"mode": "closed"}).status_code == 503
+    assert sdk.client.verify(other).state == "ISSUED"
+
+
+def test_an_abort_the_app_traps_or_calls_terminal_is_an_exception(sdk: Sdk) -> None:
+    trapping = payment_app(sdk.client)
+    trapping.config["TRAP_HTTP_EXCEPTIONS"] = True  # Flask raises it as any exception: a 500
+    token = sdk.client.generate(SCOPE, subject="alice").token
+    assert post(trapping, token, {"mode": "gone"}).status_code == 500
+    assert sdk.client.verify(token).state == "ISSUED"
+    terminal = payment_app(sdk.client, terminal=(NotFound,))
+    token = sdk.client.generate(SCOPE, subject="alice").token
+    assert post(terminal, token, {"mode": "gone"}).status_code == 404
+    assert post(terminal, token, {"amount": 1}).get_json()["code"] == "token_failed"
 
 
 def test_a_terminal_exception_is_replayed_as_token_failed(sdk: Sdk) -> None:

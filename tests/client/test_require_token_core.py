@@ -21,9 +21,12 @@ from token_service.errors import ServiceUnavailable
 class Told(Guard):
     """What a guard was told: ``("succeed", result)`` or ``("abandon", retryable)``."""
 
-    def __init__(self, fail_with: Exception | None = None) -> None:
+    def __init__(
+        self, fail_with: Exception | None = None, terminal: tuple[type[BaseException], ...] = ()
+    ) -> None:
         self.said: list[tuple[str, Any]] = []
         self.fail_with = fail_with
+        self.terminal = terminal
 
     def succeed(self, result: Any) -> Any:
         if self.fail_with is not None:
@@ -88,6 +91,49 @@ def test_the_storage_policy_frees_the_token() -> None:
     told = Told()
     CORE.settle(as_guard(told), Reply(503, [], b"down"))
     assert told.said == [("abandon", True)]
+
+
+class NotFound(Exception):
+    """A framework's HTTP exception, as the adapters declare theirs (``http_errors``)."""
+
+
+def test_a_raised_http_exception_is_settled_as_the_response_it_stands_for() -> None:
+    core = RequireToken("op", http_errors=(NotFound,))
+    page = Reply(404, [("Content-Type", "text/plain")], b"no such order")
+    told = Told()
+    core.raised(as_guard(told), NotFound(), lambda: page)
+    assert told.said == [("succeed", {"s": 404, "h": [], "b": "no such order"})]  # kept: replayed
+    told = Told()
+    core.raised(as_guard(told), NotFound(), lambda: Reply(503, [], b"down"))
+    assert told.said == [("abandon", True)]  # the storage policy frees a 503, as a returned one
+    told = Told()
+    core.raised(as_guard(told), NotFound(), lambda: None)
+    assert told.said == [("abandon", True)]  # not renderable: freed
+
+
+def test_terminal_wins_over_an_http_exception_and_other_exceptions_are_failures() -> None:
+    core = RequireToken("op", http_errors=(NotFound,))
+    told = Told(terminal=(NotFound,))
+    assert not core.answered(as_guard(told), NotFound())
+    core.raised(as_guard(told), NotFound(), lambda: pytest.fail("a terminal exception is not rendered"))
+    assert told.said == [("abandon", None)]  # the guard records it (terminal)
+    told = Told()
+    assert not core.answered(as_guard(told), RuntimeError())
+    assert not CORE.answered(as_guard(told), NotFound())  # not one of this core's http_errors
+
+
+async def test_an_async_guard_settles_a_raised_http_exception_alike() -> None:
+    core = RequireToken("op", http_errors=(NotFound,))
+
+    async def page() -> Reply:
+        return Reply(404, [], b"gone")
+
+    told = AsyncTold()
+    guard = as_async_guard(told)
+    guard.is_terminal = lambda exc: False  # type: ignore[method-assign]
+    await core.araised(guard, NotFound(), page)
+    await core.araised(guard, RuntimeError("bug"), page)
+    assert told.said == [("succeed", {"s": 404, "h": [], "b": "gone"}), ("abandon", None)]
 
 
 def test_a_store_that_fails_after_the_work_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:

@@ -2,7 +2,8 @@
 
 Three apps that do the same thing (plain JSON, a returned value, a response
 object, a streamed body and a file under and over the caps, HEAD, 429 and 503
-from the view, an exception), each behind its framework's decorator, on one
+from the view, the framework's HTTP exceptions raised, an exception), each
+behind its framework's decorator, on one
 Redis, each driven through its framework's in-process test client. The same
 script runs against each (every app with tokens of its own); every answer
 (status, body, the replay headers) and every run of a view must be the same: the
@@ -28,18 +29,29 @@ import pytest
 import redis
 import redis.asyncio
 from django.conf import settings
+from django.core.exceptions import PermissionDenied
 from django.http import FileResponse as DjangoFileResponse
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, StreamingHttpResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    JsonResponse,
+    StreamingHttpResponse,
+)
 from django.test import AsyncClient as DjangoAsyncClient
 from django.test import Client as DjangoClient
 from django.test import override_settings
 from django.urls import path
 from fastapi import FastAPI, Request
+from fastapi import HTTPException as FastAPIHTTPException
 from fastapi import Response as FastAPIResponse
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
-from flask import Flask, send_file
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
+from flask import Flask, abort, send_file
 from flask import Response as FlaskResponse
 from flask import request as flask_request
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from werkzeug.exceptions import HTTPException as WerkzeugHTTPException
 
 from tests.support.processes import RedisServer
 from token_service.client import AsyncTokenClient, TokenClient
@@ -59,6 +71,11 @@ PDF = "application/pdf"
 
 def lines(count: int) -> list[bytes]:
     return [b"line %04d\n" % number for number in range(count)]
+
+
+def http_error_body(status: int) -> bytes:
+    """What each app's handler of its framework's HTTP exceptions answers (the same in all three)."""
+    return b"http error %d" % status
 
 
 def subject_of(headers: Any) -> str | None:
@@ -115,6 +132,17 @@ def flask_app(tokens: TokenClient, runs: Counter[str], files: dict[str, Path]) -
     def status() -> Any:
         runs["status"] += 1
         return FlaskResponse(b"status", status=int(flask_request.args["code"]), content_type=TEXT)
+
+    @app.post("/raise")
+    @guard
+    def raises() -> Any:
+        runs["raise"] += 1
+        abort(int(flask_request.args["code"]))
+
+    @app.errorhandler(WerkzeugHTTPException)
+    def http_error(error: WerkzeugHTTPException) -> Any:
+        status = error.code or 500
+        return FlaskResponse(http_error_body(status), status=status, content_type=TEXT)
 
     @app.post("/crash")
     @guard
@@ -176,6 +204,20 @@ def fastapi_app(tokens: AsyncTokenClient, runs: Counter[str], files: dict[str, P
             b"status", status_code=int(request.query_params["code"]), media_type="text/plain"
         )
 
+    @app.post("/raise")
+    @guard
+    async def raises(request: Request) -> Any:
+        runs["raise"] += 1
+        code = int(request.query_params["code"])
+        # FastAPI's own, and Starlette's (its base, which Starlette's routes raise)
+        raise (FastAPIHTTPException if code == 404 else StarletteHTTPException)(code)
+
+    async def http_error(request: Request, error: Exception) -> FastAPIResponse:
+        assert isinstance(error, StarletteHTTPException)
+        return PlainTextResponse(http_error_body(error.status_code), status_code=error.status_code)
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
+
     @app.post("/crash")
     @guard
     async def crash() -> Any:
@@ -213,6 +255,14 @@ def django_views(
             return DjangoFileResponse(files[request.GET["size"]].open("rb"), content_type=PDF)
         if name == "status":
             return HttpResponse(b"status", status=int(request.GET["code"]), content_type=TEXT)
+        if name == "raise":
+            code = int(request.GET["code"])
+            if code == 404:
+                raise Http404
+            if code == 403:
+                raise PermissionDenied
+            # Django has no exception that stands for a 503: the view answers it
+            return HttpResponse(http_error_body(code), status=code, content_type=TEXT)
         raise RuntimeError("bug")
 
     def guarded(name: str) -> Any:
@@ -242,11 +292,20 @@ def django_views(
     prefix = "async/" if is_async else ""
     return [
         path(f"{prefix}{name}", guarded(name))
-        for name in ("json", "value", "response", "stream", "file", "status", "crash")
+        for name in ("json", "value", "response", "stream", "file", "status", "raise", "crash")
     ]
 
 
 urlpatterns: list[Any] = []  # this module is the Django URLconf; the test fills it in
+
+
+def handler404(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """The URLconf's page for Http404 (Django looks it up in this module)."""
+    return HttpResponse(http_error_body(404), status=404, content_type=TEXT)
+
+
+def handler403(request: HttpRequest, exception: Exception) -> HttpResponse:
+    return HttpResponse(http_error_body(403), status=403, content_type=TEXT)
 
 
 # -- one script ------------------------------------------------------------------------------------
@@ -287,6 +346,17 @@ SCRIPT = [
     Step("503 from the view: not stored", "POST", "/status?code=503", "g"),
     Step("then a 201: runs, stored", "POST", "/status?code=201", "g"),
     Step("the 201 replayed", "POST", "/status?code=503", "g"),
+    Step(
+        "a raised 404 (abort, HTTPException, Http404): answered as the app renders it",
+        "POST",
+        "/raise?code=404",
+        "l",
+    ),
+    Step("the raised 404 replayed: it is the response it stands for", "POST", "/raise?code=404", "l"),
+    Step("a raised 403 (abort, HTTPException, PermissionDenied): answered", "POST", "/raise?code=403", "n"),
+    Step("the raised 403 replayed", "POST", "/raise?code=403", "n"),
+    Step("a raised 503: answered, not stored", "POST", "/raise?code=503", "m"),
+    Step("the raised 503 again: runs again", "POST", "/raise?code=503", "m"),
     Step("an exception: 500, the token freed", "POST", "/crash", "h"),
     Step("an exception again: runs again", "POST", "/crash", "h"),
     Step("in flight (another request holds the lease): 409", "POST", "/json", "held"),
@@ -467,15 +537,31 @@ async def test_the_three_decorators_answer_one_script_alike(
     # the script meant what its steps say
     assert [answer[0] for answer in answers.values()] == [
         400, 201, 201, 403, 200, 200, 202, 202, 200, 200, 200, 200, 200, 200,
-        200, 200, 200, 200, 200, 200, 429, 429, 503, 201, 201, 500, 500, 409, 201,
+        200, 200, 200, 200, 200, 200, 429, 429, 503, 201, 201, 404, 404, 403, 403, 503, 503,
+        500, 500, 409, 201,
     ]  # fmt: skip
-    counted = {"json": 1, "value": 1, "response": 1, "stream": 3, "file": 3, "status": 4, "crash": 2}
+    counted = {
+        "json": 1,
+        "value": 1,
+        "response": 1,
+        "stream": 3,
+        "file": 3,
+        "status": 4,
+        "raise": 4,
+        "crash": 2,
+    }
     assert dict(runs["flask"]) == counted
     assert answers["after HEAD of a file: replayed omitted, with its length"][2] == {
         "Idempotent-Replayed": "true",
         "Idempotent-Body-Omitted": str(len(FILES["small"])),
         "Location": None,
     }
+    assert answers["the raised 404 replayed: it is the response it stands for"][:3] == (
+        404,
+        http_error_body(404),
+        {"Idempotent-Replayed": "true", "Idempotent-Body-Omitted": None, "Location": None},
+    )
+    assert answers["the raised 503 again: runs again"][2]["Idempotent-Replayed"] is None
     assert answers["a file over the caps: replayed omitted, with its length"][2] == {
         "Idempotent-Replayed": "true",
         "Idempotent-Body-Omitted": str(len(FILES["large"])),

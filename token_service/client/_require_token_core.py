@@ -11,8 +11,19 @@ the Idempotency-Key middlewares sit on :mod:`._idempotency_core`):
    guard (this request holds the lease, renewed while the view runs and its body
    streams), a :class:`Replay` of the stored result, or the ``TokenError`` to
    answer as problem+json (403 mismatch, 404 unknown, 409 in progress or used, 503).
-3. The view runs. An exception: :meth:`failed` / :meth:`afailed` (terminal
-   exceptions are recorded, the others free the token).
+3. The view runs. It raised: :meth:`failed` (a ``terminal`` exception is recorded,
+   any other frees the token) -- unless it is one of its framework's HTTP
+   exceptions (``http_errors``: Werkzeug's ``HTTPException``, ``abort(404)``;
+   Starlette's; Django's ``Http404``, ``PermissionDenied``, ``BadRequest``,
+   ``SuspiciousOperation``). Such an exception is the response it stands for
+   (the framework answers it with one; ``abort(404)`` is ``return ..., 404``
+   written another way), so it is :meth:`answered` like one: the adapter
+   renders it as its framework does and it is settled (step 4: a 404 is kept
+   and replayed; a 409, 429 or 503 frees the token), unless ``terminal`` names
+   it. Flask's adapter then answers with that response, as Flask's own dispatch
+   would; FastAPI's and Django's re-raise it (:meth:`raised` / :meth:`araised`),
+   so the framework answers it as ever and a yield dependency or Django's
+   ``ATOMIC_REQUESTS`` transaction still sees the exception.
 4. :meth:`settle` / :meth:`asettle` with a :class:`Reply` (a status, headers and a
    body, or an endpoint's value): the one place that decides what is kept.
 
@@ -139,8 +150,10 @@ class RequireToken:
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         store_status: StorePolicy = default_store_status,
         guard_options: Mapping[str, Any] | None = None,
+        http_errors: tuple[type[BaseException], ...] = (),
     ) -> None:
         self.scope = scope
+        self.http_errors = http_errors
         self.header = header
         self.replay_headers = frozenset(name.lower() for name in replay_headers)
         self.store_status = store_status
@@ -150,12 +163,15 @@ class RequireToken:
         self.guard_options = dict(guard_options or {})
 
     @classmethod
-    def of(cls, arguments: Mapping[str, Any]) -> RequireToken:
-        """The core of a decorator from its own arguments: ``RequireToken.of(locals())`` first thing
-        in ``require_token``, so the options are spelled once, in the public signature."""
+    def of(
+        cls, arguments: Mapping[str, Any], http_errors: tuple[type[BaseException], ...] = ()
+    ) -> RequireToken:
+        """The core of a decorator from its own arguments: ``RequireToken.of(locals(), ...)`` first
+        thing in ``require_token``, so the options are spelled once, in the public signature;
+        ``http_errors``: its framework's exceptions that stand for a response (step 3)."""
         own = {name: arguments[name] for name in _OWN_OPTIONS if name in arguments}
         hand_on = {name: arguments[name] for name in GUARD_OPTIONS if name in arguments}
-        return cls(arguments["scope"], **own, guard_options=hand_on)
+        return cls(arguments["scope"], **own, guard_options=hand_on, http_errors=http_errors)
 
     # -- before the view ---------------------------------------------------------------------
 
@@ -196,14 +212,33 @@ class RequireToken:
 
     # -- after the view ----------------------------------------------------------------------
 
+    def answered(self, guard: Guard | AsyncGuard, exc: BaseException) -> bool:
+        """Whether the view's exception is the response it stands for (rendered by the adapter,
+        then settled as a returned one) rather than a failure: one of the framework's HTTP
+        exceptions that ``terminal`` does not list (an exception named there is recorded)."""
+        return isinstance(exc, self.http_errors) and not guard.is_terminal(exc)
+
     @staticmethod
     def failed(guard: Guard, exc: BaseException) -> None:
         """The view raised: record a terminal failure, or free the token for a retry."""
         guard.abandon_quietly(exc)
 
-    @staticmethod
-    async def afailed(guard: AsyncGuard, exc: BaseException) -> None:
-        await guard.abandon_quietly(exc)
+    def raised(self, guard: Guard, exc: BaseException, render: Callable[[], Reply | None]) -> None:
+        """The view raised ``exc``, which goes on to the framework: an HTTP exception is settled as
+        ``render()`` (the response the framework answers it with; None: it cannot be rendered, the
+        token is freed), any other is :meth:`failed`."""
+        if self.answered(guard, exc):
+            self.settle(guard, render())
+        else:
+            guard.abandon_quietly(exc)
+
+    async def araised(
+        self, guard: AsyncGuard, exc: BaseException, render: Callable[[], Awaitable[Reply | None]]
+    ) -> None:
+        if self.answered(guard, exc):
+            await self.asettle(guard, await render())
+        else:
+            await guard.abandon_quietly(exc)
 
     def keeps(self, status: int) -> bool:
         """Whether a response with this status is stored (the others free the token)."""

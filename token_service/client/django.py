@@ -41,9 +41,12 @@ It is ``token_service.client.flask.require_token`` for Django: the token from
 the ``Idempotency-Token`` header, the response (status, body, the
 ``replay_headers``) stored and replayed to duplicates, 5xx and exceptions free
 the token, ``terminal`` exceptions are recorded (409 ``token_failed``), token
-errors are problem+json. A streamed response (``StreamingHttpResponse``,
-``FileResponse``) is recorded as it goes out: replayed byte for byte when it
-fits ``max_result_bytes``, else empty with ``Idempotent-Body-Omitted: <length>``
+errors are problem+json. ``Http404``, ``PermissionDenied``, ``BadRequest`` and
+``SuspiciousOperation`` are the response Django answers them with, kept or not
+by the same rule as a returned one (then re-raised: Django answers them as
+ever). A streamed response (``StreamingHttpResponse``, ``FileResponse``) is
+recorded as it goes out: replayed byte for byte when it fits
+``max_result_bytes``, else empty with ``Idempotent-Body-Omitted: <length>``
 (the decisions are :mod:`token_service.client._require_token_core`'s, shared
 with Flask and FastAPI). A Django REST framework view works too: decorate
 ``MyView.as_view()`` (its response is rendered before it is stored).
@@ -68,15 +71,21 @@ import redis
 import redis.asyncio
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.conf import settings
+from django.core.exceptions import BadRequest, PermissionDenied, SuspiciousOperation
 from django.core.handlers.asgi import ASGIRequest
+from django.core.handlers.exception import get_exception_response
 from django.http import (
+    Http404,
     HttpRequest,
     HttpResponse,
     HttpResponseBase,
     RawPostDataException,
     StreamingHttpResponse,
 )
+from django.http.multipartparser import MultiPartParserError
+from django.urls import get_resolver, get_urlconf
 from django.utils.module_loading import import_string
+from django.views import debug
 
 from token_service import defaults
 from token_service.errors import TokenError
@@ -382,6 +391,38 @@ def _rendered(response: Any) -> HttpResponseBase:
     return response
 
 
+# Django's exceptions that stand for a 4xx of their own (as response_for_exception answers them)
+_HTTP_STATUSES: tuple[tuple[type[Exception], int], ...] = (
+    (Http404, 404),
+    (PermissionDenied, 403),
+    (MultiPartParserError, 400),
+    (BadRequest, 400),
+    (SuspiciousOperation, 400),
+)
+_HTTP_ERRORS = tuple(kind for kind, _ in _HTTP_STATUSES)
+
+
+def _http_reply(request: HttpRequest, exc: BaseException) -> Reply | None:
+    """The response Django answers one of its HTTP exceptions with (``response_for_exception``'s:
+    the URLconf's ``handler404``/``403``/``400``, its debug pages under DEBUG), without the log
+    line it writes: Django writes that once, when the re-raised exception reaches it."""
+    status = next(code for kind, code in _HTTP_STATUSES if isinstance(exc, kind))
+    if settings.DEBUG and isinstance(exc, Http404):
+        response = debug.technical_404_response(request, exc)
+    elif settings.DEBUG and isinstance(exc, BadRequest | SuspiciousOperation):
+        response = debug.technical_500_response(request, type(exc), exc, exc.__traceback__, status_code=400)
+    else:
+        response = get_exception_response(request, get_resolver(get_urlconf()), status, exc)
+    try:
+        response = _rendered(response)
+    except Exception:
+        return None  # its template broke: the token is freed (Django, rendering it again, answers that)
+    head = Reply(response.status_code, list(response.items()))
+    if isinstance(response, HttpResponse):
+        return dataclasses.replace(head, body=response.content)
+    return dataclasses.replace(head, omitted=0)  # a stream: it never goes out, Django answers anew
+
+
 def require_token(
     scope: str,
     *,
@@ -407,7 +448,7 @@ def require_token(
     the one ``settings.TOKEN_SERVICE`` describes (a sync view needs a
     :class:`TokenClient`, an async one an :class:`AsyncTokenClient`).
     """
-    core = RequireToken.of(locals())  # first: the arguments, before any other local
+    core = RequireToken.of(locals(), http_errors=_HTTP_ERRORS)  # first: before any other local
     fields = fingerprint_fields(fingerprint)
 
     def checked(request: HttpRequest) -> str | HttpResponse:
@@ -443,7 +484,9 @@ def require_token(
                 try:
                     response = _rendered(await view(*args, **kwargs))
                 except BaseException as exc:
-                    await core.afailed(guard, exc)
+                    reply = functools.partial(_http_reply, request, exc)
+                    # rendered in a thread, as Django renders an async view's exception
+                    await core.araised(guard, exc, sync_to_async(reply, thread_sensitive=False))
                     raise
                 now = _settle_now(core, guard, request, response)
                 if now is _READ_AHEAD:
@@ -469,7 +512,7 @@ def require_token(
             try:
                 response = _rendered(view(*args, **kwargs))
             except BaseException as exc:
-                core.failed(guard, exc)
+                core.raised(guard, exc, functools.partial(_http_reply, request, exc))
                 raise
             now = _settle_now(core, guard, request, response)
             if now is not None:

@@ -28,8 +28,11 @@ without the endpoint running:
   when it fits, so both replay byte for byte under the caps; over them, or a
   body over ``max_result_bytes`` of JSON, the replay is empty, marked
   ``Idempotent-Body-Omitted: <length>``;
-- ``HTTPException``: a status worth storing (4xx but 408/409/425/429) is stored
-  and replayed as FastAPI renders it (``{"detail": ...}``); a 5xx frees the token.
+- ``HTTPException`` (Starlette's or FastAPI's): the response it stands for, as
+  the app's exception handler renders it (by default ``{"detail": ...}``), is
+  kept or not by the same rule as a returned one (a 404 is replayed; a 409,
+  429 or 5xx frees the token); the exception then goes on to FastAPI, which
+  answers it as ever.
 
 Any other exception frees the token for a retry, unless it is listed in
 ``terminal``: duplicates then get 409 ``token_failed``. Token errors are
@@ -51,10 +54,12 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import anyio
-from fastapi import HTTPException, Request, Response
+from fastapi import Request, Response
 from fastapi.encoders import jsonable_encoder
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import FileResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 
 from token_service.errors import TokenError
 from token_service.problems import problem_for
@@ -190,7 +195,7 @@ def require_token(
     """
     if not isinstance(client, AsyncTokenClient):
         raise TypeError("FastAPI's require_token takes an AsyncTokenClient")
-    core = RequireToken.of(locals())  # first: the arguments, before any other local
+    core = RequireToken.of(locals(), http_errors=(HTTPException,))  # first: before any other local
     fields = fingerprint_fields(fingerprint)
 
     def decorate(endpoint: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
@@ -224,15 +229,9 @@ def require_token(
             request.state.token_guard = guard
             try:
                 value = await call(args, kwargs)
-            except HTTPException as exc:
-                # stored as FastAPI's default handler answers it (or, a 5xx, the token freed)
-                headers = {"Content-Type": "application/json", **(exc.headers or {})}
-                body = StoredResponse.json(exc.status_code, {"detail": exc.detail}).body
-                await core.asettle(guard, Reply(exc.status_code, list(headers.items()), body))
-                raise
             except BaseException as exc:
-                await core.afailed(guard, exc)
-                raise
+                await core.araised(guard, exc, functools.partial(_http_reply, request, exc))
+                raise  # FastAPI answers it as ever (and a yield dependency sees it)
             try:
                 if isinstance(value, Response):
                     await _settle_response(core, guard, request, value)
@@ -271,6 +270,34 @@ async def _settle_response(core: RequireToken, guard: AsyncGuard, request: Reque
         else:
             value.body_iterator = core.arecord(guard, value.body_iterator, Reply(status, headers), length)
     else:
-        body = getattr(value, "body", None)  # a Response class of its own may send without one
-        kept = bytes(body) if isinstance(body, bytes | bytearray | memoryview) else None
-        await core.asettle(guard, Reply(status, headers, kept or b"", None if kept is not None else 0))
+        await core.asettle(guard, _reply_of(value))
+
+
+def _reply_of(value: Response) -> Reply:
+    """A response with its body in hand (a stream or a file: none, stored as omitted)."""
+    body = getattr(value, "body", None)  # a Response class of its own may send without one
+    kept = bytes(body) if isinstance(body, bytes | bytearray | memoryview) else None
+    headers = list(value.headers.items())
+    return Reply(value.status_code, headers, kept or b"", None if kept is not None else 0)
+
+
+async def _http_reply(request: Request, exc: BaseException) -> Reply | None:
+    """The response the app answers an ``HTTPException`` with: its handler for the status, else for
+    the class, else FastAPI's default (Starlette's lookup, on the handlers it keeps in the scope).
+    None when the handler breaks or answers no response (the token is freed; Starlette, calling it
+    again, answers that itself)."""
+    assert isinstance(exc, HTTPException)
+    exceptions, statuses = request.scope.get("starlette.exception_handlers", ({}, {}))
+    handler = statuses.get(exc.status_code) or next(
+        (exceptions[kind] for kind in type(exc).__mro__ if kind in exceptions), http_exception_handler
+    )
+    try:
+        if inspect.iscoroutinefunction(handler):
+            answer = await handler(request, exc)
+        else:  # as Starlette runs a plain one: in a thread
+            answer = await run_in_threadpool(handler, request, exc)
+            if inspect.isawaitable(answer):
+                answer = await answer
+    except Exception:
+        return None
+    return _reply_of(answer) if isinstance(answer, Response) else None

@@ -19,7 +19,9 @@ through to the client and are recorded as they go (kept up to
 the last byte is handed to the server, or when the server closes the
 response early. A response whose status ``store_status`` does not keep (by
 default a 5xx, 408, 409, 425, 429) or an exception releases
-the token so the client may retry with it (exceptions listed in
+the token so the client may retry with it; an ``HTTPException`` the view
+raises (``abort(404)``) is the response Flask answers it with, kept or not by
+the same rule (exceptions listed in
 ``terminal`` record a terminal failure instead: duplicates get 409
 ``token_failed``). Token errors become problem+json: missing header 400,
 unknown token 404, mismatch 403, in progress 409 with ``Retry-After``,
@@ -35,8 +37,8 @@ import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from flask import Request, Response, g, make_response, request
-from werkzeug.exceptions import ClientDisconnected
+from flask import Request, Response, current_app, g, make_response, request
+from werkzeug.exceptions import ClientDisconnected, HTTPException
 
 from token_service.errors import TokenError
 from token_service.problems import problem_for
@@ -132,6 +134,20 @@ def _body_ended_early() -> bool:
         return True
 
 
+def _response_of(
+    core: RequireToken, guard: Guard, view: Callable[..., Any], args: Any, kwargs: Any
+) -> Response:
+    """The view's response; for an ``HTTPException`` it raises (``abort(404)``), the one Flask
+    answers it with, as Flask's own dispatch does: its error handler's, else the exception's page
+    (not when the app traps it, ``TRAP_HTTP_EXCEPTIONS``: then it is raised, as any exception)."""
+    try:
+        return make_response(view(*args, **kwargs))
+    except HTTPException as exc:
+        if not core.answered(guard, exc):
+            raise
+        return make_response(current_app.handle_user_exception(exc))
+
+
 def require_token(
     client: TokenClient,
     scope: str,
@@ -166,7 +182,7 @@ def require_token(
     The hooks are the guard's (``on_replay(guard)``, ``on_conflict(guard, error)``, ...);
     the lease is renewed while the view runs and its response streams out.
     """
-    core = RequireToken.of(locals())  # first: the arguments, before any other local
+    core = RequireToken.of(locals(), http_errors=(HTTPException,))  # first: before any other local
     fields = fingerprint_fields(fingerprint)
 
     def request_fingerprint() -> str | None:
@@ -187,7 +203,7 @@ def require_token(
                 return _answer(guard)
             g.token_guard = guard
             try:
-                response = make_response(view(*args, **kwargs))
+                response = _response_of(core, guard, view, args, kwargs)
             except BaseException as exc:
                 core.failed(guard, exc)
                 raise
