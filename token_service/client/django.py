@@ -130,6 +130,10 @@ _sync_client: TokenClient | None = None
 _async_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncTokenClient] = (
     weakref.WeakKeyDictionary()
 )
+# the event loop each client= AsyncTokenClient first served: its pooled connections belong to it
+_first_loops: weakref.WeakKeyDictionary[AsyncTokenClient, weakref.ref[asyncio.AbstractEventLoop]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _settings() -> dict[str, Any]:
@@ -170,6 +174,24 @@ def async_token_client() -> AsyncTokenClient:
         else:
             raise TypeError("settings.TOKEN_SERVICE needs REDIS_URL, or URL and API_KEY")
         _async_clients[loop] = client
+    return client
+
+
+def _on_its_loop(client: AsyncTokenClient) -> AsyncTokenClient:
+    """``client`` (an async view's ``client=``) if this is the event loop it first served, else a
+    RuntimeError before the token is touched: its pooled connections belong to that loop, and on
+    another one (under WSGI Django runs each request of an async view on a loop of its own, closed
+    after it) a request failed with a 500 and left its token PROCESSING until the lease ran out."""
+    loop = asyncio.get_running_loop()
+    with _lock:
+        first = _first_loops.setdefault(client, weakref.ref(loop))()
+    if first is not loop:
+        raise RuntimeError(
+            "require_token(client=...): this AsyncTokenClient serves the event loop it first served, "
+            "and this request runs on another (under WSGI each request of an async view has a loop of "
+            "its own). Leave client= unset (the settings' client, one per event loop), make the client "
+            "in the request, or serve the app over ASGI."
+        )
     return client
 
 
@@ -478,6 +500,8 @@ def require_token(
                 tokens = client or async_token_client()
                 if not isinstance(tokens, AsyncTokenClient):
                     raise TypeError("an async view needs an AsyncTokenClient")
+                if client is not None:
+                    _on_its_loop(tokens)
                 guard = await core.abegin(tokens, token, *identity(request))
                 if isinstance(guard, TokenError | Replay):
                     return _answer(guard)
