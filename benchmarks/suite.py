@@ -30,7 +30,7 @@ from token_service.client import TokenClient
 from token_service.config import RateLimit
 from token_service.limits import IssuanceLimits, client_key
 from token_service.scripts import admit_issue_source, lua_source
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, UseRequest
 
 API_KEY = "bench-service-key-0123456789"
 SCOPE = "payment.create"
@@ -396,7 +396,7 @@ def direct_transport(servers: Servers, config: Config) -> dict[str, Any]:
 
     def store_consume(tokens: list[str]) -> None:
         for token in tokens:
-            if store.consume(token, SCOPE).replayed:
+            if store.consume(UseRequest(token, SCOPE)).replayed:
                 raise RuntimeError("store consume replayed a fresh token")
 
     contenders[RAW_EVALSHA] = raw_evalsha

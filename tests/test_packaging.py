@@ -49,11 +49,11 @@ INSTALLED = """
 import json, fakeredis
 import token_service
 from token_service import resources
-from token_service.store import TokenStore, IssueRequest
+from token_service.store import TokenStore, IssueRequest, UseRequest
 
 store = TokenStore(fakeredis.FakeRedis())
 [token] = store.issue(IssueRequest("s", None, None, 60), 1)
-consumed = store.consume(token, "s")
+consumed = store.consume(UseRequest(token, "s"))
 app = token_service.create_app({"redis_client": fakeredis.FakeRedis(), "api_keys": "k" * 16})
 spec = app.test_client().get("/openapi.yaml")
 print(json.dumps({

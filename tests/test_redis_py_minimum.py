@@ -29,17 +29,17 @@ from token_service.client import TokenClient
 from token_service.config import Settings
 from token_service.connection import redis_client
 from token_service.limits import IssuanceLimits
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, UseRequest
 
 assert redis.__version__.startswith(sys.argv[2] + "."), redis.__version__
 client = redis_client(Settings.from_mapping({"redis_url": sys.argv[1]}))
 store = TokenStore(client)
 request = IssueRequest("payment.create", "user-1", None, 300)
 tokens = store.issue(request, 3)
-assert store.consume(tokens[0], "payment.create", "user-1", None, "r-1").replayed is False
-assert store.consume(tokens[0], "payment.create", "user-1", None, "r-1").replayed is True
+assert store.consume(UseRequest(tokens[0], "payment.create", "user-1", None, "r-1")).replayed is False
+assert store.consume(UseRequest(tokens[0], "payment.create", "user-1", None, "r-1")).replayed is True
 assert store._parked, "the parked connection is in use"
-started = store.begin(tokens[1], "payment.create", "user-1", None, "r-2", 30)
+started = store.begin(UseRequest(tokens[1], "payment.create", "user-1", None, "r-2"), 30)
 store.complete(tokens[1], started.lease_id, {"paid": True})
 assert store.inspect(tokens[1]).result == {"paid": True}
 limits = IssuanceLimits(None, 100)

@@ -13,7 +13,7 @@ import pytest
 
 from tests.test_api import RFC3339_UTC, SCOPE, assert_problem, generate, post
 from token_service.errors import InvalidRequest, LeaseLost, TokenInProgress, TokenInvalid
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, UseRequest
 
 NOW_MS = 1_800_000_000_000
 
@@ -24,7 +24,7 @@ def _store(redis_client: Any, clock: list[int]) -> TokenStore:
 
 def _begun(store: TokenStore, lease_seconds: int = 10) -> tuple[str, str]:
     token = store.issue(IssueRequest(SCOPE, None, None, 60))[0]
-    started = store.begin(token, SCOPE, lease_seconds=lease_seconds)
+    started = store.begin(UseRequest(token, SCOPE), lease_seconds=lease_seconds)
     assert not hasattr(started, "result")
     return token, started.lease_id  # type: ignore[union-attr]
 
@@ -40,7 +40,7 @@ def test_renew_extends_the_live_lease_and_keeps_the_record(redis_client: Any) ->
     # past the first lease's end, the holder still holds it: another begin is refused...
     clock[0] += 5_000
     with pytest.raises(TokenInProgress):
-        store.begin(token, SCOPE)
+        store.begin(UseRequest(token, SCOPE))
     # ...and its complete is accepted
     assert store.complete(token, lease_id, {"ok": True}).replayed is False
 
@@ -59,7 +59,7 @@ def test_a_lease_past_its_end_or_taken_over_is_lost_and_unchanged(redis_client: 
     clock[0] += 1_000  # the lease ends exactly now: fenced, even before anyone took over
     with pytest.raises(LeaseLost):
         store.renew(token, lease_id)
-    new = store.begin(token, SCOPE, lease_seconds=5)
+    new = store.begin(UseRequest(token, SCOPE), lease_seconds=5)
     before = redis_client.get(store.key(token))
     with pytest.raises(LeaseLost):
         store.renew(token, lease_id)
@@ -75,7 +75,7 @@ def test_renew_after_complete_consume_or_revoke(redis_client: Any) -> None:
     with pytest.raises(LeaseLost):  # settled: nothing left to renew
         store.renew(token, lease_id)
     consumed = store.issue(IssueRequest(SCOPE, None, None, 60))[0]
-    store.consume(consumed, SCOPE)
+    store.consume(UseRequest(consumed, SCOPE))
     with pytest.raises(LeaseLost):
         store.renew(consumed, lease_id)
     store.revoke(token)

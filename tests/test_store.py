@@ -18,7 +18,7 @@ from token_service.errors import (
     TokenUsed,
 )
 from token_service.scripts import lua_source
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, UseRequest
 from token_service.tokens import new_token, token_digest
 
 SCOPE = "payment.create"
@@ -61,12 +61,16 @@ def test_batch_issues_distinct_tokens(store: TokenStore, redis_client: Any) -> N
 
 def test_consume_wins_once_and_replays_to_the_same_request_id(store: TokenStore) -> None:
     token = issue(store)
-    assert store.consume(token, SCOPE, "user-1", request_id="req-1") == records.Consumed(replayed=False)
-    assert store.consume(token, SCOPE, "user-1", request_id="req-1") == records.Consumed(replayed=True)
+    assert store.consume(UseRequest(token, SCOPE, "user-1", request_id="req-1")) == records.Consumed(
+        replayed=False
+    )
+    assert store.consume(UseRequest(token, SCOPE, "user-1", request_id="req-1")) == records.Consumed(
+        replayed=True
+    )
     with pytest.raises(TokenUsed):
-        store.consume(token, SCOPE, "user-1", request_id="req-2")
+        store.consume(UseRequest(token, SCOPE, "user-1", request_id="req-2"))
     with pytest.raises(TokenUsed):
-        store.consume(token, SCOPE, "user-1")
+        store.consume(UseRequest(token, SCOPE, "user-1"))
     assert store.inspect(token).state == "CONSUMED"
 
 
@@ -85,21 +89,21 @@ def test_mismatch_does_not_use_the_token(
 ) -> None:
     token = issue(store, subject="user-1", fingerprint="order-9")
     with pytest.raises(TokenMismatch) as caught:
-        store.consume(token, scope, subject, fingerprint)
+        store.consume(UseRequest(token, scope, subject, fingerprint))
     assert caught.value.field == field
     with pytest.raises(TokenMismatch):
-        store.begin(token, scope, subject, fingerprint)
+        store.begin(UseRequest(token, scope, subject, fingerprint))
     assert store.inspect(token).state == "ISSUED"
-    assert store.consume(token, SCOPE, "user-1", "order-9").replayed is False
+    assert store.consume(UseRequest(token, SCOPE, "user-1", "order-9")).replayed is False
 
 
 def test_unknown_revoked_and_expired_tokens_are_invalid(store: TokenStore, redis_client: Any) -> None:
     with pytest.raises(TokenInvalid):
-        store.consume(new_token(), SCOPE)
+        store.consume(UseRequest(new_token(), SCOPE))
     revoked = issue(store)
     store.revoke(revoked)
     with pytest.raises(TokenInvalid):
-        store.consume(revoked, SCOPE, "user-1")
+        store.consume(UseRequest(revoked, SCOPE, "user-1"))
     with pytest.raises(TokenInvalid):
         store.revoke(revoked)
     expired = issue(store)
@@ -111,36 +115,36 @@ def test_unknown_revoked_and_expired_tokens_are_invalid(store: TokenStore, redis
 
 def test_two_phase_success_is_replayed_with_the_stored_result(store: TokenStore) -> None:
     token = issue(store)
-    started = store.begin(token, SCOPE, "user-1", request_id="r1", lease_seconds=30)
+    started = store.begin(UseRequest(token, SCOPE, "user-1", request_id="r1"), lease_seconds=30)
     assert isinstance(started, records.Started)
     assert store.inspect(token).state == "PROCESSING"
     with pytest.raises(TokenInProgress) as busy:
-        store.begin(token, SCOPE, "user-1", request_id="r2")
+        store.begin(UseRequest(token, SCOPE, "user-1", request_id="r2"))
     assert 1 <= busy.value.retry_after_seconds <= 30
     # the begin's own retry gets its lease back rather than "in progress"
-    again = store.begin(token, SCOPE, "user-1", request_id="r1")
+    again = store.begin(UseRequest(token, SCOPE, "user-1", request_id="r1"))
     assert again == records.Started(started.lease_id, started.lease_expires_ms, replayed=True)
 
     result = {"charge_id": "ch_1", "amount": 1250, "note": "ünïcode \u001f"}
     assert store.complete(token, started.lease_id, result) == records.Completed(replayed=False)
     assert store.complete(token, started.lease_id, {"other": 1}) == records.Completed(replayed=True)
-    assert store.begin(token, SCOPE, "user-1") == records.Finished(result=result)
+    assert store.begin(UseRequest(token, SCOPE, "user-1")) == records.Finished(result=result)
     found = store.inspect(token)
     assert (found.state, found.result) == ("SUCCEEDED", result)
     assert found.record_ttl_ms > 86_000_000  # kept RESULT_TTL_SECONDS, past the token's 60 s
     with pytest.raises(TokenUsed):
-        store.consume(token, SCOPE, "user-1")
+        store.consume(UseRequest(token, SCOPE, "user-1"))
 
 
 def test_retryable_failure_releases_and_terminal_failure_is_recorded(store: TokenStore) -> None:
     token = issue(store)
-    first = store.begin(token, SCOPE, "user-1")
+    first = store.begin(UseRequest(token, SCOPE, "user-1"))
     assert isinstance(first, records.Started)
     assert store.fail(token, first.lease_id, retryable=True) == records.FailRecorded("released", False)
     assert store.fail(token, first.lease_id, retryable=True) == records.FailRecorded("released", True)
     assert store.inspect(token).state == "ISSUED"
 
-    second = store.begin(token, SCOPE, "user-1")
+    second = store.begin(UseRequest(token, SCOPE, "user-1"))
     assert isinstance(second, records.Started)
     with pytest.raises(LeaseLost):
         store.complete(token, first.lease_id, "stale")
@@ -149,10 +153,10 @@ def test_retryable_failure_releases_and_terminal_failure_is_recorded(store: Toke
         "failed", False
     )
     with pytest.raises(TokenFailed) as failed:
-        store.begin(token, SCOPE, "user-1")
+        store.begin(UseRequest(token, SCOPE, "user-1"))
     assert failed.value.error == error
     with pytest.raises(TokenFailed):
-        store.consume(token, SCOPE, "user-1")
+        store.consume(UseRequest(token, SCOPE, "user-1"))
     assert store.inspect(token).error == error
 
 
@@ -160,14 +164,14 @@ def test_expired_lease_is_taken_over_and_the_old_lease_is_fenced(redis_client: A
     clock = Clock()
     store = TokenStore(redis_client, clock_ms=clock)
     token = issue(store, ttl=600)
-    crashed = store.begin(token, SCOPE, "user-1", request_id="a", lease_seconds=5)
+    crashed = store.begin(UseRequest(token, SCOPE, "user-1", request_id="a"), lease_seconds=5)
     assert isinstance(crashed, records.Started)
     clock.advance(4)
     with pytest.raises(TokenInProgress):
-        store.begin(token, SCOPE, "user-1", request_id="b", lease_seconds=5)
+        store.begin(UseRequest(token, SCOPE, "user-1", request_id="b"), lease_seconds=5)
     clock.advance(2)  # the holder crashed: its lease ran out
     assert store.inspect(token).state == "ISSUED"
-    taker = store.begin(token, SCOPE, "user-1", request_id="b", lease_seconds=5)
+    taker = store.begin(UseRequest(token, SCOPE, "user-1", request_id="b"), lease_seconds=5)
     assert isinstance(taker, records.Started)
     assert taker.lease_id != crashed.lease_id
     with pytest.raises(LeaseLost):
@@ -182,7 +186,7 @@ def test_an_expired_lease_cannot_complete_even_before_a_takeover(redis_client: A
     clock = Clock()
     store = TokenStore(redis_client, clock_ms=clock)
     token = issue(store, ttl=600)
-    started = store.begin(token, SCOPE, "user-1", lease_seconds=1)
+    started = store.begin(UseRequest(token, SCOPE, "user-1"), lease_seconds=1)
     assert isinstance(started, records.Started)
     clock.advance(1.001)
     with pytest.raises(LeaseLost):
@@ -193,23 +197,23 @@ def test_token_expiry_during_a_crashed_lease_makes_it_invalid(redis_client: Any)
     clock = Clock()
     store = TokenStore(redis_client, clock_ms=clock)
     token = issue(store, ttl=10)
-    store.begin(token, SCOPE, "user-1", lease_seconds=5)
+    store.begin(UseRequest(token, SCOPE, "user-1"), lease_seconds=5)
     clock.advance(11)
     with pytest.raises(TokenInvalid):
-        store.begin(token, SCOPE, "user-1")
+        store.begin(UseRequest(token, SCOPE, "user-1"))
     with pytest.raises(TokenInvalid):
-        store.consume(token, SCOPE, "user-1")
+        store.consume(UseRequest(token, SCOPE, "user-1"))
 
 
 def test_consume_after_an_expired_lease_wins(redis_client: Any) -> None:
     clock = Clock()
     store = TokenStore(redis_client, clock_ms=clock)
     token = issue(store, ttl=600)
-    store.begin(token, SCOPE, "user-1", lease_seconds=5)
+    store.begin(UseRequest(token, SCOPE, "user-1"), lease_seconds=5)
     with pytest.raises(TokenInProgress):
-        store.consume(token, SCOPE, "user-1")
+        store.consume(UseRequest(token, SCOPE, "user-1"))
     clock.advance(6)
-    assert store.consume(token, SCOPE, "user-1").replayed is False
+    assert store.consume(UseRequest(token, SCOPE, "user-1")).replayed is False
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ from token_service import store as store_module
 from token_service.config import Settings
 from token_service.connection import redis_client
 from token_service.errors import ServiceUnavailable, TokenInvalid
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, UseRequest
 
 pytestmark = pytest.mark.real
 
@@ -56,7 +56,7 @@ def issue(store: TokenStore) -> str:
 
 def warm(store: TokenStore) -> None:
     """Load consume.lua (a first EVALSHA is answered NOSCRIPT, then SCRIPT LOAD runs)."""
-    store.consume(issue(store), SCOPE)
+    store.consume(UseRequest(issue(store), SCOPE))
 
 
 def count_checkouts(client: Any) -> list[int]:
@@ -78,8 +78,8 @@ def test_a_plain_client_skips_the_command_layer(redis_server: RedisServer, monke
         raise AssertionError("execute_command was used")
 
     monkeypatch.setattr(client, "execute_command", refuse)
-    assert store.consume(token, SCOPE, request_id="r1").replayed is False
-    assert store.consume(token, SCOPE, request_id="r1").replayed is True
+    assert store.consume(UseRequest(token, SCOPE, request_id="r1")).replayed is False
+    assert store.consume(UseRequest(token, SCOPE, request_id="r1")).replayed is True
     client.close()
 
 
@@ -96,7 +96,7 @@ def test_a_single_connection_client_goes_through_execute_command(redis_server: R
         return original(*args, **kwargs)
 
     client.execute_command = counting  # type: ignore[method-assign]
-    assert store.consume(token, SCOPE).replayed is False
+    assert store.consume(UseRequest(token, SCOPE)).replayed is False
     assert calls == ["EVALSHA"]
     client.close()
 
@@ -110,7 +110,7 @@ def test_a_killed_connection_is_replaced_and_the_call_retried(redis_server: Redi
     before = {c["id"] for c in admin.client_list() if c["name"] != "admin"}
     admin.client_setname("admin")
     assert admin.client_kill_filter(_type="normal", skipme=True) >= 1
-    assert store.consume(token, SCOPE).replayed is False
+    assert store.consume(UseRequest(token, SCOPE)).replayed is False
     after = {c["id"] for c in admin.client_list() if c["name"] != "admin"}
     assert after
     assert not after & before  # the store reconnected: none of its old connections is left
@@ -131,12 +131,14 @@ def test_a_late_reply_is_never_read_as_the_next_commands(redis_server: RedisServ
     hog.send_command("EVAL", HOG_THREE_SECONDS, 0)
     time.sleep(0.1)
     with pytest.raises(ServiceUnavailable):
-        store.consume(first, SCOPE)  # sent, maybe run after the stall: the caller is told "unknown"
+        store.consume(
+            UseRequest(first, SCOPE)
+        )  # sent, maybe run after the stall: the caller is told "unknown"
     assert hog.read_response() == 1
     admin.connection_pool.release(hog)
     # every later call reads its own reply, never the stalled consume's
     assert store.inspect(second).state == "ISSUED"
-    assert store.consume(second, SCOPE).replayed is False
+    assert store.consume(UseRequest(second, SCOPE)).replayed is False
     assert store.inspect(second).state == "CONSUMED"
     admin.close()
     client.close()
@@ -146,7 +148,7 @@ def test_nothing_listening_is_service_unavailable() -> None:
     server = RedisServer()  # never started: nothing on its port
     store = TokenStore(service_client(server, redis_timeout_seconds=0.2))
     with pytest.raises(ServiceUnavailable):
-        store.consume("A" * 43, SCOPE)
+        store.consume(UseRequest("A" * 43, SCOPE))
 
 
 @pytest.mark.parametrize("retries", [0, 1])
@@ -160,11 +162,11 @@ def test_a_lost_reply_is_retried_by_the_connections_own_retry(
         proxy.drop_replies(1, match=b"EVALSHA", then="reset")
         if retries:
             # Redis consumed it; the reply was lost; the retry finds its own win
-            assert store.consume(token, SCOPE, request_id="r-1").replayed is True
+            assert store.consume(UseRequest(token, SCOPE, request_id="r-1")).replayed is True
         else:
             with pytest.raises(ServiceUnavailable):  # fail closed: never "consumed" unheard
-                store.consume(token, SCOPE, request_id="r-1")
-            assert store.consume(token, SCOPE, request_id="r-1").replayed is True
+                store.consume(UseRequest(token, SCOPE, request_id="r-1"))
+            assert store.consume(UseRequest(token, SCOPE, request_id="r-1")).replayed is True
         assert proxy.stats.replies_dropped == 1
 
 
@@ -178,7 +180,7 @@ def test_the_last_connection_is_parked_for_the_next_call(redis_server: RedisServ
     tokens = [issue(store) for _ in range(50)]
     checkouts = count_checkouts(client)
     for token in tokens:
-        assert store.consume(token, SCOPE).replayed is False
+        assert store.consume(UseRequest(token, SCOPE)).replayed is False
     assert checkouts == []  # every consume ran on the parked connection
     assert len(store._parked) == 1
     client.close()
@@ -198,16 +200,16 @@ def test_calls_in_flight_at_once_each_park_their_connection(
 
     def meanwhile(conn: Any, command: tuple[Any, ...]) -> Any:
         if nested:
-            assert store.consume(nested.pop(), SCOPE).replayed is False
+            assert store.consume(UseRequest(nested.pop(), SCOPE)).replayed is False
         return send_and_read(conn, command)
 
     monkeypatch.setattr(store_module, "_send_and_read", meanwhile)
-    assert store.consume(outer, SCOPE).replayed is False
+    assert store.consume(UseRequest(outer, SCOPE)).replayed is False
     monkeypatch.setattr(store_module, "_send_and_read", send_and_read)
     assert len(store._parked) == 2
     checkouts = count_checkouts(client)
     for token in later:
-        assert store.consume(token, SCOPE).replayed is False
+        assert store.consume(UseRequest(token, SCOPE)).replayed is False
     assert checkouts == []
     assert len(store._parked) == 2
     assert len(client.connection_pool._in_use_connections) == 2
@@ -224,11 +226,11 @@ def test_parked_connections_are_bounded(redis_server: RedisServer, monkeypatch: 
 
     def meanwhile(conn: Any, command: tuple[Any, ...]) -> Any:
         if waiting:  # every call starts the next one before it reads its reply: all in flight at once
-            assert store.consume(waiting.pop(), SCOPE).replayed is False
+            assert store.consume(UseRequest(waiting.pop(), SCOPE)).replayed is False
         return send_and_read(conn, command)
 
     monkeypatch.setattr(store_module, "_send_and_read", meanwhile)
-    assert store.consume(tokens[0], SCOPE).replayed is False
+    assert store.consume(UseRequest(tokens[0], SCOPE)).replayed is False
     assert len(store._parked) == store_module._MAX_PARKED
     assert len(client.connection_pool._in_use_connections) == store_module._MAX_PARKED
     client.close()
@@ -243,9 +245,9 @@ def test_a_failed_call_hands_its_connection_back_to_the_pool(redis_server: Redis
         assert len(store._parked) == 1
         proxy.drop_replies(2, match=b"EVALSHA", then="reset")  # the call and its retry
         with pytest.raises(ServiceUnavailable):
-            store.consume(token, SCOPE, request_id="r-1")
+            store.consume(UseRequest(token, SCOPE, request_id="r-1"))
         assert store._parked == []
-        assert store.consume(token, SCOPE, request_id="r-1").replayed is True
+        assert store.consume(UseRequest(token, SCOPE, request_id="r-1")).replayed is True
         client.close()
 
 
@@ -266,12 +268,12 @@ def test_an_exception_between_send_and_read_drops_the_connection(
 
     monkeypatch.setattr(store_module, "_send_and_read", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        store.consume(interrupted, SCOPE)
+        store.consume(UseRequest(interrupted, SCOPE))
     monkeypatch.setattr(store_module, "_send_and_read", send_and_read)
     for _ in range(3):
         with pytest.raises(TokenInvalid):
-            store.consume("A" * 43, SCOPE)  # would read "consumed" one reply behind
-    assert store.consume(real, SCOPE).replayed is False
+            store.consume(UseRequest("A" * 43, SCOPE))  # would read "consumed" one reply behind
+    assert store.consume(UseRequest(real, SCOPE)).replayed is False
     assert store.inspect(real).state == "CONSUMED"
     client.close()
 
@@ -287,7 +289,7 @@ def test_without_retries_nothing_is_parked(redis_server: RedisServer) -> None:
     admin = redis_server.client()
     admin.client_setname("admin")
     admin.client_kill_filter(_type="normal", skipme=True)
-    assert store.consume(token, SCOPE).replayed is False
+    assert store.consume(UseRequest(token, SCOPE)).replayed is False
     admin.close()
     client.close()
 
@@ -303,7 +305,7 @@ def test_threads_share_the_store_without_mixing_replies(redis_server: RedisServe
     def work(tokens: list[str]) -> None:
         try:
             for token in tokens:
-                outcomes.append(store.consume(token, SCOPE).replayed)
+                outcomes.append(store.consume(UseRequest(token, SCOPE)).replayed)
                 assert store.inspect(token).state == "CONSUMED"
         except BaseException as exc:
             errors.append(exc)
@@ -331,14 +333,14 @@ def test_a_forked_child_never_uses_the_parents_connection(redis_server: RedisSer
     if pid == 0:  # the child: consumes its own tokens while the parent consumes its
         status = 1
         try:
-            results = [store.consume(t, SCOPE).replayed for t in child_tokens]
+            results = [store.consume(UseRequest(t, SCOPE)).replayed for t in child_tokens]
             used = store._parked[0][1] if store._parked else None
             status = 0 if results == [False] * 200 and used is not parent_conn else 2
         finally:
             os.write(write_end, bytes([status]))
             os._exit(0)
     os.close(write_end)
-    results = [store.consume(t, SCOPE).replayed for t in parent_tokens]
+    results = [store.consume(UseRequest(t, SCOPE)).replayed for t in parent_tokens]
     child_status = os.read(read_end, 1)
     os.waitpid(pid, 0)
     os.close(read_end)

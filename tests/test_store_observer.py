@@ -16,7 +16,7 @@ from token_service.config import RateLimit
 from token_service.errors import OutstandingCapReached, RateLimited, TokenUsed
 from token_service.limits import IssuanceLimits
 from token_service.scripts import ADMIT_ISSUE
-from token_service.store import AsyncTokenStore, IssueRequest, TokenStore
+from token_service.store import AsyncTokenStore, IssueRequest, TokenStore, UseRequest
 from token_service.tokens import token_digest
 
 SCOPE = "payment.create"
@@ -37,20 +37,20 @@ def test_each_operation_is_told_once_with_its_outcome(redis_client: Any) -> None
     assert seen.pop() == ("issue", SCOPE, None, [token, other])
     digest = token_digest(token)
 
-    assert store.consume(token, SCOPE, "user-1", None, "r-1") == records.Consumed(replayed=False)
+    assert store.consume(UseRequest(token, SCOPE, "user-1", None, "r-1")) == records.Consumed(replayed=False)
     assert seen.pop() == ("consume", SCOPE, digest, records.Consumed(replayed=False))
-    store.consume(token, SCOPE, "user-1", None, "r-1")
+    store.consume(UseRequest(token, SCOPE, "user-1", None, "r-1"))
     assert seen.pop() == ("consume", SCOPE, digest, records.Consumed(replayed=True))
     with pytest.raises(TokenUsed) as used:
-        store.consume(token, SCOPE, "user-1", None, "r-2")
+        store.consume(UseRequest(token, SCOPE, "user-1", None, "r-2"))
     assert seen.pop() == ("consume", SCOPE, digest, used.value)  # the exception raised, as raised
 
-    started = store.begin(other, SCOPE, "user-1", None, "r-3")
+    started = store.begin(UseRequest(other, SCOPE, "user-1", None, "r-3"))
     assert isinstance(started, records.Started)
     assert seen.pop() == ("begin", SCOPE, token_digest(other), started)
     store.renew(other, started.lease_id, 30)
     store.complete(other, started.lease_id, {"id": 7})
-    store.begin(other, SCOPE, "user-1", None, "r-4")
+    store.begin(UseRequest(other, SCOPE, "user-1", None, "r-4"))
     store.inspect(other)
     store.revoke(other)
     assert [(name, scope, digest) for name, scope, digest, _ in seen] == [
@@ -96,10 +96,10 @@ def test_an_observed_operation_digests_its_token_once(
 
     monkeypatch.setattr(tokens, "token_digest", counting)
     monkeypatch.setattr(store_module, "token_digest", counting)
-    store.consume(token, SCOPE, "user-1")
+    store.consume(UseRequest(token, SCOPE, "user-1"))
     assert digested == [token]
     with pytest.raises(TokenUsed):  # and the key it made was this token's own
-        store.consume(token, SCOPE, "user-1")
+        store.consume(UseRequest(token, SCOPE, "user-1"))
 
 
 @pytest.mark.real
@@ -111,9 +111,9 @@ def test_the_async_store_is_observed_alike(real_redis: Any, redis_server: RedisS
         store = AsyncTokenStore(client, observer=seen)
         try:
             [token] = await store.issue(PAY)
-            await store.consume(token, SCOPE, "user-1", None, "r-1")
+            await store.consume(UseRequest(token, SCOPE, "user-1", None, "r-1"))
             with pytest.raises(TokenUsed):
-                await store.consume(token, SCOPE, "user-1", None, "r-2")
+                await store.consume(UseRequest(token, SCOPE, "user-1", None, "r-2"))
         finally:
             await client.aclose()
         assert [(name, scope, digest) for name, scope, digest, _ in seen] == [

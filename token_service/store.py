@@ -188,6 +188,23 @@ class IssueRequest:
         ]
 
 
+@dataclass(frozen=True, slots=True)
+class UseRequest:
+    """One use of a token (consume, begin): the one value the server, the SDK's transports and
+    the store pass along, as :class:`IssueRequest` is for issue.
+
+    ``token`` is the token, or a keyed operation's name (its digest makes the record key as a
+    token's does). ``request_id`` None (or ''): the store draws one, and a retry cannot be told
+    from a second use.
+    """
+
+    token: str
+    scope: str
+    subject: str | None = None
+    fingerprint: str | None = None
+    request_id: str | None = None
+
+
 class _StoreBase:
     def __init__(
         self,
@@ -537,68 +554,40 @@ class TokenStore(_StoreBase):
             issued += self._issue(request, count - len(issued))
         return issued
 
-    def consume(
-        self,
-        token: str,
-        scope: str,
-        subject: str | None = None,
-        fingerprint: str | None = None,
-        request_id: str | None = None,
-    ) -> records.Consumed:
-        args = records.consume_args(scope, subject, fingerprint, request_id or new_request_id(), self._now())
+    def consume(self, use: UseRequest) -> records.Consumed:
+        args = records.consume_args(
+            use.scope, use.subject, use.fingerprint, use.request_id or new_request_id(), self._now()
+        )
         if self._observe is not None:
-            return self._observed_run("consume", token, args, records.consume_reply, scope)
-        return self._run("consume", token, args, records.consume_reply)
+            return self._observed_run("consume", use.token, args, records.consume_reply, use.scope)
+        return self._run("consume", use.token, args, records.consume_reply)
 
     def begin(
         self,
-        token: str,
-        scope: str,
-        subject: str | None = None,
-        fingerprint: str | None = None,
-        request_id: str | None = None,
+        use: UseRequest,
         lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS,
+        claim_ttl_seconds: int | None = None,
     ) -> records.Started | records.Finished:
-        args = records.begin_args(
-            scope,
-            subject,
-            fingerprint,
-            request_id or new_request_id(),
-            lease_seconds,
-            new_lease_id(),
-            self._now(),
-        )
-        if self._observe is not None:
-            return self._observed_run("begin", token, args, records.begin_reply, scope)
-        return self._run("begin", token, args, records.begin_reply)
+        """Take the token's lease (or give back the live one to a retry with the same request id,
+        or the stored result once it SUCCEEDED).
 
-    def begin_keyed(
-        self,
-        name: str,
-        scope: str,
-        fingerprint: str | None,
-        request_id: str,
-        lease_seconds: int,
-        claim_ttl_seconds: int,
-    ) -> records.Started | records.Finished:
-        """``begin`` for a keyed operation, which no token was issued for: an absent record is claimed.
-
-        ``name`` stands where a token would (its digest makes the record key); the claimed
-        record is ISSUED for ``claim_ttl_seconds``, bound to ``scope`` and ``fingerprint``.
+        ``claim_ttl_seconds``: a keyed operation, which no token was issued for: an absent
+        record is claimed, ISSUED for that long and bound to the request's scope and
+        fingerprint (``use.token`` is the operation's name; it has no subject).
         """
         args = records.begin_args(
-            scope,
-            None,
-            fingerprint,
-            request_id,
+            use.scope,
+            use.subject,
+            use.fingerprint,
+            use.request_id or new_request_id(),
             lease_seconds,
             new_lease_id(),
             self._now(),
             claim_ttl_seconds,
         )
         if self._observe is not None:
-            return self._observed_run("begin", name, args, records.begin_reply, scope)
-        return self._run("begin", name, args, records.begin_reply)
+            return self._observed_run("begin", use.token, args, records.begin_reply, use.scope)
+        return self._run("begin", use.token, args, records.begin_reply)
 
     def renew(
         self, token: str, lease_id: str, lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS
@@ -757,63 +746,33 @@ class AsyncTokenStore(_StoreBase):
         _raise_first_error(replies)
         return replies
 
-    async def consume(
-        self,
-        token: str,
-        scope: str,
-        subject: str | None = None,
-        fingerprint: str | None = None,
-        request_id: str | None = None,
-    ) -> records.Consumed:
-        args = records.consume_args(scope, subject, fingerprint, request_id or new_request_id(), self._now())
+    async def consume(self, use: UseRequest) -> records.Consumed:
+        args = records.consume_args(
+            use.scope, use.subject, use.fingerprint, use.request_id or new_request_id(), self._now()
+        )
         if self._observe is not None:
-            return await self._observed_run("consume", token, args, records.consume_reply, scope)
-        return await self._run("consume", token, args, records.consume_reply)
+            return await self._observed_run("consume", use.token, args, records.consume_reply, use.scope)
+        return await self._run("consume", use.token, args, records.consume_reply)
 
     async def begin(
         self,
-        token: str,
-        scope: str,
-        subject: str | None = None,
-        fingerprint: str | None = None,
-        request_id: str | None = None,
+        use: UseRequest,
         lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS,
+        claim_ttl_seconds: int | None = None,
     ) -> records.Started | records.Finished:
         args = records.begin_args(
-            scope,
-            subject,
-            fingerprint,
-            request_id or new_request_id(),
-            lease_seconds,
-            new_lease_id(),
-            self._now(),
-        )
-        if self._observe is not None:
-            return await self._observed_run("begin", token, args, records.begin_reply, scope)
-        return await self._run("begin", token, args, records.begin_reply)
-
-    async def begin_keyed(
-        self,
-        name: str,
-        scope: str,
-        fingerprint: str | None,
-        request_id: str,
-        lease_seconds: int,
-        claim_ttl_seconds: int,
-    ) -> records.Started | records.Finished:
-        args = records.begin_args(
-            scope,
-            None,
-            fingerprint,
-            request_id,
+            use.scope,
+            use.subject,
+            use.fingerprint,
+            use.request_id or new_request_id(),
             lease_seconds,
             new_lease_id(),
             self._now(),
             claim_ttl_seconds,
         )
         if self._observe is not None:
-            return await self._observed_run("begin", name, args, records.begin_reply, scope)
-        return await self._run("begin", name, args, records.begin_reply)
+            return await self._observed_run("begin", use.token, args, records.begin_reply, use.scope)
+        return await self._run("begin", use.token, args, records.begin_reply)
 
     async def renew(
         self, token: str, lease_id: str, lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS

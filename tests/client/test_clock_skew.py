@@ -33,6 +33,7 @@ from tests.support.skew import Skewed
 from token_service.client import DirectLimits, TokenClient, keyed_guard
 from token_service.client._renewal import interval_for
 from token_service.errors import TokenInProgress
+from token_service.store import UseRequest
 
 LEASE_SECONDS = 5
 DUPLICATE_AFTER_SECONDS = 6  # past the lease: only renewal keeps the duplicate out
@@ -230,10 +231,10 @@ def test_the_admin_view_of_a_lease_is_redis_time_whatever_the_clock(skew_redis: 
         # a lease that ran out 5 s ago: a view 20 s behind would still call it live
         store, past = TokenStore(client), TokenStore(client, clock_ms=past_clock(LEASE_SECONDS + 5))
         live, dead = store.issue(_request(), 2)
-        past.begin(dead, "payment.create", None, None, "dead", lease_seconds=LEASE_SECONDS)
+        past.begin(UseRequest(dead, "payment.create", None, None, "dead"), lease_seconds=LEASE_SECONDS)
         refs = {"live": token_digest(live), "dead": token_digest(dead)}
         began = time.monotonic()
-        store.begin(live, "payment.create", None, None, "live", lease_seconds=live_lease_seconds)
+        store.begin(UseRequest(live, "payment.create", None, None, "live"), lease_seconds=live_lease_seconds)
         for shift in SHIFTS_SECONDS:
             with Skewed(shift, "admin", {"redis_url": skew_redis.url, "refs": refs}) as child:
                 child.check_shifted()

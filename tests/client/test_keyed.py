@@ -34,7 +34,7 @@ from token_service.client import (
     keyed_guard,
     operation_token,
 )
-from token_service.store import TokenStore
+from token_service.store import TokenStore, UseRequest
 
 BACKENDS = [pytest.param("fake", marks=pytest.mark.fake), pytest.param("real", marks=pytest.mark.real)]
 
@@ -427,8 +427,8 @@ def clocked(raw: Any) -> tuple[TokenStore, list[int]]:
 def test_begin_claims_an_absent_record_only_when_asked(clocked: tuple[TokenStore, list[int]]) -> None:
     store, _ = clocked
     with pytest.raises(TokenInvalid):
-        store.begin("op:absent", "s.a")  # a token path: absent is unknown
-    started = store.begin_keyed("op:absent", "s.a", None, "r-1", 30, 60)
+        store.begin(UseRequest("op:absent", "s.a"))  # a token path: absent is unknown
+    started = store.begin(UseRequest("op:absent", "s.a", None, None, "r-1"), 30, 60)
     assert isinstance(started, Started)
     assert store.inspect("op:absent").state == "PROCESSING"
 
@@ -437,7 +437,7 @@ def test_a_claim_with_a_bad_lifetime_writes_nothing(clocked: tuple[TokenStore, l
     store, _ = clocked
     for bad in (0, -5):
         with pytest.raises(Exception, match="claim_ms"):
-            store.begin_keyed("op:x", "s.a", None, "r-1", 30, bad)
+            store.begin(UseRequest("op:x", "s.a", None, None, "r-1"), 30, bad)
     assert raw.dbsize() == 0
 
 
@@ -445,15 +445,15 @@ def test_a_dead_keyed_holder_past_the_key_lifetime_is_claimed_afresh(
     clocked: tuple[TokenStore, list[int]],
 ) -> None:
     store, now = clocked
-    store.begin_keyed("op:k", "s.a", None, "r-1", 5, 2)
+    store.begin(UseRequest("op:k", "s.a", None, None, "r-1"), 5, 2)
     now[0] += 6_000  # the lease and the key's lifetime both ran out (the record is kept for the lease)
-    taken = store.begin_keyed("op:k", "s.a", None, "r-2", 5, 2)
+    taken = store.begin(UseRequest("op:k", "s.a", None, None, "r-2"), 5, 2)
     assert store.complete("op:k", taken.lease_id, "ok").replayed is False  # type: ignore[union-attr]
     # a token past its own expiry is still gone, as before
-    store.begin_keyed("op:t", "s.a", None, "r-3", 5, 2)
+    store.begin(UseRequest("op:t", "s.a", None, None, "r-3"), 5, 2)
     now[0] += 6_000
     with pytest.raises(TokenInvalid):
-        store.begin("op:t", "s.a", lease_seconds=5)
+        store.begin(UseRequest("op:t", "s.a"), lease_seconds=5)
 
 
 def test_the_guard_hooks_reach_keyed_functions(client: TokenClient) -> None:

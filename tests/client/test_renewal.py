@@ -37,7 +37,7 @@ from tests.support.sdk import Sdk
 from token_service.client import AsyncTokenClient, LeaseLost, Replayed, TokenClient, TokenInProgress
 from token_service.client._renewal import SCHEDULER, LeaseRenewer
 from token_service.client._telemetry import Telemetry
-from token_service.store import TokenStore
+from token_service.store import TokenStore, UseRequest
 
 SCOPE = "report.build"
 LEASE_SECONDS = 2
@@ -199,7 +199,7 @@ def test_a_lease_lost_while_running_is_reported_and_never_stored(real_redis: red
     # Another instance whose clock is a minute ahead sees the lease as run out and takes over
     # (what a stalled holder looks like to everyone else). The holder's next renewal is refused.
     ahead = TokenStore(real_redis, clock_ms=lambda: int(time.time() * 1000) + 60_000)
-    takeover = ahead.begin(token, SCOPE, lease_seconds=30)
+    takeover = ahead.begin(UseRequest(token, SCOPE), lease_seconds=30)
     wait_until(lambda: reported, what="the lease loss to be reported")
     assert isinstance(reported[0], LeaseLost)
     ahead.complete(token, takeover.lease_id, "winner")  # type: ignore[union-attr]

@@ -10,7 +10,7 @@ from tests.durable.databases import Db
 from tests.durable.workers import charge
 from token_service.client.durable import TokenUsed, run_once_for_token, token_record_key
 from token_service.errors import TokenInvalid
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, UseRequest
 from token_service.tokens import token_digest
 
 SCOPE = "payment.create"
@@ -34,7 +34,7 @@ def test_database_refuses_a_second_execution_after_redis_forgets_the_consumed_to
     issued_snapshot = real_redis.dump(redis_key)
     assert issued_snapshot is not None
 
-    store.consume(token, SCOPE, subject="alice")
+    store.consume(UseRequest(token, SCOPE, subject="alice"))
     with db.engine.begin() as conn:
         first = run_once_for_token(
             conn, token, charge(db.payments, "order-9", 4200, "first"), table=db.records
@@ -45,7 +45,7 @@ def test_database_refuses_a_second_execution_after_redis_forgets_the_consumed_to
     # ISSUED record again, so Redis alone would let the token through a second time.
     real_redis.flushall()
     real_redis.restore(redis_key, 300_000, issued_snapshot)
-    store.consume(token, SCOPE, subject="alice")  # Redis says: go ahead
+    store.consume(UseRequest(token, SCOPE, subject="alice"))  # Redis says: go ahead
 
     with db.engine.begin() as conn:
         second = run_once_for_token(

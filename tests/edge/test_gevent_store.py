@@ -37,7 +37,7 @@ import gevent
 
 from token_service.config import Settings
 from token_service.connection import redis_client
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, UseRequest
 
 GREENLETS, ROUNDS = 300, 12
 store = TokenStore(redis_client(Settings.from_mapping({"redis_url": sys.argv[1]})))
@@ -51,8 +51,9 @@ def one_round(i, r):
     seen = store.inspect(token)
     if (seen.state, seen.scope, seen.subject) != ("ISSUED", scope, subject):
         tally["wrong"].append(["inspect", subject, seen.state, seen.scope, seen.subject])
-    first = store.consume(token, scope, subject, None, f"req-{i}-{r}")
-    again = store.consume(token, scope, subject, None, f"req-{i}-{r}")
+    use = UseRequest(token, scope, subject, None, f"req-{i}-{r}")
+    first = store.consume(use)
+    again = store.consume(use)
     if first.replayed or not again.replayed:
         tally["wrong"].append(["consume", subject, first.replayed, again.replayed])
     if store.inspect(token).state != "CONSUMED":

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from tests.support.service import API_KEY, AUTH
 from token_service import create_app
 from token_service.server.health import openapi_path
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, UseRequest
 
 EXAMPLES_PER_OPERATION = 100
 MIN_REQUESTS = 1000
@@ -98,9 +98,9 @@ def _real_token(body: dict[str, Any], state: str) -> dict[str, Any]:
     lease_id = None
     if state != "fresh":
         if state == "consumed":
-            store.consume(token, scope, subject, fingerprint)
+            store.consume(UseRequest(token, scope, subject, fingerprint))
         else:
-            lease_id = store.begin(token, scope, subject, fingerprint).lease_id  # type: ignore[union-attr]
+            lease_id = store.begin(UseRequest(token, scope, subject, fingerprint)).lease_id  # type: ignore[union-attr]
             if state == "succeeded":
                 store.complete(token, lease_id, {"order": 42, "note": "stored result"})
             elif state == "failed":

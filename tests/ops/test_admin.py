@@ -25,7 +25,7 @@ from token_service.ops.admin import (
     RecordNotFound,
     _Resume,
 )
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, UseRequest
 from token_service.tokens import token_digest
 
 HANG = {"item": 1, "hang": True}
@@ -88,12 +88,14 @@ def test_a_refusals_problem_document_names_the_record(redis_any: Any, admin: Adm
 
 def test_show_reports_lease_time_left_and_stored_results(store: TokenStore, admin: Admin) -> None:
     running, done, failed = _issue(store, 3)
-    store.begin(running, "pay", "user-7", request_id="r-run", lease_seconds=120)
+    store.begin(UseRequest(running, "pay", "user-7", request_id="r-run"), lease_seconds=120)
     for token, request_id in ((done, "r-done"), (failed, "r-failed")):
-        started = store.begin(token, "pay", "user-7", request_id=request_id)
+        started = store.begin(UseRequest(token, "pay", "user-7", request_id=request_id))
         assert not isinstance(started, type(None))
-    store.complete(done, store.begin(done, "pay", "user-7", request_id="r-done").lease_id, {"charge": "ch_1"})  # type: ignore[union-attr]
-    lease = store.begin(failed, "pay", "user-7", request_id="r-failed").lease_id  # type: ignore[union-attr]
+    store.complete(
+        done, store.begin(UseRequest(done, "pay", "user-7", request_id="r-done")).lease_id, {"charge": "ch_1"}
+    )  # type: ignore[union-attr]
+    lease = store.begin(UseRequest(failed, "pay", "user-7", request_id="r-failed")).lease_id  # type: ignore[union-attr]
     store.fail(failed, lease, retryable=False, error={"reason": "card_declined"})
 
     shown = admin.show(token_digest(running)).to_dict()
@@ -111,7 +113,7 @@ def test_revoke_makes_the_token_unusable(store: TokenStore, admin: Admin) -> Non
     revoked = admin.revoke(token_digest(token))
     assert revoked.state == "ISSUED"
     with pytest.raises(TokenInvalid):
-        store.consume(token, "pay", "user-7")
+        store.consume(UseRequest(token, "pay", "user-7"))
     with pytest.raises(RecordNotFound):
         admin.show(token_digest(token))
     with pytest.raises(RecordNotFound):
@@ -120,19 +122,19 @@ def test_revoke_makes_the_token_unusable(store: TokenStore, admin: Admin) -> Non
 
 def test_release_ends_a_live_lease_and_fences_out_its_holder(store: TokenStore, admin: Admin) -> None:
     [token] = _issue(store)
-    holder = store.begin(token, "pay", "user-7", request_id="hung", lease_seconds=600)
+    holder = store.begin(UseRequest(token, "pay", "user-7", request_id="hung"), lease_seconds=600)
     assert admin.release(token_digest(token)) == "released"
     assert admin.show(token_digest(token)).state == "ISSUED"
     with pytest.raises(LeaseLost):
         store.complete(token, holder.lease_id, {"late": True})  # type: ignore[union-attr]
-    retry = store.begin(token, "pay", "user-7", request_id="retry")
+    retry = store.begin(UseRequest(token, "pay", "user-7", request_id="retry"))
     assert retry.replayed is False  # type: ignore[union-attr]
 
 
 def test_release_of_a_run_out_lease_and_of_records_not_in_progress(redis_any: Any, admin: Admin) -> None:
     past = TokenStore(redis_any, clock_ms=past_clock(30))
     expired, issued = past.issue(PAY, 2)
-    past.begin(expired, "pay", "user-7", request_id="dead", lease_seconds=1)
+    past.begin(UseRequest(expired, "pay", "user-7", request_id="dead"), lease_seconds=1)
     assert admin.show(token_digest(expired)).lease_expired
     assert admin.release(token_digest(expired)) == "lease_expired"
     with pytest.raises(NotInProgress):
@@ -163,8 +165,8 @@ def test_a_short_ref_from_old_logs_is_found_by_a_bounded_scan(store: TokenStore,
 
 def test_find_by_request_id(store: TokenStore, admin: Admin) -> None:
     tokens = _issue(store, 20)
-    store.consume(tokens[3], "pay", "user-7", request_id="checkout-42")
-    store.begin(tokens[9], "pay", "user-7", request_id="checkout-43")
+    store.consume(UseRequest(tokens[3], "pay", "user-7", request_id="checkout-42"))
+    store.begin(UseRequest(tokens[9], "pay", "user-7", request_id="checkout-43"))
     found = list(admin.walk(Filter(kind=TOKEN, request_id="checkout-42"), count=5))
     assert [record.ref for record in found] == [token_digest(tokens[3])]
     page = admin.find_by_request_id("checkout-43")
@@ -177,9 +179,9 @@ def test_list_by_state_and_scope_walks_every_node_once(store: TokenStore, admin:
     issued = _issue(store, 30)
     other_scope = _issue(store, 10, IssueRequest("refund", None, None, 600))
     for token in issued[:12]:
-        store.consume(token, "pay", "user-7")
+        store.consume(UseRequest(token, "pay", "user-7"))
     for token in other_scope[:4]:
-        store.consume(token, "refund")
+        store.consume(UseRequest(token, "refund"))
 
     def refs(wanted: Filter) -> list[str]:
         seen, cursor = [], "0"
@@ -284,7 +286,7 @@ def test_one_audit_line_per_action_and_no_secrets(store: TokenStore, admin: Admi
     [token] = _issue(store)
     ref = token_digest(token)
     admin.show(ref)
-    store.begin(token, "pay", "user-7", lease_seconds=60)
+    store.begin(UseRequest(token, "pay", "user-7"), lease_seconds=60)
     admin.release(ref)
     admin.revoke(ref)
     with pytest.raises(RecordNotFound):

@@ -19,7 +19,7 @@ from token_service import create_app
 from token_service.client import TokenClient, TokenUsed
 from token_service.config import ConfigError, Settings
 from token_service.server.routes import TOKEN_ROUTES
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, UseRequest
 from token_service.tokens import token_digest
 
 ADMIN_KEY = "admin-key-for-the-ops-tests-0001"
@@ -91,7 +91,7 @@ def test_a_key_in_both_lists_is_refused_at_start() -> None:
 
 def test_show_list_release_and_revoke_over_http(http: Any, store: TokenStore, audit_lines: Any) -> None:
     held, issued = store.issue(PAY, 2)
-    store.begin(held, "pay", "user-7", request_id="order-9", lease_seconds=300)
+    store.begin(UseRequest(held, "pay", "user-7", request_id="order-9"), lease_seconds=300)
     ref = token_digest(held)
 
     shown = http.get(f"/admin/records/{ref}", headers=ADMIN)

@@ -15,7 +15,7 @@ from tests.ops.clock import past_clock
 from tests.support.processes import REPO_ROOT
 from tests.support.topologies import ClusterTopology, Standalone
 from token_service.server.admin_cli import dashed_refs_last
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, UseRequest
 from token_service.tokens import token_digest
 
 CLI = [sys.executable, "-m", "token_service.server.cli", "admin"]
@@ -58,7 +58,7 @@ def client(topology: Any) -> Any:
 def test_show_revoke_and_release(topology: Any, client: Any) -> None:
     store = TokenStore(client)
     held, issued = store.issue(PAY, 2)
-    store.begin(held, "pay", "user-7", request_id="order-5", lease_seconds=600)
+    store.begin(UseRequest(held, "pay", "user-7", request_id="order-5"), lease_seconds=600)
 
     status, out, audit = admin_cli(topology.url, "show", token_digest(held))
     assert status == 0
@@ -88,7 +88,7 @@ def test_a_ref_that_starts_with_a_dash_is_a_ref_not_an_option(topology: Any, cli
     dashed = [t for t in store.issue(PAY, 1000) if token_digest(t).startswith("-")][:2]
     assert len(dashed) == 2  # 1000 draws: missing both is a 1-in-10^5 event
     held, issued = dashed
-    store.begin(held, "pay", "user-7", request_id="order-6", lease_seconds=600)
+    store.begin(UseRequest(held, "pay", "user-7", request_id="order-6"), lease_seconds=600)
 
     status, out, _ = admin_cli(topology.url, "show", token_digest(held))
     assert (status, out[0]["state"]) == (0, "PROCESSING")
@@ -122,8 +122,8 @@ def test_list_and_find(topology: Any, client: Any) -> None:
     store = TokenStore(client)
     tokens = store.issue(PAY, 25)
     for token in tokens[:7]:
-        store.consume(token, "pay", "user-7")
-    store.consume(tokens[21], "pay", "user-7", request_id="checkout-99")
+        store.consume(UseRequest(token, "pay", "user-7"))
+    store.consume(UseRequest(tokens[21], "pay", "user-7", request_id="checkout-99"))
 
     status, out, _ = admin_cli(topology.url, "list", "--state", "CONSUMED", "--scope", "pay", "--count", "5")
     assert status == 0
@@ -163,7 +163,7 @@ def test_idempotency_identity_is_read_from_stdin(topology: Any, client: Any) -> 
 def test_reconcile_with_a_handler_module(topology: Any, client: Any, tmp_path: Path) -> None:
     past = TokenStore(client, clock_ms=past_clock(30))
     [token] = past.issue(PAY, 1)
-    past.begin(token, "pay", "user-7", request_id="order-77", lease_seconds=1)
+    past.begin(UseRequest(token, "pay", "user-7", request_id="order-77"), lease_seconds=1)
     (tmp_path / "completer.py").write_text(
         "from token_service.ops.reconcile import Complete\n"
         "def decide(stuck):\n"

@@ -26,7 +26,7 @@ from tests.support.service import service_env
 from token_service.client import durable
 from token_service.client._idempotency_store import IdempotencyStore
 from token_service.client._stored_response import StoredResponse
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, UseRequest
 from token_service.tokens import token_digest
 
 PAGE = "docs/operations.md"
@@ -56,10 +56,10 @@ def _story(redis_server: RedisServer, workdir: Path) -> tuple[str, str]:
     with redis_server.client() as client:
         past = TokenStore(client, clock_ms=past_clock(120))
         [token] = past.issue(IssueRequest("checkout", "user-42", None, 900))
-        past.begin(token, "checkout", "user-42", request_id="order-1138", lease_seconds=30)
+        past.begin(UseRequest(token, "checkout", "user-42", request_id="order-1138"), lease_seconds=30)
         now = TokenStore(client)
         [held] = now.issue(IssueRequest("checkout", "user-43", None, 900))
-        now.begin(held, "checkout", "user-43", request_id="order-1139", lease_seconds=300)
+        now.begin(UseRequest(held, "checkout", "user-43", request_id="order-1139"), lease_seconds=300)
         claims = IdempotencyStore(client)
         key = claims.key("Bearer alice-api-token", "order-7")
         claims.begin(key, "fp", "owner-1", 60)

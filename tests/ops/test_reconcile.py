@@ -15,7 +15,7 @@ from token_service.errors import LeaseLost, TokenFailed
 from token_service.ops import reconcile as reconciler
 from token_service.ops.admin import Admin
 from token_service.ops.reconcile import Complete, Fail, Release, Stuck
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, UseRequest
 from token_service.tokens import token_digest
 
 PAY = IssueRequest("pay", "user-7", None, 600)
@@ -26,14 +26,16 @@ def _stuck_tokens(redis_any: Any, count: int) -> list[str]:
     past = TokenStore(redis_any, clock_ms=past_clock(30))
     tokens = past.issue(PAY, count)
     for i, token in enumerate(tokens):
-        past.begin(token, "pay", "user-7", request_id=f"order-{i}", lease_seconds=1)
+        past.begin(UseRequest(token, "pay", "user-7", request_id=f"order-{i}"), lease_seconds=1)
     return tokens
 
 
 def test_dry_run_lists_the_stuck_and_changes_nothing(redis_any: Any, store: TokenStore, admin: Admin) -> None:
     stuck = _stuck_tokens(redis_any, 3)
     live = store.issue(PAY, 1)[0]
-    store.begin(live, "pay", "user-7", lease_seconds=300)  # a holder still within its lease: not stuck
+    store.begin(
+        UseRequest(live, "pay", "user-7"), lease_seconds=300
+    )  # a holder still within its lease: not stuck
     called: list[Stuck] = []
 
     done = reconciler.reconcile(admin, called.append, dry_run=True)  # type: ignore[arg-type,func-returns-value]
@@ -73,10 +75,10 @@ def test_each_decision_is_stored_under_the_reconcilers_own_lease(
     assert done[token_digest(skipped)][0] == "skip"
     assert done[token_digest(broken)][0] == "handler_error"
     # what the clients' retries now get
-    assert store.begin(completed, "pay", "user-7").result == {"charge": "ch_9", "recovered": True}  # type: ignore[union-attr]
+    assert store.begin(UseRequest(completed, "pay", "user-7")).result == {"charge": "ch_9", "recovered": True}  # type: ignore[union-attr]
     with pytest.raises(TokenFailed):
-        store.begin(failed, "pay", "user-7")
-    assert store.consume(released, "pay", "user-7").replayed is False
+        store.begin(UseRequest(failed, "pay", "user-7"))
+    assert store.consume(UseRequest(released, "pay", "user-7")).replayed is False
     # skipped and broken ones stay held by the reconciler's lease, and come back once it runs out
     assert admin.show(token_digest(skipped)).lease_expired is False
     assert reconciler.reconcile(admin, handler, dry_run=True) == []
@@ -85,7 +87,7 @@ def test_each_decision_is_stored_under_the_reconcilers_own_lease(
 def test_the_dead_holder_waking_up_is_fenced_out(redis_any: Any, admin: Admin) -> None:
     past = TokenStore(redis_any, clock_ms=past_clock(30))
     [token] = past.issue(PAY, 1)
-    dead = past.begin(token, "pay", "user-7", request_id="order-1", lease_seconds=1)
+    dead = past.begin(UseRequest(token, "pay", "user-7", request_id="order-1"), lease_seconds=1)
     reconciler.reconcile(admin, lambda stuck: Complete({"charge": "ch_1"}))
     with pytest.raises(LeaseLost):
         TokenStore(redis_any).complete(token, dead.lease_id, {"charge": "ch_2"})  # type: ignore[union-attr]
@@ -94,7 +96,9 @@ def test_the_dead_holder_waking_up_is_fenced_out(redis_any: Any, admin: Admin) -
 
 def test_a_record_retried_by_its_client_first_is_left_alone(redis_any: Any, admin: Admin) -> None:
     [token] = _stuck_tokens(redis_any, 1)
-    TokenStore(redis_any).begin(token, "pay", "user-7", request_id="client-retry", lease_seconds=300)
+    TokenStore(redis_any).begin(
+        UseRequest(token, "pay", "user-7", request_id="client-retry"), lease_seconds=300
+    )
 
     def handler(stuck: Stuck) -> Any:
         raise AssertionError("never handed over: the client's retry holds it")

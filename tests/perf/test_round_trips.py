@@ -21,7 +21,7 @@ from tests.support.service import API_KEY, AUTH
 from token_service import create_app, store
 from token_service.client import Finished, TokenClient
 from token_service.limits import parse_limit_record
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, UseRequest
 from token_service.tokens import record_key
 
 pytestmark = pytest.mark.real
@@ -57,7 +57,7 @@ def command_names(commands: list[str]) -> list[str]:
 def succeeded_token(real_redis: redis.Redis) -> str:
     token_store = TokenStore(real_redis)
     token = token_store.issue(IssueRequest(SCOPE, "user-1", None, 300))[0]
-    started = token_store.begin(token, SCOPE, "user-1")
+    started = token_store.begin(UseRequest(token, SCOPE, "user-1"))
     token_store.complete(token, started.lease_id, {"order": 42})  # type: ignore[union-attr]
     return token
 
@@ -66,9 +66,9 @@ def test_store_replay_of_a_succeeded_token_is_one_evalsha(
     redis_server: RedisServer, real_redis: redis.Redis, succeeded_token: str
 ) -> None:
     token_store = TokenStore(redis_server.client())
-    token_store.begin(succeeded_token, SCOPE, "user-1")  # warm: connection open, script cached
+    token_store.begin(UseRequest(succeeded_token, SCOPE, "user-1"))  # warm: connection open, script cached
     with commands_sent(redis_server) as seen:
-        outcome = token_store.begin(succeeded_token, SCOPE, "user-1")
+        outcome = token_store.begin(UseRequest(succeeded_token, SCOPE, "user-1"))
     assert outcome == Finished(result={"order": 42})
     assert command_names(seen) == ["EVALSHA"]
 
@@ -111,7 +111,7 @@ def test_first_call_after_a_script_flush_reloads_and_still_answers(
     token_store.client.ping()  # connected before the count starts
     real_redis.script_flush()
     with commands_sent(redis_server) as seen:
-        outcome = token_store.begin(succeeded_token, SCOPE, "user-1")
+        outcome = token_store.begin(UseRequest(succeeded_token, SCOPE, "user-1"))
     assert outcome == Finished(result={"order": 42})
     assert command_names(seen) == ["EVALSHA", "SCRIPT", "EVALSHA"]
 

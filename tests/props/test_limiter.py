@@ -40,7 +40,7 @@ from tests.props.test_state_machine import _TIME_PASSES_LUA
 from token_service.config import RateLimit
 from token_service.errors import OutstandingCapReached, RateLimited, TokenInvalid, TokenUsed
 from token_service.limits import IssuanceLimits, client_key, parse_limit_record
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, UseRequest
 
 TICK_MS = 60_000
 BASE_NOW_MS = 1_800_000_000_000
@@ -117,7 +117,7 @@ class LimiterMachine(RuleBasedStateMachine):
 
     @rule(tokens=tokens)
     def consume(self, tokens: list[str]) -> None:
-        self._use("consume", tokens, lambda token: self.store.consume(token, SCOPE))
+        self._use("consume", tokens, lambda token: self.store.consume(UseRequest(token, SCOPE)))
 
     @rule(tokens=tokens)
     def revoke(self, tokens: list[str]) -> None:
@@ -126,7 +126,7 @@ class LimiterMachine(RuleBasedStateMachine):
     @rule(tokens=tokens)
     def begin_then_fail_retryable(self, tokens: list[str]) -> None:
         def begin_and_release(token: str) -> None:
-            started = self.store.begin(token, SCOPE, lease_seconds=3600)
+            started = self.store.begin(UseRequest(token, SCOPE), lease_seconds=3600)
             assert not isinstance(started, type(None))
             self.store.fail(token, started.lease_id, retryable=True)  # type: ignore[union-attr]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from token_service.errors import InvalidRequest
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, UseRequest
 
 SEP = "\x1f"
 
@@ -34,24 +34,24 @@ def test_issue_refuses_a_separator_in_a_binding(store: TokenStore) -> None:
 def test_a_separator_in_a_request_id_cannot_brick_a_token(store: TokenStore) -> None:
     token = _issue(store)
     with pytest.raises(InvalidRequest):
-        store.begin(token, "pay", request_id="a" + SEP + "b")
+        store.begin(UseRequest(token, "pay", request_id="a" + SEP + "b"))
     with pytest.raises(InvalidRequest):
-        store.consume(token, "pay", request_id="r" + SEP + "x")
+        store.consume(UseRequest(token, "pay", request_id="r" + SEP + "x"))
     assert store.inspect(token).state == "ISSUED"
-    assert store.consume(token, "pay", request_id="r").replayed is False
-    assert store.consume(token, "pay", request_id="r").replayed is True
+    assert store.consume(UseRequest(token, "pay", request_id="r")).replayed is False
+    assert store.consume(UseRequest(token, "pay", request_id="r")).replayed is True
 
 
 def test_a_separator_cannot_forge_a_binding(store: TokenStore) -> None:
     token = _issue(store, subject="alice")
     with pytest.raises(InvalidRequest):
-        store.consume(token, "pay", subject="alice" + SEP)
+        store.consume(UseRequest(token, "pay", subject="alice" + SEP))
     assert store.inspect(token).state == "ISSUED"
 
 
 def test_complete_and_fail_refuse_a_separator_in_the_lease_id(store: TokenStore) -> None:
     token = _issue(store)
-    lease_id = store.begin(token, "pay").lease_id  # type: ignore[union-attr]
+    lease_id = store.begin(UseRequest(token, "pay")).lease_id  # type: ignore[union-attr]
     with pytest.raises(InvalidRequest):
         store.complete(token, lease_id + SEP, {"ok": True})
     with pytest.raises(InvalidRequest):

@@ -64,7 +64,7 @@ from token_service.errors import (
     TokenMismatch,
     TokenUsed,
 )
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, UseRequest
 
 TICK_MS = 60_000  # every model duration is whole ticks; an example runs for well under one
 SEP = "\x1f"
@@ -275,7 +275,9 @@ class TokenStateMachine(RuleBasedStateMachine):
         scope, subject, fingerprint = binding
         before = self._raw(token)
         expected = self.model.consume(token, scope, subject, fingerprint, request_id)
-        actual = outcome(lambda: self.store.consume(token, scope, subject, fingerprint, request_id))
+        actual = outcome(
+            lambda: self.store.consume(UseRequest(token, scope, subject, fingerprint, request_id))
+        )
         assert actual == expected
         self._note(rule_name, actual)
         if actual[0] == "token_mismatch":
@@ -290,7 +292,9 @@ class TokenStateMachine(RuleBasedStateMachine):
     def replay_consume(self, win: tuple[str, Binding, str]) -> None:
         token, (scope, subject, fingerprint), request_id = win
         expected = self.model.consume(token, scope, subject, fingerprint, request_id)
-        actual = outcome(lambda: self.store.consume(token, scope, subject, fingerprint, request_id))
+        actual = outcome(
+            lambda: self.store.consume(UseRequest(token, scope, subject, fingerprint, request_id))
+        )
         assert actual == expected
         self._note("replay_consume", actual)
         # a won consume retried is a win again, unless the token is gone (expired, revoked)
@@ -341,8 +345,8 @@ class TokenStateMachine(RuleBasedStateMachine):
 
         def call(lease_seconds: int) -> Any:
             claim_seconds = claim_ms // 1000
-            return self.store.begin_keyed(
-                name, scope, fingerprint, request_id or "", lease_seconds, claim_seconds
+            return self.store.begin(
+                UseRequest(name, scope, None, fingerprint, request_id or ""), lease_seconds, claim_seconds
             )
 
         return self._begin(name, (scope, None, fingerprint), request_id, lease_ticks, call)
@@ -362,7 +366,11 @@ class TokenStateMachine(RuleBasedStateMachine):
         actual = outcome(
             (lambda: keyed(lease_ms // 1000))
             if keyed
-            else (lambda: self.store.begin(token, scope, subject, fingerprint, request_id, lease_ms // 1000))
+            else (
+                lambda: self.store.begin(
+                    UseRequest(token, scope, subject, fingerprint, request_id), lease_ms // 1000
+                )
+            )
         )
         if expected[0] == "started" and expected[2] is None:
             # a new lease: its id is the store's to choose, but it must be fresh
@@ -476,11 +484,15 @@ class TokenStateMachine(RuleBasedStateMachine):
             request_id = "req" + SEP + "x"
             before = self._raw(token)
             if action.endswith("consume"):
-                actual = outcome(lambda: self.store.consume(token, scope, subject, fingerprint, request_id))
+                actual = outcome(
+                    lambda: self.store.consume(UseRequest(token, scope, subject, fingerprint, request_id))
+                )
             elif action.endswith("renew"):
                 actual = outcome(lambda: self.store.renew(token, request_id, 60))
             else:
-                actual = outcome(lambda: self.store.begin(token, scope, subject, fingerprint, request_id))
+                actual = outcome(
+                    lambda: self.store.begin(UseRequest(token, scope, subject, fingerprint, request_id))
+                )
             assert actual == ("invalid_request",)
             self._note("rarely", actual)
             self._assert_unchanged(token, before)
@@ -499,8 +511,8 @@ class TokenStateMachine(RuleBasedStateMachine):
         else:
             stranger = "never-issued-" + uuid.uuid4().hex
             calls: dict[str, Callable[[], Any]] = {
-                "consume": lambda: self.store.consume(stranger, "payment.create"),
-                "begin": lambda: self.store.begin(stranger, "payment.create"),
+                "consume": lambda: self.store.consume(UseRequest(stranger, "payment.create")),
+                "begin": lambda: self.store.begin(UseRequest(stranger, "payment.create")),
                 "inspect": lambda: self.store.inspect(stranger),
                 "revoke": lambda: self.store.revoke(stranger),
             }

@@ -9,7 +9,7 @@ import pytest
 from tests.support.topologies import ClusterTopology, SentinelTopology, Standalone, Topology
 from token_service.connection import async_client_for
 from token_service.errors import TokenUsed
-from token_service.store import AsyncTokenStore, IssueRequest
+from token_service.store import AsyncTokenStore, IssueRequest, UseRequest
 
 pytestmark = pytest.mark.real
 
@@ -38,10 +38,12 @@ async def test_async_store_on_each_topology(topology: Topology) -> None:
         assert len(set(tokens)) == 80
         _flush_scripts(topology)
         for token in tokens:
-            first = await store.consume(token, "payment.create", "u1", request_id="win")
+            first = await store.consume(UseRequest(token, "payment.create", "u1", request_id="win"))
             assert first.replayed is False
-            assert (await store.consume(token, "payment.create", "u1", request_id="win")).replayed is True
+            assert (
+                await store.consume(UseRequest(token, "payment.create", "u1", request_id="win"))
+            ).replayed is True
         with pytest.raises(TokenUsed):
-            await store.consume(tokens[0], "payment.create", "u1", request_id="other")
+            await store.consume(UseRequest(tokens[0], "payment.create", "u1", request_id="other"))
     finally:
         await client.aclose()

@@ -19,7 +19,7 @@ from tests.support.topologies import Topology
 from token_service import create_app
 from token_service.connection import async_client_for
 from token_service.limits import client_key
-from token_service.store import AsyncTokenStore
+from token_service.store import AsyncTokenStore, UseRequest
 
 pytestmark = pytest.mark.real
 SCOPE = "payment.create"
@@ -67,7 +67,7 @@ def test_the_async_store_releases_too(capped_app: Any, topology: Topology) -> No
     async def consume_and_revoke() -> None:
         client = async_client_for(topology.url, timeout_seconds=5)
         store = AsyncTokenStore(client)
-        await store.consume(tokens[0], SCOPE)
+        await store.consume(UseRequest(tokens[0], SCOPE))
         await store.revoke(tokens[1])
         await client.aclose()
 

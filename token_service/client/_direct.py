@@ -15,7 +15,7 @@ from typing import Any
 from token_service import defaults
 from token_service.connection import async_client_for, client_for
 from token_service.records import Completed, Consumed, FailRecorded, Finished, Inspection, Renewed, Started
-from token_service.store import AsyncTokenStore, IssueRequest, TokenStore
+from token_service.store import AsyncTokenStore, IssueRequest, TokenStore, UseRequest
 
 from . import _validate as check
 from ._types import IssuedToken, TokenInfo
@@ -88,13 +88,13 @@ class _Checks:
 
     def use(
         self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
-    ) -> tuple[str, str, str | None, str | None, str]:
-        return (
+    ) -> UseRequest:
+        return UseRequest(
             check.token(token),
             check.scope(scope),
             check.text("subject", subject, 128),
             check.text("fingerprint", fingerprint, 128),
-            check.text("request_id", request_id, 128) or "",
+            check.text("request_id", request_id, 128),
         )
 
     def lease_seconds(self, value: int | None) -> int:
@@ -120,7 +120,7 @@ class DirectTransport(_Checks):
     def consume(
         self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
     ) -> Consumed:
-        return self.store.consume(*self.use(token, scope, subject, fingerprint, request_id))
+        return self.store.consume(self.use(token, scope, subject, fingerprint, request_id))
 
     def begin(
         self,
@@ -131,8 +131,8 @@ class DirectTransport(_Checks):
         request_id: str,
         lease_seconds: int | None,
     ) -> Started | Finished:
-        args = self.use(token, scope, subject, fingerprint, request_id)
-        return self.store.begin(*args, lease_seconds=self.lease_seconds(lease_seconds))
+        use = self.use(token, scope, subject, fingerprint, request_id)
+        return self.store.begin(use, self.lease_seconds(lease_seconds))
 
     def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
         return self.store.renew(
@@ -173,7 +173,7 @@ class AsyncDirectTransport(_Checks):
     async def consume(
         self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
     ) -> Consumed:
-        return await self.store.consume(*self.use(token, scope, subject, fingerprint, request_id))
+        return await self.store.consume(self.use(token, scope, subject, fingerprint, request_id))
 
     async def begin(
         self,
@@ -184,8 +184,8 @@ class AsyncDirectTransport(_Checks):
         request_id: str,
         lease_seconds: int | None,
     ) -> Started | Finished:
-        args = self.use(token, scope, subject, fingerprint, request_id)
-        return await self.store.begin(*args, lease_seconds=self.lease_seconds(lease_seconds))
+        use = self.use(token, scope, subject, fingerprint, request_id)
+        return await self.store.begin(use, self.lease_seconds(lease_seconds))
 
     async def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
         return await self.store.renew(

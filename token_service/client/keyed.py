@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from token_service.errors import TokenError, TokenInvalid
 from token_service.records import Completed, FailRecorded, Finished, Renewed, Started
+from token_service.store import UseRequest
 
 from . import _validate as check
 from ._client import AsyncTokenClient, TokenClient
@@ -122,17 +123,19 @@ class _Keyed:
         fingerprint: str | None,
         request_id: str,
         lease_seconds: int | None,
-    ) -> dict[str, Any]:
+    ) -> tuple[UseRequest, int, int]:
+        """The store's begin arguments: the use (the operation's record name where a token would
+        be), the lease, and how long an absent record is claimed for."""
         if subject is not None:
             raise TypeError("a keyed operation has no subject: make it part of the key")
-        return {
-            "name": _operation(token),
-            "scope": check.scope(scope),
-            "fingerprint": check.text("fingerprint", fingerprint, 128),
-            "request_id": check.text("request_id", request_id, 128) or "",
-            "lease_seconds": self.direct.lease_seconds(lease_seconds),
-            "claim_ttl_seconds": self.ttl_seconds,
-        }
+        use = UseRequest(
+            _operation(token),
+            check.scope(scope),
+            None,
+            check.text("fingerprint", fingerprint, 128),
+            check.text("request_id", request_id, 128),
+        )
+        return use, self.direct.lease_seconds(lease_seconds), self.ttl_seconds
 
     def result_args(self, token: str, lease_id: str, name: str, value: Any) -> tuple[str, str]:
         check.payload(name, value, self.direct.limits.max_result_bytes)
@@ -155,8 +158,8 @@ class _KeyedTransport(_Keyed):
         request_id: str,
         lease_seconds: int | None,
     ) -> Started | Finished:
-        return self.store.begin_keyed(
-            **self.begin_args(token, scope, subject, fingerprint, request_id, lease_seconds)
+        return self.store.begin(
+            *self.begin_args(token, scope, subject, fingerprint, request_id, lease_seconds)
         )
 
     def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
@@ -201,7 +204,7 @@ class _AsyncKeyedTransport(_Keyed):
         lease_seconds: int | None,
     ) -> Started | Finished:
         args = self.begin_args(token, scope, subject, fingerprint, request_id, lease_seconds)
-        return await self.store.begin_keyed(**args)
+        return await self.store.begin(*args)
 
     async def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
         record, lease = _operation(token), self.direct.lease_id(lease_id)

@@ -20,7 +20,6 @@ from token_service.server.auth import check_service_key
 from token_service.server.operations import (
     HotOperations,
     parse_json_object,
-    raise_request_id_required,
     rfc3339,
 )
 from token_service.server.operations import load_body as _load
@@ -78,16 +77,7 @@ def make_blueprint(settings: Settings, store: TokenStore, hot: HotOperations) ->
 
     def begin() -> Reply:
         data = _load(begin_schema, json_body())
-        if data["request_id"] is None and settings.require_request_id:
-            raise_request_id_required()
-        outcome = store.begin(
-            _token(data),
-            data["scope"],
-            data["subject"],
-            data["fingerprint"],
-            data["request_id"],
-            data["lease_seconds"] or settings.default_lease_seconds,
-        )
+        outcome = store.begin(hot.use_request(data), data["lease_seconds"] or settings.default_lease_seconds)
         if isinstance(outcome, records.Finished):
             return {"outcome": "succeeded", "replayed": True, "result": outcome.result}
         return {

@@ -22,7 +22,7 @@ from token_service.config import Settings
 from token_service.errors import InvalidRequest, TokenInvalid
 from token_service.limits import IssuanceLimits, client_key
 from token_service.server.schemas import BodySchema, ConsumeSchema, GenerateSchema
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import IssueRequest, TokenStore, UseRequest
 from token_service.tokens import NO_CONTROL_RE, is_well_formed
 
 
@@ -157,11 +157,15 @@ class HotOperations:
         tokens, shared = self.issue(load_body(self.generate_schema, body), 1, gateway_subject, remote_addr)
         return {"token": tokens[0], **shared}
 
-    def consume(self, body: dict[str, Any]) -> dict[str, Any]:
-        data = load_body(self.consume_schema, body)
+    def use_request(self, data: dict[str, Any]) -> UseRequest:
+        """The use of a token a consume or begin body asks for: a well-formed token, and a
+        request_id if the settings require one."""
         if data["request_id"] is None and self.settings.require_request_id:
             raise_request_id_required()
-        outcome = self.store.consume(
+        return UseRequest(
             well_formed_token(data), data["scope"], data["subject"], data["fingerprint"], data["request_id"]
         )
+
+    def consume(self, body: dict[str, Any]) -> dict[str, Any]:
+        outcome = self.store.consume(self.use_request(load_body(self.consume_schema, body)))
         return {"outcome": "consumed", "replayed": outcome.replayed}
