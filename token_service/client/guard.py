@@ -51,7 +51,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypedDict, TypeVar
+from typing import Any, Generic, Protocol, TypedDict, TypeVar, Unpack
 
 from token_service.errors import (
     InvalidRequest,
@@ -74,6 +74,7 @@ from ._typed_results import dump_result, load_result, return_type
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+ClientT = TypeVar("ClientT")  # what a guard calls: GuardClient, or AsyncGuardClient
 # Which exceptions are terminal failures: a tuple of classes or a predicate.
 Terminal = tuple[type[BaseException], ...] | Callable[[BaseException], bool]
 _FIRST_POLL_SECONDS = 0.02
@@ -83,19 +84,19 @@ _MAX_POLL_SECONDS = 0.25
 _SHORTEST_LEASE_SECONDS = 1.0
 
 
+class _BeginOptions(TypedDict):
+    """What a guard's every begin sends besides the token and scope (one id for all its retries)."""
+
+    subject: str | None
+    fingerprint: str | None
+    request_id: str | None
+    lease_seconds: int | None
+
+
 class GuardClient(Protocol):
     """What a :class:`Guard` needs of its client (:class:`~token_service.client.TokenClient`)."""
 
-    def begin(
-        self,
-        token: str,
-        scope: str,
-        *,
-        subject: str | None = ...,
-        fingerprint: str | None = ...,
-        request_id: str | None = ...,
-        lease_seconds: int | None = ...,
-    ) -> Started | Finished: ...
+    def begin(self, token: str, scope: str, **options: Unpack[_BeginOptions]) -> Started | Finished: ...
     def renew(self, token: str, lease_id: str, *, lease_seconds: int | None = ...) -> Renewed: ...
     def complete(self, token: str, lease_id: str, result: Any = ...) -> Completed: ...
     def fail(self, token: str, lease_id: str, *, retryable: bool = ..., error: Any = ...) -> FailRecorded: ...
@@ -104,16 +105,7 @@ class GuardClient(Protocol):
 class AsyncGuardClient(Protocol):
     """What an :class:`AsyncGuard` needs of its client (:class:`~token_service.client.AsyncTokenClient`)."""
 
-    async def begin(
-        self,
-        token: str,
-        scope: str,
-        *,
-        subject: str | None = ...,
-        fingerprint: str | None = ...,
-        request_id: str | None = ...,
-        lease_seconds: int | None = ...,
-    ) -> Started | Finished: ...
+    async def begin(self, token: str, scope: str, **options: Unpack[_BeginOptions]) -> Started | Finished: ...
     async def renew(self, token: str, lease_id: str, *, lease_seconds: int | None = ...) -> Renewed: ...
     async def complete(self, token: str, lease_id: str, result: Any = ...) -> Completed: ...
     async def fail(
@@ -191,9 +183,14 @@ def as_json(value: Any) -> Any:
 _NO_SPAN = contextlib.nullcontext()
 
 
-class _GuardState:
+class _GuardState(Generic[ClientT]):
+    # how long start() waits out a live holder: set by the first TokenInProgress of a start
+    _wait_until: float | None = None
+    _next_poll_seconds = _FIRST_POLL_SECONDS
+
     def __init__(
         self,
+        client: ClientT,
         token: str,
         scope: str,
         *,
@@ -209,8 +206,11 @@ class _GuardState:
         on_conflict: Callable[[Any, TokenError], Any] | None = None,
         on_mismatch: Callable[[Any, TokenMismatch], Any] | None = None,
         on_lease_lost: Callable[[Any, TokenError], Any] | None = None,
-        telemetry: Telemetry = DEFAULT_TELEMETRY,
+        telemetry: Telemetry | None = None,
     ) -> None:
+        self.client = client
+        if telemetry is None:  # what the client counts with, as every guard it makes
+            telemetry = getattr(client, "telemetry", DEFAULT_TELEMETRY)
         self.token = token
         self.scope = scope
         self.subject = subject
@@ -251,7 +251,7 @@ class _GuardState:
             raise AttributeError("this guard replayed a stored result; its result is read-only")
         self._result = value
 
-    def _begin_options(self) -> dict[str, Any]:
+    def _begin_options(self) -> _BeginOptions:
         return {
             "subject": self.subject,
             "fingerprint": self.fingerprint,
@@ -260,6 +260,7 @@ class _GuardState:
         }
 
     def _took(self, outcome: Started | Finished, sent_at: float) -> bool:
+        """A begin answered: True when it took the lease (renewed from now on, unless ``renew=False``)."""
         if isinstance(outcome, Finished):
             self.replayed = True
             self._result = self._typed(outcome.result)
@@ -270,7 +271,31 @@ class _GuardState:
             return False
         self.lease = outcome
         self._begun_at = sent_at
+        if self.renew:
+            self._start_renewer()
         return True
+
+    def _start_renewer(self) -> None:
+        raise NotImplementedError
+
+    def _pause_after(self, exc: TokenError, sent_at: float) -> float | None:
+        """How long to wait before begin is sent again, after ``exc`` refused the one sent at ``sent_at``.
+
+        Only while another holder is live and ``wait_seconds`` (counted from the first begin) are not
+        spent; otherwise None: the refusal stands (counted, the span ended, the hook run: a hook may
+        raise its own error) and the caller raises ``exc``.
+        """
+        if isinstance(exc, TokenInProgress):
+            if self._wait_until is None:
+                self._wait_until = sent_at + self.wait_seconds
+                self._next_poll_seconds = _FIRST_POLL_SECONDS
+            remaining = self._wait_until - time.monotonic()
+            if remaining > 0:
+                pause = min(self._next_poll_seconds, exc.retry_after_seconds, remaining)
+                self._next_poll_seconds = min(self._next_poll_seconds * 2, _MAX_POLL_SECONDS)
+                return pause
+        self._refused(exc)
+        return None
 
     def _refused(self, exc: TokenError) -> None:
         """A begin refused: count it, end the span, run the hook (which may raise its own error)."""
@@ -367,12 +392,6 @@ class _GuardState:
             raise RuntimeError("this guard holds no lease")
         return self.lease.lease_id
 
-    def _poll_delay(self, exc: TokenInProgress, delay: float, deadline: float) -> float | None:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return None
-        return min(delay, exc.retry_after_seconds, remaining)
-
     def _serialized(self, result: Any) -> Any:
         try:
             return as_json(dump_result(result))
@@ -385,15 +404,53 @@ class _GuardState:
         if self.result_type is None:
             self.result_type = return_type(operation)
 
+    def _completed(self, stored: Any) -> Any:
+        """complete stored ``stored``: the lease is done; the result as duplicates will get it."""
+        self.lease = None
+        self._result = self._typed(stored)
+        self._executed("succeeded")
+        return self._result
 
-class Guard(_GuardState):
+    def _complete_refused(self, exc: TokenError) -> None:
+        """complete refused by the store: nothing was stored."""
+        if isinstance(exc, LeaseLost):
+            self.lease = None
+            self._lost(exc)
+            self._executed("lease_lost", exc)
+        else:
+            self._store_error("complete", exc)
+            self._executed("error", exc)
+
+    def _ending(self, exc: BaseException | None, retryable: bool | None, error: Any) -> tuple[str, bool, Any]:
+        """What ``abandon`` sends to fail (lease id, retryable, error); the lease counts as ended."""
+        if retryable is None:
+            retryable = exc is None or not self.is_terminal(exc)
+        if error is None and exc is not None and not retryable:
+            error = describe_error(exc)
+        lease_id = self.lease_id
+        self.lease = None
+        self._executed("released" if retryable else "failed", exc)
+        return lease_id, retryable, error
+
+    def _fail_refused(self, exc: TokenError) -> None:
+        """fail refused by the store: a lost lease is reported, anything else counted."""
+        if isinstance(exc, LeaseLost):
+            self._lost(exc)
+        else:
+            self._store_error("fail", exc)
+
+    def _executed(self, outcome: str, exc: BaseException | None = None) -> None:
+        self.telemetry.count("executions", self.scope, outcome=outcome)
+        self._settled("executed" if outcome == "succeeded" else outcome, exc)
+
+
+class Guard(_GuardState[GuardClient]):
     """One token's two-phase operation, on a :class:`TokenClient`. Use once."""
 
+    _renewal: Renewal | None = None
+
     def __init__(self, client: GuardClient, token: str, scope: str, **options: Any) -> None:
-        options.setdefault("telemetry", getattr(client, "telemetry", DEFAULT_TELEMETRY))
-        super().__init__(token, scope, **options)
-        self.client = client
-        self._renewal: Renewal | None = None
+        super().__init__(client, token, scope, **options)
 
     def start(self) -> bool:
         """Begin. True: this caller holds the lease and must run the operation.
@@ -405,28 +462,18 @@ class Guard(_GuardState):
         until :meth:`succeed` or :meth:`abandon`.
         """
         self._open_span(is_async=False)
-        deadline = time.monotonic() + self.wait_seconds
-        delay = _FIRST_POLL_SECONDS
+        self._wait_until = None
         while True:
             sent_at = time.monotonic()
             try:
                 outcome = self.client.begin(self.token, self.scope, **self._begin_options())
-            except TokenInProgress as exc:
-                pause = self._poll_delay(exc, delay, deadline)
+            except TokenError as exc:
+                pause = self._pause_after(exc, sent_at)
                 if pause is None:
-                    self._refused(exc)
                     raise
                 time.sleep(pause)
-                delay = min(delay * 2, _MAX_POLL_SECONDS)
                 continue
-            except TokenError as exc:
-                self._refused(exc)
-                raise
-            if not self._took(outcome, sent_at):
-                return False
-            if self.renew:
-                self._start_renewer()
-            return True
+            return self._took(outcome, sent_at)
 
     def _start_renewer(self) -> None:
         # held weakly by the scheduler: a guard dropped unsettled is collected and stops renewing
@@ -460,43 +507,21 @@ class Guard(_GuardState):
             # record a terminal failure so the token is never reopened and it never runs twice.
             self.abandon_quietly(exc, retryable=False)
             raise
-        except LeaseLost as exc:
-            self.lease = None
-            self._lost(exc)
-            self._executed("lease_lost", exc)
-            raise
         except TokenError as exc:
-            self._store_error("complete", exc)
-            self._executed("error", exc)
+            self._complete_refused(exc)
             raise
-        self.lease = None
-        self._result = self._typed(stored)
-        self._executed("succeeded")
-        return self._result
-
-    def _executed(self, outcome: str, exc: BaseException | None = None) -> None:
-        self.telemetry.count("executions", self.scope, outcome=outcome)
-        self._settled("executed" if outcome == "succeeded" else outcome, exc)
+        return self._completed(stored)
 
     def abandon(
         self, exc: BaseException | None = None, *, retryable: bool | None = None, error: Any = None
     ) -> None:
         """End the lease after a failure: release for a retry, or record a terminal failure."""
         self._stop_renewer()
-        if retryable is None:
-            retryable = exc is None or not self.is_terminal(exc)
-        if error is None and exc is not None and not retryable:
-            error = describe_error(exc)
-        lease_id = self.lease_id
-        self.lease = None
-        self._executed("released" if retryable else "failed", exc)
+        lease_id, retryable, error = self._ending(exc, retryable, error)
         try:
             self.client.fail(self.token, lease_id, retryable=retryable, error=error)
-        except LeaseLost as lost:
-            self._lost(lost)
-            raise
-        except TokenError as fail_error:
-            self._store_error("fail", fail_error)
+        except TokenError as refused:
+            self._fail_refused(refused)
             raise
 
     def abandon_quietly(self, exc: BaseException | None, *, retryable: bool | None = None) -> None:
@@ -542,39 +567,28 @@ class Guard(_GuardState):
             self.abandon_quietly(exc)
 
 
-class AsyncGuard(_GuardState):
+class AsyncGuard(_GuardState[AsyncGuardClient]):
     """:class:`Guard` for :class:`AsyncTokenClient`; ``async with`` and ``await guard.run(...)``."""
 
+    _renewal: AsyncRenewal | None = None
+
     def __init__(self, client: AsyncGuardClient, token: str, scope: str, **options: Any) -> None:
-        options.setdefault("telemetry", getattr(client, "telemetry", DEFAULT_TELEMETRY))
-        super().__init__(token, scope, **options)
-        self.client = client
-        self._renewal: AsyncRenewal | None = None
+        super().__init__(client, token, scope, **options)
 
     async def start(self) -> bool:
         self._open_span(is_async=True)
-        deadline = time.monotonic() + self.wait_seconds
-        delay = _FIRST_POLL_SECONDS
+        self._wait_until = None
         while True:
             sent_at = time.monotonic()
             try:
                 outcome = await self.client.begin(self.token, self.scope, **self._begin_options())
-            except TokenInProgress as exc:
-                pause = self._poll_delay(exc, delay, deadline)
+            except TokenError as exc:
+                pause = self._pause_after(exc, sent_at)
                 if pause is None:
-                    self._refused(exc)
                     raise
                 await asyncio.sleep(pause)
-                delay = min(delay * 2, _MAX_POLL_SECONDS)
                 continue
-            except TokenError as exc:
-                self._refused(exc)
-                raise
-            if not self._took(outcome, sent_at):
-                return False
-            if self.renew:
-                self._start_renewer()
-            return True
+            return self._took(outcome, sent_at)
 
     def _start_renewer(self) -> None:
         # a timer on this loop, holding the guard weakly: dropped unsettled, it stops renewing
@@ -601,42 +615,20 @@ class AsyncGuard(_GuardState):
             # as in Guard.succeed: the operation ran, so it must never run again
             await self.abandon_quietly(exc, retryable=False)
             raise
-        except LeaseLost as exc:
-            self.lease = None
-            self._lost(exc)
-            self._executed("lease_lost", exc)
-            raise
         except TokenError as exc:
-            self._store_error("complete", exc)
-            self._executed("error", exc)
+            self._complete_refused(exc)
             raise
-        self.lease = None
-        self._result = self._typed(stored)
-        self._executed("succeeded")
-        return self._result
-
-    def _executed(self, outcome: str, exc: BaseException | None = None) -> None:
-        self.telemetry.count("executions", self.scope, outcome=outcome)
-        self._settled("executed" if outcome == "succeeded" else outcome, exc)
+        return self._completed(stored)
 
     async def abandon(
         self, exc: BaseException | None = None, *, retryable: bool | None = None, error: Any = None
     ) -> None:
         await self._stop_renewer()
-        if retryable is None:
-            retryable = exc is None or not self.is_terminal(exc)
-        if error is None and exc is not None and not retryable:
-            error = describe_error(exc)
-        lease_id = self.lease_id
-        self.lease = None
-        self._executed("released" if retryable else "failed", exc)
+        lease_id, retryable, error = self._ending(exc, retryable, error)
         try:
             await self.client.fail(self.token, lease_id, retryable=retryable, error=error)
-        except LeaseLost as lost:
-            self._lost(lost)
-            raise
-        except TokenError as fail_error:
-            self._store_error("fail", fail_error)
+        except TokenError as refused:
+            self._fail_refused(refused)
             raise
 
     async def abandon_quietly(self, exc: BaseException | None, *, retryable: bool | None = None) -> None:
