@@ -23,6 +23,7 @@ from tests.support.sdk import inproc_app
 from tests.support.service import API_KEY, FAST_RETRY
 from token_service.client import (
     ERRORS_BY_CODE,
+    AsyncTokenClient,
     Consumed,
     InvalidRequest,
     LeaseLost,
@@ -229,6 +230,28 @@ def test_a_revoke_whose_reply_was_lost_is_still_a_success() -> None:
 
     with mock_client(handler) as client:
         assert client.revoke(TOKEN) is None
+
+
+async def test_the_async_revoke_reads_a_lost_reply_the_same_way() -> None:
+    # both clients' revokes share one rule (_RevokeAttempts): held here for the awaited one too
+    answers = iter(["lost", "gone", "gone"])
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if next(answers) == "lost":
+            raise httpx.ReadTimeout("reply lost", request=request)
+        return problem_response(404, "token_invalid")
+
+    transport = httpx.MockTransport(handler)
+    async with AsyncTokenClient("http://mock", API_KEY, retry=FAST_RETRY, transport=transport) as client:
+        assert await client.revoke(TOKEN) is None
+        with pytest.raises(TokenInvalid):  # no reply was lost this time: there was no such token
+            await client.revoke(TOKEN)
+
+
+def test_a_revoke_of_a_token_that_never_was_is_token_invalid() -> None:
+    client = mock_client(lambda request: problem_response(404, "token_invalid"))
+    with client, pytest.raises(TokenInvalid):
+        client.revoke(TOKEN)
 
 
 def test_http_service_not_listening_is_unavailable() -> None:
