@@ -20,6 +20,7 @@ import pytest
 from tests.support.sdk import Sdk
 from token_service.client import (
     AsyncTokenClient,
+    GuardHooks,
     Replayed,
     TokenClient,
     TokenFailed,
@@ -279,6 +280,23 @@ def test_a_hook_may_raise_its_own_error(sdk: Sdk) -> None:
     assert client.guard(token, SCOPE).start()
     with pytest.raises(Duplicate):
         client.guard(token, SCOPE, on_conflict=refuse).start()
+
+
+def test_the_hooks_are_one_value_and_a_hook_given_by_name_wins(fake_redis: Any) -> None:
+    client = TokenClient.from_redis(fake_redis)
+    seen: list[str] = []
+    hooks = GuardHooks(
+        on_replay=lambda guard: seen.append("replay"),
+        on_conflict=lambda guard, error: seen.append("conflict"),
+    )
+    token = client.generate(SCOPE).token
+    assert client.guard(token, SCOPE, hooks=hooks).run(lambda: "paid") == "paid"
+    assert client.guard(token, SCOPE, hooks=hooks).run(lambda: "not run") == "paid"
+    named = client.guard(token, SCOPE, hooks=hooks, on_replay=lambda guard: seen.append("named replay"))
+    assert named.run(lambda: "not run") == "paid"
+    assert seen == ["replay", "named replay"]
+    with pytest.raises(TypeError, match="on_replays"):
+        client.guard(token, SCOPE, on_replays=lambda guard: None)  # type: ignore[call-arg]
 
 
 def test_a_terminal_failure_is_a_conflict_for_duplicates(sdk: Sdk) -> None:

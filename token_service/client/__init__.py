@@ -52,7 +52,7 @@ from ._types import (
     Started,
     TokenInfo,
 )
-from .guard import AsyncGuard, Guard, Replayed, describe_error, guarded
+from .guard import AsyncGuard, Guard, GuardHooks, Replayed, describe_error, guarded
 from .keyed import idempotent, keyed_guard, operation_token
 
 __all__ = [
@@ -65,6 +65,7 @@ __all__ = [
     "FailRecorded",
     "Finished",
     "Guard",
+    "GuardHooks",
     "InvalidRequest",
     "IssuedToken",
     "LeaseLost",

@@ -38,7 +38,9 @@ Results are stored as JSON (:mod:`token_service.client._typed_results`); with a
 they are read back as that type — dataclasses, pydantic models, tuples — so
 the first caller and every duplicate get the same typed value. Hooks
 ``on_replay(guard)``, ``on_conflict(guard, error)`` and ``on_mismatch(guard,
-error)`` run when a call is answered without running the body.
+error)`` run when a call is answered without running the body; the four hooks
+are one value, :class:`GuardHooks` (``hooks=``), which whatever makes guards
+(``@idempotent``, ``@require_token``) builds once and hands on unchanged.
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ import inspect
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any, Generic, Protocol, TypedDict, TypeVar, Unpack
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Generic, NamedTuple, Protocol, TypedDict, TypeVar, Unpack
 
 from token_service.errors import (
     InvalidRequest,
@@ -122,7 +124,39 @@ class GuardFactory(Protocol):
     def guard(self) -> Callable[..., Any]: ...
 
 
-class GuardOptions(TypedDict, total=False):
+class GuardHooks(NamedTuple):
+    """What a guard calls when it answers without running the work, or loses its lease (see the SDK
+    docs' Hooks). One value, made once (per decorator) and handed to every guard: immutable, and
+    a tuple so that a guard given its hooks by name builds it cheaply."""
+
+    on_replay: Callable[[Any], Any] | None = None
+    on_conflict: Callable[[Any, TokenError], Any] | None = None
+    on_mismatch: Callable[[Any, TokenMismatch], Any] | None = None
+    on_lease_lost: Callable[[Any, TokenError], Any] | None = None
+
+
+NO_HOOKS = GuardHooks()
+
+
+class GuardHookArgs(TypedDict, total=False):
+    """:class:`GuardHooks` as keyword arguments (``on_replay=...``): what every guard maker takes."""
+
+    on_replay: Callable[[Any], Any] | None
+    on_conflict: Callable[[Any, TokenError], Any] | None
+    on_mismatch: Callable[[Any, TokenMismatch], Any] | None
+    on_lease_lost: Callable[[Any, TokenError], Any] | None
+
+
+def hooks_of(hooks: GuardHooks | None, hook_args: Mapping[str, Any]) -> GuardHooks:
+    """One :class:`GuardHooks` from ``hooks=`` and the hooks given one by one (those win), for
+    whatever makes guards to build once. A name that is not a hook is a TypeError, as any unknown
+    keyword argument is."""
+    if not hook_args:
+        return NO_HOOKS if hooks is None else hooks
+    return GuardHooks(**{**(NO_HOOKS if hooks is None else hooks)._asdict(), **hook_args})
+
+
+class GuardOptions(GuardHookArgs, total=False):
     """The options of a guard (``client.guard(token, scope, **options)``), all optional."""
 
     subject: str | None
@@ -133,10 +167,7 @@ class GuardOptions(TypedDict, total=False):
     wait_seconds: float
     renew: bool
     result_type: Any
-    on_replay: Callable[[Any], Any] | None
-    on_conflict: Callable[[Any, TokenError], Any] | None
-    on_mismatch: Callable[[Any, TokenMismatch], Any] | None
-    on_lease_lost: Callable[[Any, TokenError], Any] | None
+    hooks: GuardHooks | None
 
 
 class Replayed(Exception):
@@ -157,22 +188,6 @@ class Replayed(Exception):
 def describe_error(exc: BaseException) -> dict[str, str]:
     """What a terminal failure stores by default: the exception's class name and message."""
     return {"type": type(exc).__name__, "message": str(exc)}
-
-
-def guard_hooks(
-    on_replay: Callable[[Any], Any] | None = None,
-    on_conflict: Callable[[Any, TokenError], Any] | None = None,
-    on_mismatch: Callable[[Any, TokenError], Any] | None = None,
-    on_lease_lost: Callable[[Any, TokenError], Any] | None = None,
-) -> dict[str, Any]:
-    """The guard's hooks as guard options (``client.guard(..., **guard_hooks(...))``): what the
-    integrations that take them (Django, FastAPI, keyed functions) hand on unchanged."""
-    return {
-        "on_replay": on_replay,
-        "on_conflict": on_conflict,
-        "on_mismatch": on_mismatch,
-        "on_lease_lost": on_lease_lost,
-    }
 
 
 def as_json(value: Any) -> Any:
@@ -202,6 +217,7 @@ class _GuardState(Generic[ClientT]):
         wait_seconds: float = 0.0,
         renew: bool = True,
         result_type: Any = None,
+        hooks: GuardHooks | None = None,
         on_replay: Callable[[Any], Any] | None = None,
         on_conflict: Callable[[Any, TokenError], Any] | None = None,
         on_mismatch: Callable[[Any, TokenMismatch], Any] | None = None,
@@ -222,10 +238,16 @@ class _GuardState(Generic[ClientT]):
         self.wait_seconds = wait_seconds
         self.renew = renew
         self.result_type = result_type
-        self.on_replay = on_replay
-        self.on_conflict = on_conflict
-        self.on_mismatch = on_mismatch
-        self.on_lease_lost = on_lease_lost
+        if on_replay is None and on_conflict is None and on_mismatch is None and on_lease_lost is None:
+            self.hooks = NO_HOOKS if hooks is None else hooks  # one value (or none): nothing to build
+        else:  # hooks given by name, on top of hooks=
+            base = NO_HOOKS if hooks is None else hooks
+            self.hooks = GuardHooks(
+                base.on_replay if on_replay is None else on_replay,
+                base.on_conflict if on_conflict is None else on_conflict,
+                base.on_mismatch if on_mismatch is None else on_mismatch,
+                base.on_lease_lost if on_lease_lost is None else on_lease_lost,
+            )
         self.telemetry = telemetry
         self.lease: Started | None = None
         # when (time.monotonic()) the begin that took the lease was sent: its length counts from then
@@ -266,8 +288,8 @@ class _GuardState(Generic[ClientT]):
             self._result = self._typed(outcome.result)
             self._settled("replayed")
             self.telemetry.count("replays", self.scope)
-            if self.on_replay is not None:
-                self.on_replay(self)
+            if self.hooks.on_replay is not None:
+                self.hooks.on_replay(self)
             return False
         self.lease = outcome
         self._begun_at = sent_at
@@ -302,13 +324,13 @@ class _GuardState(Generic[ClientT]):
         if isinstance(exc, TokenMismatch):
             self._settled("mismatch")
             self.telemetry.count("mismatches", self.scope, field=exc.field or "")
-            if self.on_mismatch is not None:
-                self.on_mismatch(self, exc)
+            if self.hooks.on_mismatch is not None:
+                self.hooks.on_mismatch(self, exc)
         elif isinstance(exc, TokenInProgress | TokenUsed | TokenFailed):
             self._settled("conflict")
             self.telemetry.count("conflicts", self.scope, code=exc.code)
-            if self.on_conflict is not None:
-                self.on_conflict(self, exc)
+            if self.hooks.on_conflict is not None:
+                self.hooks.on_conflict(self, exc)
         else:
             self._store_error("begin", exc)
             self._settled("error", exc)
@@ -349,8 +371,8 @@ class _GuardState(Generic[ClientT]):
         self.telemetry.count("lease_losses", self.scope)
         if self._span is not None:
             self._span.add_event("lease_lost")
-        if self.on_lease_lost is not None:
-            self.on_lease_lost(self, exc)
+        if self.hooks.on_lease_lost is not None:
+            self.hooks.on_lease_lost(self, exc)
 
     def _renew_failed(self, exc: TokenError) -> None:
         """A renewal the store could not answer (renewing goes on)."""
@@ -694,6 +716,11 @@ def guarded(
             "guarded() does not take request_id: each call gets its own request id "
             "(use client.guard(..., request_id=...) to retry one specific call)"
         )
+
+    # the hooks, once: each call's guard gets the one value, not four arguments to fold again
+    hook_args = {name: guard_options.pop(name) for name in GuardHooks._fields if name in guard_options}
+    if hook_args or "hooks" in guard_options:
+        guard_options["hooks"] = hooks_of(guard_options.get("hooks"), hook_args)
 
     def pick(value: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return value(*args, **kwargs) if callable(value) else value

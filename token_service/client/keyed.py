@@ -51,7 +51,7 @@ from ._direct import AsyncDirectTransport, DirectTransport, _info
 from ._fingerprint import canonical_json, fingerprint
 from ._typed_results import return_type
 from ._types import Consumed, IssuedToken, TokenInfo
-from .guard import AsyncGuard, Guard, Terminal, as_json, guard_hooks
+from .guard import AsyncGuard, Guard, GuardHooks, Terminal, as_json
 
 if TYPE_CHECKING:
     from token_service.store import AsyncTokenStore, TokenStore
@@ -259,7 +259,7 @@ def _guard_for(
     wait_seconds: float,
     renew: bool = True,
     result_type: Any = None,
-    hooks: dict[str, Any] | None = None,
+    hooks: GuardHooks | None = None,
 ) -> Guard | AsyncGuard:
     return keyed.guard(
         operation_token(scope, key),
@@ -271,7 +271,7 @@ def _guard_for(
         wait_seconds=wait_seconds,
         renew=renew,
         result_type=result_type,
-        **(hooks or {}),
+        hooks=hooks,
     )
 
 
@@ -313,7 +313,7 @@ def keyed_guard(
     ``on_lease_lost`` are the guard's hooks.
     """
     keyed = _keyed_client(client, ttl_seconds)
-    hooks = guard_hooks(on_replay, on_conflict, on_mismatch, on_lease_lost)
+    hooks = GuardHooks(on_replay, on_conflict, on_mismatch, on_lease_lost)
     return _guard_for(
         keyed, scope, key, fingerprint, request_id, lease_seconds, terminal, wait_seconds, renew, None, hooks
     )
@@ -412,7 +412,7 @@ def idempotent(
     """
     check.scope(scope)
     keyed = _keyed_client(client, ttl_seconds)
-    hooks = guard_hooks(on_replay, on_conflict, on_mismatch, on_lease_lost)
+    hooks = GuardHooks(on_replay, on_conflict, on_mismatch, on_lease_lost)
 
     def decorate(operation: Callable[..., Any]) -> Callable[..., Any]:
         read_key = _key_reader(operation, key, "key")
