@@ -7,8 +7,6 @@ tests/test_store_consume_shortcuts.py.)
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from token_service.client import ServiceUnavailable, TokenClient
@@ -16,6 +14,7 @@ from token_service.client import _validate as check
 from token_service.client._types import RetryPolicy
 from token_service.errors import InvalidRequest
 from token_service.records import Consumed
+from token_service.store import UseRequest
 
 
 def test_checked_scopes_are_remembered_but_never_a_wrong_one() -> None:
@@ -46,11 +45,11 @@ class FlakyBackend:
 
     def __init__(self, failures: int) -> None:
         self.failures = failures
-        self.calls: list[tuple[Any, ...]] = []
+        self.calls: list[UseRequest] = []
         self.raised: list[ServiceUnavailable] = []
 
-    def consume(self, *args: Any) -> Consumed:
-        self.calls.append(args)
+    def consume(self, use: UseRequest) -> Consumed:
+        self.calls.append(use)
         if len(self.calls) <= self.failures:
             error = ServiceUnavailable(f"attempt {len(self.calls)}")
             self.raised.append(error)
@@ -76,9 +75,10 @@ def test_sdk_consume_retries_as_the_policy_says_with_one_request_id(
             client.consume("t" * 43, "s", subject="u")
         assert raised.value is backend.raised[-1]  # the last failure, as it was raised
         assert len(backend.calls) == attempts
-    assert len({call[4] for call in backend.calls}) == 1  # every attempt resends the same id
-    assert backend.calls[0][:4] == ("t" * 43, "s", "u", None)
-    assert len(backend.calls[0][4]) == 32
+    assert len({call.request_id for call in backend.calls}) == 1  # every attempt resends the same id
+    first = backend.calls[0]
+    assert (first.token, first.scope, first.subject, first.fingerprint) == ("t" * 43, "s", "u", None)
+    assert len(first.request_id or "") == 32
     # one backoff between attempts, growing: failure n waits within [c/2, c], c = 0.01 * 2**(n-1)
     assert len(slept) == len(backend.calls) - 1
     for n, delay in enumerate(slept, start=1):
@@ -91,4 +91,4 @@ def test_sdk_consume_keeps_the_callers_request_id_across_retries(monkeypatch: py
     backend = FlakyBackend(2)
     client = TokenClient(retry=3, _backend=backend)  # type: ignore[arg-type]
     assert client.consume("t" * 43, "s", request_id="order-17") == Consumed(replayed=True)
-    assert [call[4] for call in backend.calls] == ["order-17"] * 3
+    assert [call.request_id for call in backend.calls] == ["order-17"] * 3

@@ -21,7 +21,7 @@ import redis.asyncio
 from token_service import defaults
 from token_service.errors import ServiceUnavailable, TokenInvalid
 from token_service.records import Completed, Consumed, FailRecorded, Finished, Renewed, Started
-from token_service.store import AsyncTokenStore, TokenStore
+from token_service.store import AsyncTokenStore, TokenStore, UseRequest
 from token_service.tokens import new_request_id
 
 from ._direct import AsyncDirectTransport, DirectLimits, DirectTransport, redis_from_url
@@ -40,18 +40,8 @@ class _Transport(Protocol):
     def issue(
         self, scope: str, subject: str | None, fingerprint: str | None, ttl_seconds: int | None, count: int
     ) -> list[IssuedToken]: ...
-    def consume(
-        self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
-    ) -> Consumed: ...
-    def begin(
-        self,
-        token: str,
-        scope: str,
-        subject: str | None,
-        fingerprint: str | None,
-        request_id: str,
-        lease_seconds: int | None,
-    ) -> Started | Finished: ...
+    def consume(self, use: UseRequest) -> Consumed: ...
+    def begin(self, use: UseRequest, lease_seconds: int | None) -> Started | Finished: ...
     def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed: ...
     def complete(self, token: str, lease_id: str, result: Any) -> Completed: ...
     def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded: ...
@@ -64,18 +54,8 @@ class _AsyncTransport(Protocol):
     async def issue(
         self, scope: str, subject: str | None, fingerprint: str | None, ttl_seconds: int | None, count: int
     ) -> list[IssuedToken]: ...
-    async def consume(
-        self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
-    ) -> Consumed: ...
-    async def begin(
-        self,
-        token: str,
-        scope: str,
-        subject: str | None,
-        fingerprint: str | None,
-        request_id: str,
-        lease_seconds: int | None,
-    ) -> Started | Finished: ...
+    async def consume(self, use: UseRequest) -> Consumed: ...
+    async def begin(self, use: UseRequest, lease_seconds: int | None) -> Started | Finished: ...
     async def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed: ...
     async def complete(self, token: str, lease_id: str, result: Any) -> Completed: ...
     async def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded: ...
@@ -260,8 +240,9 @@ class TokenClient(_ClientBase):
         request_id: str | None = None,
     ) -> Consumed:
         """Use a token once. ``replayed`` is true when a retry of this request finds its own win."""
-        rid = request_id or new_request_id()  # every retry resends it: a lost win is found again
-        return self._call(lambda: self._backend.consume(token, scope, subject, fingerprint, rid))
+        # every retry resends its request id: a lost win is found again
+        use = UseRequest(token, scope, subject, fingerprint, request_id or new_request_id())
+        return self._call(lambda: self._backend.consume(use))
 
     def begin(
         self,
@@ -274,8 +255,8 @@ class TokenClient(_ClientBase):
         lease_seconds: int | None = None,
     ) -> Started | Finished:
         """Take a lease (:class:`Started`) or find the stored result (:class:`Finished`)."""
-        rid = request_id or new_request_id()
-        return self._call(lambda: self._backend.begin(token, scope, subject, fingerprint, rid, lease_seconds))
+        use = UseRequest(token, scope, subject, fingerprint, request_id or new_request_id())
+        return self._call(lambda: self._backend.begin(use, lease_seconds))
 
     def renew(self, token: str, lease_id: str, *, lease_seconds: int | None = None) -> Renewed:
         """Extend the live lease to ``lease_seconds`` from now; LeaseLost when it is not the live one."""
@@ -409,8 +390,8 @@ class AsyncTokenClient(_ClientBase):
         fingerprint: str | None = None,
         request_id: str | None = None,
     ) -> Consumed:
-        rid = request_id or new_request_id()
-        return await self._call(lambda: self._backend.consume(token, scope, subject, fingerprint, rid))
+        use = UseRequest(token, scope, subject, fingerprint, request_id or new_request_id())
+        return await self._call(lambda: self._backend.consume(use))
 
     async def begin(
         self,
@@ -422,10 +403,8 @@ class AsyncTokenClient(_ClientBase):
         request_id: str | None = None,
         lease_seconds: int | None = None,
     ) -> Started | Finished:
-        rid = request_id or new_request_id()
-        return await self._call(
-            lambda: self._backend.begin(token, scope, subject, fingerprint, rid, lease_seconds)
-        )
+        use = UseRequest(token, scope, subject, fingerprint, request_id or new_request_id())
+        return await self._call(lambda: self._backend.begin(use, lease_seconds))
 
     async def renew(self, token: str, lease_id: str, *, lease_seconds: int | None = None) -> Renewed:
         return await self._call(lambda: self._backend.renew(token, lease_id, lease_seconds))

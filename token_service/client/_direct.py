@@ -86,16 +86,14 @@ class _Checks:
             check.bounded("ttl_seconds", ttl, 1, limits.max_ttl_seconds),
         )
 
-    def use(
-        self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
-    ) -> UseRequest:
-        return UseRequest(
-            check.token(token),
-            check.scope(scope),
-            check.text("subject", subject, 128),
-            check.text("fingerprint", fingerprint, 128),
-            check.text("request_id", request_id, 128),
-        )
+    def use(self, use: UseRequest) -> UseRequest:
+        """``use`` itself, once its fields pass the API's rules (InvalidRequest or TokenInvalid)."""
+        check.token(use.token)
+        check.scope(use.scope)
+        check.text("subject", use.subject, 128)
+        check.text("fingerprint", use.fingerprint, 128)
+        check.text("request_id", use.request_id, 128)
+        return use
 
     def lease_seconds(self, value: int | None) -> int:
         seconds = value if value is not None else self.limits.default_lease_seconds
@@ -117,22 +115,11 @@ class DirectTransport(_Checks):
         request = self.issue_request(scope, subject, fingerprint, ttl_seconds, count)
         return _issued(request, self.store.issue(request, count))
 
-    def consume(
-        self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
-    ) -> Consumed:
-        return self.store.consume(self.use(token, scope, subject, fingerprint, request_id))
+    def consume(self, use: UseRequest) -> Consumed:
+        return self.store.consume(self.use(use))
 
-    def begin(
-        self,
-        token: str,
-        scope: str,
-        subject: str | None,
-        fingerprint: str | None,
-        request_id: str,
-        lease_seconds: int | None,
-    ) -> Started | Finished:
-        use = self.use(token, scope, subject, fingerprint, request_id)
-        return self.store.begin(use, self.lease_seconds(lease_seconds))
+    def begin(self, use: UseRequest, lease_seconds: int | None) -> Started | Finished:
+        return self.store.begin(self.use(use), self.lease_seconds(lease_seconds))
 
     def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
         return self.store.renew(
@@ -170,22 +157,11 @@ class AsyncDirectTransport(_Checks):
         request = self.issue_request(scope, subject, fingerprint, ttl_seconds, count)
         return _issued(request, await self.store.issue(request, count))
 
-    async def consume(
-        self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
-    ) -> Consumed:
-        return await self.store.consume(self.use(token, scope, subject, fingerprint, request_id))
+    async def consume(self, use: UseRequest) -> Consumed:
+        return await self.store.consume(self.use(use))
 
-    async def begin(
-        self,
-        token: str,
-        scope: str,
-        subject: str | None,
-        fingerprint: str | None,
-        request_id: str,
-        lease_seconds: int | None,
-    ) -> Started | Finished:
-        use = self.use(token, scope, subject, fingerprint, request_id)
-        return await self.store.begin(use, self.lease_seconds(lease_seconds))
+    async def begin(self, use: UseRequest, lease_seconds: int | None) -> Started | Finished:
+        return await self.store.begin(self.use(use), self.lease_seconds(lease_seconds))
 
     async def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
         return await self.store.renew(

@@ -13,7 +13,7 @@ import json
 import re
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import httpx
 
@@ -30,6 +30,9 @@ from token_service.records import Completed, Consumed, FailRecorded, Finished, R
 from token_service.tokens import whole_number
 
 from ._types import IssuedToken, TokenInfo
+
+if TYPE_CHECKING:
+    from token_service.store import UseRequest
 
 T = TypeVar("T")
 
@@ -178,16 +181,14 @@ def _no_reply(exc: Exception) -> ServiceUnavailable:
     return ServiceUnavailable(f"No reply from the token service: {type(exc).__name__}.")
 
 
-def _use(
-    token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
-) -> dict[str, Any]:
+def _use(use: UseRequest) -> dict[str, Any]:
     """The body of a request that uses a token (consume, and begin with its lease)."""
     return {
-        "token": token,
-        "scope": scope,
-        "subject": subject,
-        "fingerprint": fingerprint,
-        "request_id": request_id,
+        "token": use.token,
+        "scope": use.scope,
+        "subject": use.subject,
+        "fingerprint": use.fingerprint,
+        "request_id": use.request_id,
     }
 
 
@@ -258,21 +259,11 @@ class _HttpOperations:
             return self._post("/token/generate", body, _issued_one)
         return self._post("/token/generate/batch", {**body, "count": count}, _issued_batch)
 
-    def consume(
-        self, token: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
-    ) -> Any:
-        return self._post("/token/consume", _use(token, scope, subject, fingerprint, request_id), _consumed)
+    def consume(self, use: UseRequest) -> Any:
+        return self._post("/token/consume", _use(use), _consumed)
 
-    def begin(
-        self,
-        token: str,
-        scope: str,
-        subject: str | None,
-        fingerprint: str | None,
-        request_id: str,
-        lease_seconds: int | None,
-    ) -> Any:
-        body = _use(token, scope, subject, fingerprint, request_id)
+    def begin(self, use: UseRequest, lease_seconds: int | None) -> Any:
+        body = _use(use)
         body["lease_seconds"] = lease_seconds
         return self._post("/token/begin", body, _begun)
 

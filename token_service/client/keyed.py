@@ -115,27 +115,20 @@ class _Keyed:
         self.direct = direct
         self.ttl_seconds = ttl_seconds
 
-    def begin_args(
-        self,
-        token: str,
-        scope: str,
-        subject: str | None,
-        fingerprint: str | None,
-        request_id: str,
-        lease_seconds: int | None,
-    ) -> tuple[UseRequest, int, int]:
-        """The store's begin arguments: the use (the operation's record name where a token would
-        be), the lease, and how long an absent record is claimed for."""
-        if subject is not None:
+    def begin_args(self, use: UseRequest, lease_seconds: int | None) -> tuple[UseRequest, int, int]:
+        """The store's begin arguments: ``use`` with the operation's record name where its token
+        was (a keyed operation's "token" is its key), the lease, and how long an absent record
+        is claimed for."""
+        if use.subject is not None:
             raise TypeError("a keyed operation has no subject: make it part of the key")
-        use = UseRequest(
-            _operation(token),
-            check.scope(scope),
+        record = UseRequest(
+            _operation(use.token),
+            check.scope(use.scope),
             None,
-            check.text("fingerprint", fingerprint, 128),
-            check.text("request_id", request_id, 128),
+            check.text("fingerprint", use.fingerprint, 128),
+            check.text("request_id", use.request_id, 128),
         )
-        return use, self.direct.lease_seconds(lease_seconds), self.ttl_seconds
+        return record, self.direct.lease_seconds(lease_seconds), self.ttl_seconds
 
     def result_args(self, token: str, lease_id: str, name: str, value: Any) -> tuple[str, str]:
         check.payload(name, value, self.direct.limits.max_result_bytes)
@@ -149,18 +142,8 @@ class _KeyedTransport(_Keyed):
         super().__init__(direct, ttl_seconds)
         self.store: TokenStore = direct.store
 
-    def begin(
-        self,
-        token: str,
-        scope: str,
-        subject: str | None,
-        fingerprint: str | None,
-        request_id: str,
-        lease_seconds: int | None,
-    ) -> Started | Finished:
-        return self.store.begin(
-            *self.begin_args(token, scope, subject, fingerprint, request_id, lease_seconds)
-        )
+    def begin(self, use: UseRequest, lease_seconds: int | None) -> Started | Finished:
+        return self.store.begin(*self.begin_args(use, lease_seconds))
 
     def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
         record, lease = _operation(token), self.direct.lease_id(lease_id)
@@ -194,17 +177,8 @@ class _AsyncKeyedTransport(_Keyed):
         super().__init__(direct, ttl_seconds)
         self.store: AsyncTokenStore = direct.store
 
-    async def begin(
-        self,
-        token: str,
-        scope: str,
-        subject: str | None,
-        fingerprint: str | None,
-        request_id: str,
-        lease_seconds: int | None,
-    ) -> Started | Finished:
-        args = self.begin_args(token, scope, subject, fingerprint, request_id, lease_seconds)
-        return await self.store.begin(*args)
+    async def begin(self, use: UseRequest, lease_seconds: int | None) -> Started | Finished:
+        return await self.store.begin(*self.begin_args(use, lease_seconds))
 
     async def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
         record, lease = _operation(token), self.direct.lease_id(lease_id)
