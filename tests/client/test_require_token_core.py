@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from token_service.client._require_token_core import Reply, RequireToken, ValueReply
+from token_service.client._require_token_core import Replay, Reply, RequireToken, ValueReply
 from token_service.client.guard import AsyncGuard, Guard
 from token_service.errors import ServiceUnavailable
+from token_service.records import Finished
 
 
 class Told(Guard):
@@ -236,3 +237,33 @@ def test_a_synchronous_guard_settles_an_async_stream() -> None:
 
     assert asyncio.run(drain()) == b"".join(chunks(2))
     assert told.said[0][0] == "succeed"
+
+
+class ReplayingClient:
+    """A client whose every begin finds a stored result; it keeps the guards it made."""
+
+    def __init__(self) -> None:
+        self.guards: list[Guard] = []
+
+    def guard(self, token: str, scope: str, **options: Any) -> Guard:
+        made = Guard(self, token, scope, **options)  # type: ignore[arg-type]  # only begin is called
+        self.guards.append(made)
+        return made
+
+    def begin(self, token: str, scope: str, **options: Any) -> Finished:
+        return Finished(result={"ok": True})
+
+
+def test_the_hooks_are_one_value_built_once_and_handed_to_every_guard() -> None:
+    # as @idempotent does (guard.py's docs say both do): not four keywords folded again per request
+    replays: list[Any] = []
+    arguments = {"scope": "op", "lease_seconds": None, "terminal": (), "wait_seconds": 0.0}
+    hooks = {"on_replay": replays.append, "on_conflict": None, "on_mismatch": None, "on_lease_lost": None}
+    core = RequireToken.of({**arguments, **hooks})
+    client = ReplayingClient()
+    assert isinstance(core.begin(client, "t-1", None, None), Replay)
+    assert isinstance(core.begin(client, "t-2", None, None), Replay)
+    first, second = client.guards
+    assert replays == [first, second]
+    assert first.hooks is second.hooks
+    assert first.hooks.on_replay == replays.append
