@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from token_service.errors import (
     InvalidRequest,
@@ -23,6 +23,10 @@ from token_service.errors import (
     TokenMismatch,
     TokenUsed,
 )
+from token_service.tokens import new_request_id
+
+if TYPE_CHECKING:
+    from token_service.store import UseRequest
 
 Reply = list[Any]
 
@@ -181,10 +185,15 @@ def raise_for(reply: Reply) -> None:
         raise InvalidRequest(f"Rejected by the store: {text(reply[1])}.")
 
 
-def consume_args(
-    scope: str, subject: str | None, fingerprint: str | None, request_id: str, now_ms: str
-) -> list[str]:
-    return [scope, subject or "", fingerprint or "", request_id, now_ms]  # opt(), inlined
+def consume_args(use: UseRequest, now_ms: str) -> list[str]:
+    """consume.lua's ARGV for ``use`` (without a request id, a new one: no retry can match it)."""
+    return [
+        use.scope,
+        use.subject or "",  # opt(), inlined
+        use.fingerprint or "",
+        use.request_id or new_request_id(),
+        now_ms,
+    ]
 
 
 # Consumed is immutable: the two possible answers are made once, not per consume.
@@ -202,16 +211,18 @@ def consume_reply(reply: Reply) -> Consumed:
 
 
 def begin_args(
-    scope: str,
-    subject: str | None,
-    fingerprint: str | None,
-    request_id: str,
-    lease_seconds: int,
-    lease_id: str,
-    now_ms: str,
-    claim_ttl_seconds: int | None = None,
+    use: UseRequest, lease_seconds: int, lease_id: str, now_ms: str, claim_ttl_seconds: int | None = None
 ) -> list[str]:
-    args = [scope, opt(subject), opt(fingerprint), request_id, str(lease_seconds * 1000), lease_id, now_ms]
+    """begin.lua's ARGV for ``use`` (``use.token`` is not in it: the record key says whose it is)."""
+    args = [
+        use.scope,
+        opt(use.subject),
+        opt(use.fingerprint),
+        use.request_id or new_request_id(),
+        str(lease_seconds * 1000),
+        lease_id,
+        now_ms,
+    ]
     if claim_ttl_seconds is not None:
         # a keyed operation: no token was issued, an absent record is claimed for this long
         args.append(str(claim_ttl_seconds * 1000))

@@ -51,7 +51,6 @@ from token_service.scripts import ADMIT_ISSUE, SCRIPT_NAMES, admit_issue_source,
 from token_service.tokens import (
     digest_key,
     new_lease_id,
-    new_request_id,
     new_tokens,
     record_key,
     token_digest,
@@ -558,9 +557,7 @@ class TokenStore(_StoreBase):
         return issued
 
     def consume(self, use: UseRequest) -> records.Consumed:
-        args = records.consume_args(
-            use.scope, use.subject, use.fingerprint, use.request_id or new_request_id(), self._now()
-        )
+        args = records.consume_args(use, self._now())
         if self._observe is not None:
             return self._observed_run("consume", use.token, args, records.consume_reply, use.scope)
         return self._run("consume", use.token, args, records.consume_reply)
@@ -578,16 +575,7 @@ class TokenStore(_StoreBase):
         record is claimed, ISSUED for that long and bound to the request's scope and
         fingerprint (``use.token`` is the operation's name; it has no subject).
         """
-        args = records.begin_args(
-            use.scope,
-            use.subject,
-            use.fingerprint,
-            use.request_id or new_request_id(),
-            lease_seconds,
-            new_lease_id(),
-            self._now(),
-            claim_ttl_seconds,
-        )
+        args = records.begin_args(use, lease_seconds, new_lease_id(), self._now(), claim_ttl_seconds)
         if self._observe is not None:
             return self._observed_run("begin", use.token, args, records.begin_reply, use.scope)
         return self._run("begin", use.token, args, records.begin_reply)
@@ -750,9 +738,7 @@ class AsyncTokenStore(_StoreBase):
         return replies
 
     async def consume(self, use: UseRequest) -> records.Consumed:
-        args = records.consume_args(
-            use.scope, use.subject, use.fingerprint, use.request_id or new_request_id(), self._now()
-        )
+        args = records.consume_args(use, self._now())
         if self._observe is not None:
             return await self._observed_run("consume", use.token, args, records.consume_reply, use.scope)
         return await self._run("consume", use.token, args, records.consume_reply)
@@ -763,16 +749,7 @@ class AsyncTokenStore(_StoreBase):
         lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS,
         claim_ttl_seconds: int | None = None,
     ) -> records.Started | records.Finished:
-        args = records.begin_args(
-            use.scope,
-            use.subject,
-            use.fingerprint,
-            use.request_id or new_request_id(),
-            lease_seconds,
-            new_lease_id(),
-            self._now(),
-            claim_ttl_seconds,
-        )
+        args = records.begin_args(use, lease_seconds, new_lease_id(), self._now(), claim_ttl_seconds)
         if self._observe is not None:
             return await self._observed_run("begin", use.token, args, records.begin_reply, use.scope)
         return await self._run("begin", use.token, args, records.begin_reply)

@@ -42,7 +42,7 @@ from token_service.client._idempotency_store import digest as idempotency_digest
 from token_service.client._stored_response import StoredResponse
 from token_service.errors import InvalidRequest, NotInProgress, RecordNotFound
 from token_service.scripts import lua_source
-from token_service.store import translate_errors
+from token_service.store import UseRequest, translate_errors
 from token_service.tokens import is_plain_text, new_lease_id
 
 audit_log = logging.getLogger("token_service.audit")
@@ -660,15 +660,10 @@ class Admin:
     def _take_over(self, found: Record, lease_seconds: int) -> str | None:
         """A fresh lease on a PROCESSING token whose lease ran out, or None if it moved on."""
         lease_id = new_lease_id()
-        args = records.begin_args(
-            found.scope or "",
-            found.subject,
-            found.fingerprint,
-            "reconciler:" + lease_id[:12],
-            lease_seconds,
-            lease_id,
-            "",
-        )
+        # the record's own binding, sent again (its key stands where a token would: none is known)
+        rid = "reconciler:" + lease_id[:12]
+        use = UseRequest(found.key, found.scope or "", found.subject, found.fingerprint, rid)
+        args = records.begin_args(use, lease_seconds, lease_id, "")
         with translate_errors():
             reply = self._scripts["begin"](keys=[found.key], args=args)
         if records.text(reply[0]) != "started" or int(reply[3]) == 1:
