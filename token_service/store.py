@@ -72,7 +72,7 @@ P = ParamSpec("P")
 # scope (None where the operation carries none), the digest of the token it named (None for
 # issue and admit, which name none: tokens.token_digest, the record key's last part), and
 # what the operation returned or the exception it raised.
-Observer = Callable[[str, "str | None", "str | None", Any], None]
+Observer = Callable[[str, str | None, str | None, Any], None]
 
 # Errors that mean "Redis cannot answer now", as opposed to a bug in a script.
 _UNAVAILABLE: tuple[type[Exception], ...] = (
