@@ -17,7 +17,14 @@ import pytest
 import redis
 
 from tests.support.cut_short import post_cut_short
-from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
+from tests.support.processes import (
+    REPO_ROOT,
+    RedisServer,
+    answers_healthz,
+    free_port,
+    start_serving,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 KEY = '"8e03978e-40d5-43e8-bc93-6894a57f9324"'
@@ -43,37 +50,26 @@ class Server:
 
 
 def start_uvicorn(app: str, redis_url: str, **env: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            f"tests.client.asgi_apps:{app}",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        cwd=REPO_ROOT,
-        env={**os.environ, "TEST_REDIS_URL": redis_url, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
+    def launch(port: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                f"tests.client.asgi_apps:{app}",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            cwd=REPO_ROOT,
+            env={**os.environ, "TEST_REDIS_URL": redis_url, **env},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
-    def up() -> bool:
-        try:
-            return httpx.get(url + "/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(up, 60, what="uvicorn")
-    except BaseException:
-        process.kill()
-        raise
-    return process, url
+    process, port = start_serving(launch, answers_healthz(), "uvicorn")
+    return process, f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module", params=["starlette_app", "fastapi_app"])

@@ -17,34 +17,36 @@ import redis
 
 from tests.support import raw_http
 from tests.support.cut_short import post_cut_short
-from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
+from tests.support.processes import REPO_ROOT, RedisServer, answers_healthz, start_serving
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 
-@pytest.fixture
-def orders_url(redis_server: RedisServer, real_redis: redis.Redis) -> Iterator[str]:
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            "3",
-            "tests.client.middleware_app:app",
-        ],
-        cwd=REPO_ROOT,
-        env={**os.environ, "TEST_REDIS_URL": redis_server.url},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
+# One gunicorn for the file: the app keeps nothing but what is in Redis, which real_redis empties
+# before each test, so a test sees a server as fresh as its own (and the file starts 1, not 7).
+@pytest.fixture(scope="module")
+def orders_url(redis_server: RedisServer) -> Iterator[str]:
+    def launch(port: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--workers",
+                "3",
+                "tests.client.middleware_app:app",
+            ],
+            cwd=REPO_ROOT,
+            env={**os.environ, "TEST_REDIS_URL": redis_server.url},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    process, port = start_serving(launch, answers_healthz(), "gunicorn")
     try:
-        wait_until(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 60, what="gunicorn")
-        yield url
+        yield f"http://127.0.0.1:{port}"
     finally:
         process.terminate()
         process.wait(timeout=20)

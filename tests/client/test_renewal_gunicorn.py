@@ -24,7 +24,7 @@ import httpx
 import pytest
 import redis
 
-from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
+from tests.support.processes import REPO_ROOT, RedisServer, answers_healthz, start_serving, wait_until
 from token_service.client import TokenClient
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -32,31 +32,33 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 DUPLICATES_AT = (2.5, 4.5)  # past the first 2 s lease, and past two
 
 
-@pytest.fixture
-def slow_app_url(redis_server: RedisServer, real_redis: redis.Redis) -> Iterator[str]:
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            "3",
-            "--timeout",
-            "60",
-            "tests.client.slow_views_app:app",
-        ],
-        cwd=REPO_ROOT,
-        env={**os.environ, "TEST_REDIS_URL": redis_server.url},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
+# One gunicorn for the file: the app keeps nothing but what is in Redis, which real_redis empties
+# before each test (a worker a test kills is replaced by gunicorn; two others stay up meanwhile).
+@pytest.fixture(scope="module")
+def slow_app_url(redis_server: RedisServer) -> Iterator[str]:
+    def launch(port: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--workers",
+                "3",
+                "--timeout",
+                "60",
+                "tests.client.slow_views_app:app",
+            ],
+            cwd=REPO_ROOT,
+            env={**os.environ, "TEST_REDIS_URL": redis_server.url},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    process, port = start_serving(launch, answers_healthz(), "gunicorn")
     try:
-        wait_until(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 60, what="gunicorn")
-        yield url
+        yield f"http://127.0.0.1:{port}"
     finally:
         process.terminate()
         process.wait(timeout=20)

@@ -24,7 +24,14 @@ import httpx
 import pytest
 import redis
 
-from tests.support.processes import REPO_ROOT, RedisServer, children, free_port, wait_until
+from tests.support.processes import (
+    REPO_ROOT,
+    RedisServer,
+    answers_healthz,
+    children,
+    start_serving,
+    wait_until,
+)
 from token_service.client import TokenClient
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -46,37 +53,34 @@ def start_app(redis_url: str, folder: Path, workers: int, cap: int) -> tuple[sub
     report = b"%PDF-1.4 " + os.urandom(FILE_BYTES - 9)
     path = folder / "report.pdf"
     path.write_bytes(report)
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            str(workers),
-            "--timeout",
-            "60",
-            "tests.client.response_kinds_app:app",
-        ],
-        cwd=REPO_ROOT,
-        env={
-            **os.environ,
-            "TEST_REDIS_URL": redis_url,
-            "TEST_REPORT_PATH": str(path),
-            "TEST_STORAGE_CAP": str(cap),
-        },
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+
+    def launch(port: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--workers",
+                str(workers),
+                "--timeout",
+                "60",
+                "tests.client.response_kinds_app:app",
+            ],
+            cwd=REPO_ROOT,
+            env={
+                **os.environ,
+                "TEST_REDIS_URL": redis_url,
+                "TEST_REPORT_PATH": str(path),
+                "TEST_STORAGE_CAP": str(cap),
+            },
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    process, port = start_serving(launch, answers_healthz(), "gunicorn")
     url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: httpx.get(url + "/healthz", timeout=1).status_code == 200, 60, what="gunicorn")
-    except BaseException:
-        process.kill()
-        process.wait(20)
-        raise
     return process, App(url, process.pid, report)
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.processes import REPO_ROOT, Gunicorn, RedisServer, free_port, wait_until
+from tests.support.processes import REPO_ROOT, Gunicorn, RedisServer, start_serving, wait_until
 from tests.support.raw_http import Reply, connect, exchange, read_reply, request_bytes
 from tests.support.service import API_KEY, AUTH
 
@@ -57,13 +57,11 @@ def shipped_server_block(listen_port: int, upstream_port: int, log_dir: Path) ->
 class Nginx:
     def __init__(self, root: Path, upstream_port: int) -> None:
         self.root = root
-        self.port = free_port()
+        self.upstream_port = upstream_port
+        self.port = 0  # start() picks a free one
         self.process: subprocess.Popen[bytes] | None = None
         for folder in ("logs", "client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
             (root / folder).mkdir(parents=True, exist_ok=True)
-        (root / "token-service.conf").write_text(
-            shipped_server_block(self.port, upstream_port, root / "logs")
-        )
         user = "user root;\n" if os.geteuid() == 0 else ""  # workers must reach the temp folders
         (root / "nginx.conf").write_text(
             f"""{user}worker_processes 1;
@@ -97,14 +95,19 @@ http {{
             "-e",
             str(self.root / "logs/error.log"),
         ]
-        test = subprocess.run([*args, "-t"], capture_output=True, text=True, check=False)
-        assert test.returncode == 0, test.stderr
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(
-            lambda: exchange(self.address, request_bytes("GET", "/healthz"), 1).status == 200,
-            60,
-            what="nginx",
-        )
+
+        def launch(port: int) -> subprocess.Popen[bytes]:
+            (self.root / "token-service.conf").write_text(
+                shipped_server_block(port, self.upstream_port, self.root / "logs")
+            )
+            test = subprocess.run([*args, "-t"], capture_output=True, text=True, check=False)
+            assert test.returncode == 0, test.stderr
+            return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def ready(port: int) -> bool:
+            return exchange(("127.0.0.1", port), request_bytes("GET", "/healthz"), 1).status == 200
+
+        self.process, self.port = start_serving(launch, ready, "nginx")
         return self
 
     def access_log(self) -> str:

@@ -10,17 +10,18 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-import httpx
-
-from tests.support.processes import REPO_ROOT, free_port, wait_until
+from tests.support.processes import REPO_ROOT, PortTaken, answers_healthz, start_serving
 
 
 class AppServer:
-    """``uvicorn APP`` or ``gunicorn APP``; up once ``health_path`` answers."""
+    """``uvicorn APP`` or ``gunicorn APP``; up once ``health_path`` answers.
+
+    ``{port}`` in the command or in an environment value is the free port start() picks.
+    """
 
     def __init__(self, command: Sequence[str], env: dict[str, str], health_path: str = "/healthz") -> None:
-        self.port = free_port()
-        self.command = [part.replace("{port}", str(self.port)) for part in command]
+        self.port = 0  # start() picks a free one
+        self.command = list(command)
         self.env = {**os.environ, **env}
         self.health_path = health_path
         self.log_path = Path(tempfile.mkstemp(prefix="ts-app-", suffix=".log")[1])
@@ -41,21 +42,18 @@ class AppServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> AppServer:
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT
-            )
-
-        def up() -> bool:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"the server exited:\n{self.log()}")
-            return httpx.get(self.url + self.health_path, timeout=1).status_code == 200
+        def launch(port: int) -> subprocess.Popen[bytes]:
+            command = [part.replace("{port}", str(port)) for part in self.command]
+            env = {name: value.replace("{port}", str(port)) for name, value in self.env.items()}
+            with self.log_path.open("wb") as log:
+                return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
 
         try:
-            wait_until(up, timeout_seconds=60, what=" ".join(self.command))
-        except BaseException:
-            self.stop()
-            raise
+            self.process, self.port = start_serving(
+                launch, answers_healthz(self.health_path), " ".join(self.command)
+            )
+        except (PortTaken, RuntimeError, TimeoutError) as exc:
+            raise type(exc)(f"{exc}:\n{self.log()}") from exc
         return self
 
     def log(self) -> str:

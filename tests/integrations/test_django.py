@@ -327,9 +327,9 @@ def test_middleware_a_body_cut_short_runs_nothing(server: AppServer, real_redis:
 
 def test_the_example_runs_with_one_command(redis_server: RedisServer) -> None:
     example = AppServer(
-        [sys.executable, "-m", "examples.django_app"], {"TOKEN_SERVICE_REDIS_URL": redis_server.url}
+        [sys.executable, "-m", "examples.django_app"],
+        {"TOKEN_SERVICE_REDIS_URL": redis_server.url, "PORT": "{port}"},
     )
-    example.env["PORT"] = str(example.port)
     example.health_path = "/payments/list"
     example.start()
     try:

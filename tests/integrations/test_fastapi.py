@@ -217,7 +217,6 @@ def test_the_example_charges_a_double_click_once(redis_server: RedisServer, real
         [sys.executable, "-m", "examples.fastapi_app"],
         {"TOKEN_SERVICE_REDIS_URL": redis_server.url, "PORT": "{port}"},
     )
-    example.env["PORT"] = str(example.port)
     example.start()
     try:
         headers = {"X-User-Id": "ada"}

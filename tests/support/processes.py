@@ -16,9 +16,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -37,6 +38,122 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+class PortTaken(Exception):
+    """Another process listens on the port a server was started on."""
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """The inodes of the sockets listening on ``port`` (any address), from /proc/net/tcp{,6}."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(inode)
+    return inodes
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    """The inodes of the sockets a process and its descendants hold open."""
+    found, pending = set(), [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            pending.extend(children(current))
+            fds = list(Path(f"/proc/{current}/fd").iterdir())
+        except OSError:  # exited meanwhile
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                found.add(target[len("socket:[") : -1])
+    return found
+
+
+def listener_is_own(pid: int, port: int) -> bool | None:
+    """Whether the socket listening on ``port`` is ``pid``'s or a descendant's; None if none listens."""
+    listening = _listening_inodes(port)
+    if not listening:
+        return None
+    return bool(listening & _socket_inodes(pid))
+
+
+def start_serving(
+    launch: Callable[[int], subprocess.Popen[Any]],
+    ready: Callable[[int], bool],
+    what: str,
+    timeout_seconds: float = 60,
+    attempts: int = 3,
+) -> tuple[subprocess.Popen[Any], int]:
+    """``launch(port)`` on a free port; (the process, its port) once ``ready(port)`` holds.
+
+    free_port() only finds a port free for a moment: another xdist worker's server can take it
+    before this one binds. This one then exits (gunicorn first retries for seconds) while
+    ``ready`` would be answered by the other, so the process is ready only once the socket
+    listening on the port is its own (or a child's: gunicorn's and nginx's workers). If another
+    process holds it, this one is stopped and launched again on another free port.
+    """
+    for attempt in range(attempts):
+        port = free_port()
+        process = launch(port)
+        try:
+            _wait_serving(process, port, ready, what, timeout_seconds)
+            return process, port
+        except PortTaken:
+            _stop(process)
+            if attempt == attempts - 1:
+                raise
+        except BaseException:
+            _stop(process)
+            raise
+    raise AssertionError("unreachable: the last attempt raises")
+
+
+def _wait_serving(
+    process: subprocess.Popen[Any], port: int, ready: Callable[[int], bool], what: str, timeout_seconds: float
+) -> None:
+    deadline = time.monotonic() + timeout_seconds
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        own = listener_is_own(process.pid, port)
+        if own is False:
+            raise PortTaken(f"{what}: port {port} is another process's")
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode} (port {port})")
+        if own:
+            try:
+                if ready(port):
+                    return
+            except Exception as exc:  # listening, not answering yet
+                last_error = exc
+        time.sleep(0.02)
+    raise TimeoutError(f"timed out waiting for {what} on port {port}: {last_error!r}")
+
+
+def _stop(process: subprocess.Popen[Any]) -> None:
+    # SIGTERM first: a master killed outright can leave its workers behind (nginx's do)
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+    process.wait(timeout=20)
+
+
+def answers_healthz(path: str = "/healthz") -> Callable[[int], bool]:
+    """A ``ready`` for start_serving: GET ``path`` on the port answers 200."""
+    return lambda port: httpx.get(f"http://127.0.0.1:{port}{path}", timeout=1).status_code == 200
 
 
 def redis_server_binary() -> str:
@@ -170,31 +287,30 @@ class Gunicorn:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Gunicorn:
-        args = [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "--config",
-            "python:token_service.server.gunicorn_conf",
-            "--bind",
-            f"127.0.0.1:{self.port}",
-            "--workers",
-            str(self.workers),
-            *self.extra_args,
-            "token_service:create_app()",
-        ]
-        with self.log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                args, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT
-            )
-        import httpx
+        def launch(port: int) -> subprocess.Popen[bytes]:
+            self.port = port
+            args = [
+                sys.executable,
+                "-m",
+                "gunicorn",
+                "--config",
+                "python:token_service.server.gunicorn_conf",
+                "--bind",
+                f"127.0.0.1:{port}",
+                "--workers",
+                str(self.workers),
+                *self.extra_args,
+                "token_service:create_app()",
+            ]
+            with self.log_path.open("wb") as log:
+                return subprocess.Popen(
+                    args, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT
+                )
 
-        def up() -> bool:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"gunicorn exited: {self.log()}")
-            return httpx.get(self.url + "/healthz", timeout=1).status_code == 200
-
-        wait_until(up, timeout_seconds=60, what="gunicorn")
+        try:
+            self.process, self.port = start_serving(launch, answers_healthz(), "gunicorn")
+        except (PortTaken, RuntimeError, TimeoutError) as exc:
+            raise type(exc)(f"{exc}: {self.log()}") from exc
         return self
 
     def log(self) -> str:
@@ -217,23 +333,21 @@ def serve_one_worker(env_overrides: dict[str, str], log: Path) -> Iterator[tuple
     The environment is this process's without any TOKEN_SERVICE_*, GUNICORN_* or
     WEB_CONCURRENCY, plus ``env_overrides``; the server's output goes to ``log``.
     """
-    port = free_port()
     env = {
         key: value
         for key, value in os.environ.items()
         if not key.startswith(("TOKEN_SERVICE_", "GUNICORN_", "WEB_CONCURRENCY"))
     }
     env.update(env_overrides)
-    args = [sys.executable, "-m", "token_service.server.cli", "serve", "--workers", "1"]
-    args += ["--host", "127.0.0.1", "--port", str(port)]
-    with log.open("wb") as out:
-        server = subprocess.Popen(args, env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
+
+    def launch(port: int) -> subprocess.Popen[bytes]:
+        args = [sys.executable, "-m", "token_service.server.cli", "serve", "--workers", "1"]
+        args += ["--host", "127.0.0.1", "--port", str(port)]
+        with log.open("wb") as out:
+            return subprocess.Popen(args, env=env, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT)
+
+    server, port = start_serving(launch, answers_healthz(), "token-service serve")
     try:
-        wait_until(
-            lambda: httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200,
-            timeout_seconds=60,
-            what="token-service serve",
-        )
         yield ("127.0.0.1", port)
     finally:
         server.terminate()
