@@ -21,6 +21,13 @@ from token_service import create_app
 from token_service.store import TokenStore
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist hands out groups biggest (in tests) first unless told not to; _SLOW_FIRST's order is
+    # measured in seconds, which is what a worker left waiting at the end costs
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``make test`` (pytest-xdist, ``--dist loadgroup``) a test file runs whole on one worker.
@@ -28,12 +35,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     Each test without an ``xdist_group`` mark gets its file as its group, so a file's module and
     session fixtures are set up once and its tests keep their order, as in a serial run; a mark
     names a group several files share (tests that must never run at the same time as each other).
-    The slowest groups are sent out first, so the run is not left waiting on one started last.
-    Runs before xdist's own hook, which reads the marks (``tryfirst`` below).
+    The files of ``_LEASES`` share the group "leases". The slowest groups are sent out first, so
+    the run is not left waiting on one started last. Runs before xdist's own hook, which reads
+    the marks (``tryfirst``).
     """
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+            path = item.nodeid.split("::", 1)[0]
+            item.add_marker(pytest.mark.xdist_group("leases" if path in _LEASES else path))
     items.sort(key=lambda item: _SLOW_FIRST.get(_group(item), len(_SLOW_FIRST)))
 
 
@@ -43,9 +52,74 @@ def _group(item: pytest.Item) -> str:
     return str(mark.args[0] if mark.args else mark.kwargs["name"])
 
 
-# The groups that take longest (`pytest --durations`, docs/testing.md), slowest first; the rest
-# follow in collection order (sort is stable).
-_SLOW_FIRST: dict[str, int] = {name: rank for rank, name in enumerate([])}
+# Tests whose outcome depends on a lease being renewed, or a deadline being met, within about
+# two seconds of wall time while they run: a duplicate sent past the first lease must still find
+# it held, a slow client must still be cut off by the server's deadline and no sooner. Each one
+# waits for conditions, but two of them side by side on a loaded machine compete for the same
+# scarce CPU at the moments that matter, so they run one after another on one worker ("leases").
+# Tests that only sleep past a lease no one renews (test_lease_expiry.py), drive a fake clock
+# (test_renew.py) or wait 20 s for a 0.3 s body under a 60 s lease (client/test_guard_race.py)
+# are not here: a slow machine cannot change their outcome. scale/test_faults.py is: it bounds
+# how long recovering from a fault may take.
+_LEASES = frozenset(
+    [
+        "tests/client/test_renewal.py",
+        "tests/client/test_renewal_asgi.py",
+        "tests/client/test_renewal_decorators.py",
+        "tests/client/test_renewal_gunicorn.py",
+        "tests/client/test_renewal_scheduler.py",
+        "tests/integrations/test_django_renewal.py",
+        "tests/integrations/test_fastapi_renewal.py",
+        "tests/client/test_clock_skew.py",
+        "tests/durable/test_claim_clock_skew.py",
+        "tests/edge/test_slow_clients.py",
+        "tests/edge/test_slow_readers.py",
+        "tests/scale/test_faults.py",
+    ]
+)
+
+# The groups that take longest, slowest first: their tests' setup + call + teardown added up
+# (--junitxml) in a clean-clone make test on 3 workers at load 10-18, 522 s for "leases" down to
+# 50 s; the rest follow in collection order (sort is stable). A group missing here only starts
+# later; a name that no longer exists costs nothing.
+_SLOW_FIRST: dict[str, int] = {
+    name: rank
+    for rank, name in enumerate(
+        [
+            "leases",
+            "tests/integrations/test_django.py",
+            "tests/frontend/test_checkout_e2e.py",
+            "tests/client/test_asgi_uvicorn.py",
+            "tests/integrations/test_django_response_kinds.py",
+            "tests/model/test_lease_model.py",
+            "tests/test_shipped.py",
+            "tests/integrations/test_celery.py",
+            "tests/ops/test_admin_cli.py",
+            "tests/integrations/test_docs.py",
+            "tests/props/test_state_machine.py",
+            "floors[db]",
+            "tests/client/test_response_kinds_gunicorn.py",
+            "tests/perf/test_harness.py",
+            "tests/scale/test_race.py",
+            "floors[server-client-telemetry]",
+            "tests/ops/test_large_scan.py",
+            "tests/edge/test_sdk_connection_reuse.py",
+            "tests/frontend/test_helper_route_and_shop.py",
+            "tests/edge/test_embedded_store_one_worker.py",
+            "floors[asgi-fastapi]",
+            "floors[django]",
+            "floors[celery]",
+            "tests/client/test_idempotency_gunicorn.py",
+            "tests/ops/test_admin_api.py",
+            "tests/frontend/test_package.py",
+            "tests/edge/test_gunicorn_floor.py",
+            "tests/edge/test_metric_files.py",
+            "tests/edge/test_gunicorn.py",
+            "tests/integrations/test_fastapi.py",
+            "tests/concurrency/test_http_race.py",
+        ]
+    )
+}
 
 
 @pytest.fixture(scope="session")

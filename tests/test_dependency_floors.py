@@ -129,7 +129,12 @@ def test_every_user_facing_extra_has_a_case() -> None:
     assert covered == pyproject["project"]["optional-dependencies"].keys() - tooling
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# Each case is an xdist group of its own (tests/conftest.py): its install and its tests share
+# nothing with another case's (a folder of tmp_path, servers on free ports), so under make test
+# the five run on several workers at once instead of one after another.
+@pytest.mark.parametrize(
+    "case", [pytest.param(case, marks=pytest.mark.xdist_group(f"floors[{case}]")) for case in sorted(CASES)]
+)
 def test_the_tests_pass_on_the_floor_releases(case: str, tmp_path: Path) -> None:
     wanted = floors(CASES[case].extras)
     target = tmp_path / "floors"
