@@ -72,7 +72,7 @@ def test_the_middleware_keeps_its_claim_while_a_slow_view_runs(
     headers = {"Idempotency-Key": f'"slow{suffix}"', "Authorization": "Bearer client-a"}
     url = f"{app.url}/api/slow-orders{suffix}"
     first, duplicates = first_and_duplicates(url, headers, name, real_redis)
-    assert first.status_code == 201, first.text
+    assert first.status_code == 201, f"{first.text}\nthe server's log:\n{app.log()[-4000:]}"
     for duplicate in duplicates:
         assert duplicate.status_code == 409, duplicate.text
         assert duplicate.json()["code"] == "idempotency_key_in_use"
@@ -91,7 +91,7 @@ def test_require_token_keeps_its_lease_while_a_slow_view_runs(
     url = f"{app.url}/slow-reports{suffix}"
     headers: dict[str, Any] = {"Idempotency-Token": token}
     first, duplicates = first_and_duplicates(url, headers, name, real_redis)
-    assert first.status_code == 201, first.text
+    assert first.status_code == 201, f"{first.text}\nthe server's log:\n{app.log()[-4000:]}"
     for duplicate in duplicates:
         assert duplicate.status_code == 409, duplicate.text
         assert duplicate.json()["code"] == "token_in_progress"

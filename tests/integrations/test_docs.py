@@ -132,6 +132,14 @@ def celery_queue() -> Iterator[str]:
         connection.default_channel.queue_delete(queue)
 
 
+def _ready(worker: subprocess.Popen[bytes], log_path: Path) -> bool:
+    if worker.poll() is not None:
+        raise AssertionError(
+            f"the worker exited ({worker.returncode}):\n{log_path.read_text(errors='replace')}"
+        )
+    return " ready." in log_path.read_text(errors="replace")
+
+
 def test_celery_page(
     redis_env: dict[str, str], module_dir: Path, celery_queue: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -147,7 +155,12 @@ def test_celery_page(
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=module_dir,
         )  # fmt: skip
     try:
-        wait_until(lambda: " ready." in log_path.read_text(errors="replace"), 60, what="the docs' worker")
+        # 120 s: a worker's start (celery, kombu, the page's app, RabbitMQ) once took more than 60 s
+        # at load 15 on 2 cores; the wait ends when the worker says it is ready
+        try:
+            wait_until(lambda: _ready(worker, log_path), 120, what="the docs' worker")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}; its log:\n{log_path.read_text(errors='replace')[-3000:]}") from exc
         import shop  # the page's app, as the worker runs it
 
         namespace: dict[str, object] = dict(vars(shop))
