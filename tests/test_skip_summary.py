@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.support.processes import REPO_ROOT
 from tests.support.skip_summary import summary_line
 
@@ -26,6 +28,8 @@ def test_the_line_counts_tests_per_package_and_gives_the_command() -> None:
     assert summary_line(["Skipped: slow on purpose"]) is None
 
 
+# slow: a pytest run of its own in a subprocess (16 s, loaded)
+@pytest.mark.slow
 def test_a_run_ends_with_it(tmp_path: Path) -> None:
     (tmp_path / "test_needs_tools.py").write_text(
         "import pytest\n"

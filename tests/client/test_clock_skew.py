@@ -39,7 +39,8 @@ LEASE_SECONDS = 5
 DUPLICATE_AFTER_SECONDS = 6  # past the lease: only renewal keeps the duplicate out
 SHIFTS_SECONDS = (-20, +20)
 
-pytestmark = pytest.mark.real
+# slow: every test starts client processes under faketime and waits out leases (~140 s)
+pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,9 @@ from tests.durable.databases import Db
 from tests.support.skew import Skewed
 from token_service.client.durable import Claim, claim
 
+# slow: processes under faketime wait out a 5 s lease (~20 s)
+pytestmark = pytest.mark.slow
+
 LEASE_SECONDS = 5
 
 

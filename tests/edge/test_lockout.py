@@ -15,6 +15,9 @@ import pytest
 from tests.support.processes import Gunicorn, RedisServer
 from tests.support.service import AUTH, service_env
 
+# slow: the service under gunicorn, filling and freeing a cap of tokens (~25 s)
+pytestmark = pytest.mark.slow
+
 SCOPE = "payment.create"
 CAP = 100
 DAY = 86400

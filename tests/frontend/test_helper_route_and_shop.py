@@ -16,6 +16,9 @@ import pytest
 from tests.support.browser import RunningDemo
 from tests.support.processes import REPO_ROOT, free_port, wait_until
 
+# slow: the service and the demo shop as processes (~75 s)
+pytestmark = pytest.mark.slow
+
 HELPER = "/static/token-client.js"
 
 

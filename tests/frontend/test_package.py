@@ -24,6 +24,9 @@ import pytest
 from tests.support.processes import REPO_ROOT
 from token_service.server.frontend import asset, asset_path
 
+# slow: npm, Node's test runner and tsc (~55 s)
+pytestmark = pytest.mark.slow
+
 PACKAGE = REPO_ROOT / "frontend"
 
 

@@ -76,7 +76,8 @@ KEYED_BEGIN = (
     ["s", "", "", "r1", "1000", "L3", str(NOW_MS), "5000"],
 )
 
-pytestmark = pytest.mark.real
+# slow: Spin and a real redis-server run every script from every state (~25 s)
+pytestmark = [pytest.mark.real, pytest.mark.slow]
 
 _LETTER = {"0": "NONE", "I": "I", "P": "P", "C": "C", "S": "S", "F": "F"}
 

@@ -18,6 +18,9 @@ from token_service.server.admin_cli import dashed_refs_last
 from token_service.store import IssueRequest, TokenStore, UseRequest
 from token_service.tokens import token_digest
 
+# slow: each test runs the admin CLI as processes, on standalone and a cluster (~125 s)
+pytestmark = pytest.mark.slow
+
 CLI = [sys.executable, "-m", "token_service.server.cli", "admin"]
 PAY = IssueRequest("pay", "user-7", None, 600)
 

@@ -11,6 +11,9 @@ import pytest
 
 from benchmarks import limiter
 
+# slow: runs the limiter benchmark end to end in quick mode (~30 s)
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.skipif(
     shutil.which("redis-benchmark") is None,
