@@ -10,18 +10,12 @@ module itself, so every name, private ones too, is the same object under both pa
 
 from __future__ import annotations
 
-import sys
-import warnings
 from typing import TYPE_CHECKING
 
 import token_service.server.gunicorn_conf as _moved
+from token_service._moved import alias
 
 if TYPE_CHECKING:
     from token_service.server.gunicorn_conf import *  # noqa: F403
 
-warnings.warn(
-    "token_service.gunicorn_conf moved to token_service.server.gunicorn_conf; the old path goes in 0.3.0",
-    DeprecationWarning,
-    stacklevel=2,
-)
-sys.modules[__name__] = _moved
+alias(__name__, _moved)

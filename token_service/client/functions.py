@@ -9,18 +9,12 @@ object under both paths.
 
 from __future__ import annotations
 
-import sys
-import warnings
 from typing import TYPE_CHECKING
 
 import token_service.client.keyed as _moved
+from token_service._moved import alias
 
 if TYPE_CHECKING:
     from token_service.client.keyed import *  # noqa: F403
 
-warnings.warn(
-    "token_service.client.functions moved to token_service.client.keyed; the old path goes in 0.3.0",
-    DeprecationWarning,
-    stacklevel=2,
-)
-sys.modules[__name__] = _moved
+alias(__name__, _moved)

@@ -8,18 +8,12 @@ itself, so every name, private ones too, is the same object under both paths.
 
 from __future__ import annotations
 
-import sys
-import warnings
 from typing import TYPE_CHECKING
 
 import token_service.client.wsgi as _moved
+from token_service._moved import alias
 
 if TYPE_CHECKING:
     from token_service.client.wsgi import *  # noqa: F403
 
-warnings.warn(
-    "token_service.client.idempotency moved to token_service.client.wsgi; the old path goes in 0.3.0",
-    DeprecationWarning,
-    stacklevel=2,
-)
-sys.modules[__name__] = _moved
+alias(__name__, _moved)
