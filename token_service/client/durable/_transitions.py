@@ -102,16 +102,17 @@ class StateMachine:
                 target=target,
                 allowed_from=self.allowed_from(target),
             )
-        changed = conn.execute(
-            sa.update(self.table)
-            .where(self.key == row_id, self.status.in_(sorted(sources)))
-            .values({self.status.key: target, **(values or {})})
+        current = _update_if(
+            conn,
+            self.table,
+            self.key,
+            row_id,
+            where=self.status.in_(sorted(sources)),
+            values={self.status.key: target, **(values or {})},
+            found=self.status,
         )
-        if changed.rowcount == 1:
-            return
-        current = conn.execute(sa.select(self.status).where(self.key == row_id)).scalar_one_or_none()
         if current is None:
-            raise RowNotFound(f"no row {row_id!r} in {self.table.name}", row_id=row_id)
+            return
         raise IllegalTransition(
             f"row {row_id!r} is {current}; {target} can only be entered from {', '.join(sorted(sources))}",
             row_id=row_id,
@@ -141,19 +142,42 @@ def update_versioned(
     version = table.c[version_column]
     if version_column in values:
         raise ValueError(f"{version_column} is maintained by update_versioned; do not set it")
-    changed = conn.execute(
-        sa.update(table)
-        .where(key == row_id, version == expected_version)
-        .values({**values, version_column: version + 1})
+    actual = _update_if(
+        conn,
+        table,
+        key,
+        row_id,
+        where=version == expected_version,
+        values={**values, version_column: version + 1},
+        found=version,
     )
-    if changed.rowcount == 1:
-        return expected_version + 1
-    actual = conn.execute(sa.select(version).where(key == row_id)).scalar_one_or_none()
     if actual is None:
-        raise RowNotFound(f"no row {row_id!r} in {table.name}", row_id=row_id)
+        return expected_version + 1
     raise StaleVersion(
         f"row {row_id!r} of {table.name} is at version {actual}, not {expected_version}",
         row_id=row_id,
         expected=expected_version,
         actual=int(actual),
     )
+
+
+def _update_if(
+    conn: Connection,
+    table: sa.Table,
+    key: sa.Column[Any],
+    row_id: Any,
+    *,
+    where: sa.ColumnElement[bool],
+    values: Mapping[str, Any],
+    found: sa.Column[Any],
+) -> Any:
+    """Write ``values`` to row ``row_id`` in one UPDATE that also asks ``where``: None when it
+    held. Else the row is read, to say why: its ``found`` column (the state, the version) is
+    returned, ``RowNotFound`` raised when there is no row (or that value is NULL: nothing to
+    tell either). The one shape of :meth:`StateMachine.transition` and :func:`update_versioned`."""
+    if conn.execute(sa.update(table).where(key == row_id, where).values(values)).rowcount == 1:
+        return None
+    value = conn.execute(sa.select(found).where(key == row_id)).scalar_one_or_none()
+    if value is None:
+        raise RowNotFound(f"no row {row_id!r} in {table.name}", row_id=row_id)
+    return value
