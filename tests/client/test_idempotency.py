@@ -443,3 +443,29 @@ def test_a_record_written_by_the_earlier_fingerprint_is_still_replayed(redis_cli
     # another request under that key is still a mismatch, and nothing ran
     assert post_raw(app, b'{"item": "lamp"}').status_code == 422
     assert app.config["runs"] == []
+
+
+def test_the_options_are_one_value_and_an_option_given_by_name_wins(redis_client: Any) -> None:
+    from token_service.client import asgi
+    from token_service.client.wsgi import IdempotencyOptions
+
+    options = IdempotencyOptions(methods=("put",), required=False, lock_seconds=5)
+    app = orders_app(redis_client, options=options, required=True)
+    core = app.wsgi_app.core  # type: ignore[attr-defined]
+    assert (core.options.methods, core.options.required, core.options.lock_seconds) == ({"PUT"}, True, 5)
+    assert options.required is False  # the value given is never changed
+    # a POST is not guarded now: it runs without a key
+    assert app.test_client().post("/orders", json={"n": 1}).status_code == 201
+    by_name = asgi.IdempotencyMiddleware(orders_app, redis_client, ttl_seconds=60, header="X-Key")
+    assert (by_name.core.options.ttl_seconds, by_name.header_name) == (60, "x-key")
+    with pytest.raises(ValueError, match="wait_seconds"):
+        IdempotencyOptions(wait_seconds=-1)
+
+
+@pytest.mark.parametrize("make", ["wsgi", "asgi"])
+def test_an_unknown_option_is_a_type_error(redis_client: Any, make: str) -> None:
+    from token_service.client import asgi, wsgi
+
+    middleware = wsgi.IdempotencyMiddleware if make == "wsgi" else asgi.IdempotencyMiddleware
+    with pytest.raises(TypeError, match="ttl_second"):
+        middleware(orders_app, redis_client, ttl_second=60)  # type: ignore[call-arg]

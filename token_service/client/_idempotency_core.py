@@ -41,9 +41,10 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Unpack
 
-from token_service.client._fingerprint import FingerprintSpec, RequestFacts, fingerprint_request
+from token_service.client._fingerprint import RequestFacts, fingerprint_request
+from token_service.client._idempotency_options import IdempotencyOptionArgs, IdempotencyOptions, options_of
 from token_service.client._idempotency_store import (
     AsyncIdempotencyStore,
     Claimed,
@@ -57,10 +58,8 @@ from token_service.client._stored_response import (
     OMITTED_HEADER,
     REPLAYED_HEADER,
     StoredResponse,
-    StorePolicy,
-    default_store_status,
 )
-from token_service.client._telemetry import DEFAULT_TELEMETRY, IDEMPOTENCY_SPAN_NAME, GuardSpan, Telemetry
+from token_service.client._telemetry import DEFAULT_TELEMETRY, IDEMPOTENCY_SPAN_NAME, GuardSpan
 from token_service.errors import (
     IdempotencyKeyRepeated,
     InvalidRequest,
@@ -92,11 +91,6 @@ MAX_KEY_CHARS = 255
 # how often a waiting duplicate looks at the record again (doubling from the first)
 _FIRST_PAUSE_SECONDS = 0.025
 _MAX_PAUSE_SECONDS = 0.25
-# The middlewares' defaults (WSGI, ASGI, Django): a key's record lives a day, a claim's lock a minute.
-DEFAULT_TTL_SECONDS = 86400
-DEFAULT_LOCK_SECONDS = 60
-DEFAULT_MAX_BODY_BYTES = 1024 * 1024
-DEFAULT_MAX_STORED_BYTES = 256 * 1024
 # Never replayed: they describe one connection or one moment, or belong to one session.
 NOT_STORED_HEADERS = frozenset(
     {
@@ -267,77 +261,45 @@ def _answer(document: tuple[int, dict[str, str], bytes], *extra: tuple[str, str]
     return Answer(status, [*headers.items(), *extra, ("Content-Length", str(len(body)))], body)
 
 
-def _whole_seconds(name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive whole number of seconds, not {value!r}")
-    return value
-
-
 class IdempotencyCore:
-    """The options and decisions of one Idempotency-Key middleware (see the module docs)."""
+    """The decisions of one Idempotency-Key middleware on its :class:`IdempotencyOptions` (see the
+    module docs)."""
 
     def __init__(
-        self,
-        *,
-        header: str = "Idempotency-Key",
-        methods: Iterable[str] = ("POST", "PATCH"),
-        required: bool = True,
-        ttl_seconds: int = DEFAULT_TTL_SECONDS,
-        lock_seconds: int = DEFAULT_LOCK_SECONDS,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES,
-        store_status: StorePolicy = default_store_status,
-        fingerprint: FingerprintSpec = None,
-        wait_seconds: float = 0.0,
-        telemetry: Telemetry | None = None,
-        telemetry_scope: str = "idempotency_key",
+        self, options: IdempotencyOptions | None = None, **overrides: Unpack[IdempotencyOptionArgs]
     ) -> None:
-        if (
-            isinstance(wait_seconds, bool)
-            or not isinstance(wait_seconds, int | float)
-            or not wait_seconds >= 0
-        ):
-            raise ValueError(f"wait_seconds must be a number of seconds >= 0, not {wait_seconds!r}")
-        self.wait_seconds = float(wait_seconds)
-        self.header = header
-        self.methods = frozenset(method.upper() for method in methods)
-        self.required = required
-        self.ttl_seconds = _whole_seconds("ttl_seconds", ttl_seconds)
-        self.lock_seconds = _whole_seconds("lock_seconds", lock_seconds)
-        self.max_body_bytes = max_body_bytes
-        self.max_stored_bytes = max_stored_bytes
-        self.store_status = store_status
-        self.fingerprint = fingerprint
+        self.options = options_of(options, overrides)
         # counted under the SDK's counters (executions, replays, ...), scope = telemetry_scope
-        self.telemetry = telemetry or DEFAULT_TELEMETRY
-        self.telemetry_scope = telemetry_scope
+        self.telemetry = self.options.telemetry or DEFAULT_TELEMETRY
 
     # -- before the app ------------------------------------------------------------------
 
     def screen(self, method: str, raw_key: str | None) -> str | Answer | None:
         """The key (guard the request), an answer (refuse it) or None (not guarded: just run it)."""
-        if method.upper() not in self.methods:
+        if method.upper() not in self.options.methods:
             return None
         if raw_key is None or not raw_key.strip():
-            if not self.required:
+            if not self.options.required:
                 return None
             return self.problem(
-                InvalidRequest(f"The {self.header} header is required.", {self.header: ["Missing."]})
+                InvalidRequest(
+                    f"The {self.options.header} header is required.", {self.options.header: ["Missing."]}
+                )
             )
         if several_keys(raw_key):
             # two Idempotency-Key fields: no key is chosen (and "A, B" is not a third one)
             return self.problem(
                 IdempotencyKeyRepeated(
-                    f"Send one {self.header} header with one key.",
-                    {self.header: ["One key (an sf-string), not a list or a repeated header."]},
+                    f"Send one {self.options.header} header with one key.",
+                    {self.options.header: ["One key (an sf-string), not a list or a repeated header."]},
                 )
             )
         key = parse_key(raw_key)
         if key is None:
             return self.problem(
                 InvalidRequest(
-                    f"The {self.header} header is not a valid key.",
-                    {self.header: [f"1-{MAX_KEY_CHARS} printable ASCII characters."]},
+                    f"The {self.options.header} header is not a valid key.",
+                    {self.options.header: [f"1-{MAX_KEY_CHARS} printable ASCII characters."]},
                 )
             )
         return key
@@ -363,16 +325,16 @@ class IdempotencyCore:
                     400,
                     "idempotency_identity_required",
                     "Unidentified client",
-                    f"An {self.header} is kept per client: send the request with your credentials.",
+                    f"An {self.options.header} is kept per client: send the request with your credentials.",
                 )
             )
         return Attempt(
             store.key(identity, key),
-            fingerprint_request(facts, self.fingerprint),
+            fingerprint_request(facts, self.options.fingerprint),
             secrets.token_urlsafe(12),
-            _legacy_fingerprint(facts) if self.fingerprint is None else None,
+            _legacy_fingerprint(facts) if self.options.fingerprint is None else None,
             self.telemetry.start_span(
-                self.telemetry_scope,
+                self.options.telemetry_scope,
                 is_async=isinstance(store, AsyncIdempotencyStore),
                 name=IDEMPOTENCY_SPAN_NAME,
             ),
@@ -384,7 +346,7 @@ class IdempotencyCore:
         A duplicate of a request still running waits up to ``wait_seconds`` for its
         response (polling the record), then gets 409.
         """
-        deadline = time.monotonic() + self.wait_seconds
+        deadline = time.monotonic() + self.options.wait_seconds
         pause = _FIRST_PAUSE_SECONDS
         while True:
             try:
@@ -398,7 +360,7 @@ class IdempotencyCore:
             pause = min(pause * 2, _MAX_PAUSE_SECONDS)
 
     async def aclaim(self, store: AsyncIdempotencyStore, attempt: Attempt) -> Answer | None:
-        deadline = time.monotonic() + self.wait_seconds
+        deadline = time.monotonic() + self.options.wait_seconds
         pause = _FIRST_PAUSE_SECONDS
         while True:
             try:
@@ -433,25 +395,33 @@ class IdempotencyCore:
         return answer
 
     def _begin(self, store: IdempotencyStore, attempt: Attempt) -> Outcome:
-        outcome = store.begin(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds)
+        outcome = store.begin(attempt.record, attempt.fingerprint, attempt.owner, self.options.lock_seconds)
         if isinstance(outcome, Mismatch) and attempt.legacy is not None:
             # maybe a record an earlier version wrote (fingerprinted by raw bytes), live until its TTL ends
-            earlier = store.begin(attempt.record, attempt.legacy, attempt.owner, self.lock_seconds)
+            earlier = store.begin(attempt.record, attempt.legacy, attempt.owner, self.options.lock_seconds)
             if not isinstance(earlier, Claimed):
                 return earlier
             # the record ran out in between and we just claimed it under the old fingerprint: undo
             store.release(attempt.record, attempt.legacy, attempt.owner)
-            outcome = store.begin(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds)
+            outcome = store.begin(
+                attempt.record, attempt.fingerprint, attempt.owner, self.options.lock_seconds
+            )
         return outcome
 
     async def _abegin(self, store: AsyncIdempotencyStore, attempt: Attempt) -> Outcome:
-        outcome = await store.begin(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds)
+        outcome = await store.begin(
+            attempt.record, attempt.fingerprint, attempt.owner, self.options.lock_seconds
+        )
         if isinstance(outcome, Mismatch) and attempt.legacy is not None:
-            earlier = await store.begin(attempt.record, attempt.legacy, attempt.owner, self.lock_seconds)
+            earlier = await store.begin(
+                attempt.record, attempt.legacy, attempt.owner, self.options.lock_seconds
+            )
             if not isinstance(earlier, Claimed):
                 return earlier
             await store.release(attempt.record, attempt.legacy, attempt.owner)
-            outcome = await store.begin(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds)
+            outcome = await store.begin(
+                attempt.record, attempt.fingerprint, attempt.owner, self.options.lock_seconds
+            )
         return outcome
 
     def decide(self, outcome: Outcome) -> Answer | None:
@@ -466,7 +436,7 @@ class IdempotencyCore:
                     409,
                     "idempotency_key_in_use",
                     "Request in progress",
-                    f"A request with this {self.header} is still being processed; retry later.",
+                    f"A request with this {self.options.header} is still being processed; retry later.",
                     retry_after_seconds=outcome.retry_after_seconds,
                 ),
                 ("Retry-After", str(outcome.retry_after_seconds)),
@@ -477,12 +447,12 @@ class IdempotencyCore:
                 422,
                 "idempotency_key_mismatch",
                 "Idempotency-Key reused",
-                f"This {self.header} was used for a different request.",
+                f"This {self.options.header} was used for a different request.",
             )
         )
 
     def _count(self, name: str, **labels: str) -> None:
-        self.telemetry.count(name, self.telemetry_scope, **labels)
+        self.telemetry.count(name, self.options.telemetry_scope, **labels)
 
     def _count_refusal(self, outcome: Outcome) -> None:
         if isinstance(outcome, StoredResponse):
@@ -517,23 +487,25 @@ class IdempotencyCore:
         """
 
         def renew() -> None:
-            if not store.renew(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds):
+            if not store.renew(attempt.record, attempt.fingerprint, attempt.owner, self.options.lock_seconds):
                 raise LeaseLost("the Idempotency-Key's claim ran out or was taken over")
 
         def lost(exc: TokenError) -> None:
             self._claim_lost(attempt, exc)
 
-        return _renewing(LeaseRenewer(renew, interval_for(self.lock_seconds), on_lost=lost))
+        return _renewing(LeaseRenewer(renew, interval_for(self.options.lock_seconds), on_lost=lost))
 
     def ahold(self, store: AsyncIdempotencyStore, attempt: Attempt) -> AbstractAsyncContextManager[Any]:
         async def renew() -> None:
-            if not await store.renew(attempt.record, attempt.fingerprint, attempt.owner, self.lock_seconds):
+            if not await store.renew(
+                attempt.record, attempt.fingerprint, attempt.owner, self.options.lock_seconds
+            ):
                 raise LeaseLost("the Idempotency-Key's claim ran out or was taken over")
 
         def lost(exc: TokenError) -> None:
             self._claim_lost(attempt, exc)
 
-        return _arenewing(AsyncLeaseRenewer(renew, interval_for(self.lock_seconds), on_lost=lost))
+        return _arenewing(AsyncLeaseRenewer(renew, interval_for(self.options.lock_seconds), on_lost=lost))
 
     def _claim_lost(self, attempt: Attempt, exc: TokenError) -> None:
         log.error("an idempotent request lost its claim on its key while it ran: %s", exc)
@@ -543,7 +515,9 @@ class IdempotencyCore:
     def recorder(self, status: int, headers: Iterable[tuple[str, str]]) -> Recorder:
         headers = list(headers)
         length = declared_length(next((v for n, v in headers if n.lower() == "content-length"), ""))
-        return Recorder(status, headers, self.max_stored_bytes, self.store_status(status), length)
+        return Recorder(
+            status, headers, self.options.max_stored_bytes, self.options.store_status(status), length
+        )
 
     # -- after the app ---------------------------------------------------------------------
 
@@ -557,7 +531,9 @@ class IdempotencyCore:
             else:
                 self._stored(
                     attempt,
-                    store.store(attempt.record, attempt.fingerprint, attempt.owner, stored, self.ttl_seconds),
+                    store.store(
+                        attempt.record, attempt.fingerprint, attempt.owner, stored, self.options.ttl_seconds
+                    ),
                 )
         except TokenError as exc:
             self._settle_failed(attempt, stored, exc)
@@ -572,7 +548,7 @@ class IdempotencyCore:
                 self._released(attempt)
             else:
                 kept = await store.store(
-                    attempt.record, attempt.fingerprint, attempt.owner, stored, self.ttl_seconds
+                    attempt.record, attempt.fingerprint, attempt.owner, stored, self.options.ttl_seconds
                 )
                 self._stored(attempt, kept)
         except TokenError as exc:
@@ -589,7 +565,8 @@ class IdempotencyCore:
         attempt.span.end()
         if not kept:
             log.warning(
-                "an idempotent request outlived its %d s lock; its response was not stored", self.lock_seconds
+                "an idempotent request outlived its %d s lock; its response was not stored",
+                self.options.lock_seconds,
             )
 
     def _settle_failed(self, attempt: Attempt, stored: StoredResponse | None, exc: TokenError) -> None:

@@ -24,17 +24,13 @@ Pure ASGI: importing this module needs neither Starlette nor FastAPI nor Django.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import Any, Unpack
 
 from token_service import defaults
-from token_service.client._fingerprint import FingerprintSpec, RequestFacts
+from token_service.client._fingerprint import RequestFacts
 from token_service.client._idempotency_core import (
-    DEFAULT_LOCK_SECONDS,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_STORED_BYTES,
-    DEFAULT_TTL_SECONDS,
     REPLAYED_HEADER,
     Answer,
     Attempt,
@@ -42,11 +38,17 @@ from token_service.client._idempotency_core import (
     Recorder,
     declared_length,
 )
+from token_service.client._idempotency_options import IdempotencyOptionArgs, IdempotencyOptions
 from token_service.client._idempotency_store import AsyncIdempotencyStore
-from token_service.client._stored_response import StorePolicy, default_store_status
-from token_service.client._telemetry import Telemetry
+from token_service.client._stored_response import default_store_status
 
-__all__ = ["REPLAYED_HEADER", "IdempotencyMiddleware", "default_identity", "default_store_status"]
+__all__ = [
+    "REPLAYED_HEADER",
+    "IdempotencyMiddleware",
+    "IdempotencyOptions",
+    "default_identity",
+    "default_store_status",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -92,43 +94,21 @@ class IdempotencyMiddleware:
         app: ASGIApp,
         store: AsyncIdempotencyStore | Any,
         *,
-        header: str = "Idempotency-Key",
-        methods: Iterable[str] = ("POST", "PATCH"),
-        required: bool = True,
+        options: IdempotencyOptions | None = None,
         applies: Callable[[Scope], bool] | None = None,
         identity: Callable[[Scope], str | None] = default_identity,
-        ttl_seconds: int = DEFAULT_TTL_SECONDS,
-        lock_seconds: int = DEFAULT_LOCK_SECONDS,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES,
-        store_status: StorePolicy = default_store_status,
-        fingerprint: FingerprintSpec = None,
-        wait_seconds: float = 0.0,
         key_prefix: str = defaults.KEY_PREFIX,
-        telemetry: Telemetry | None = None,
-        telemetry_scope: str = "idempotency_key",
+        **overrides: Unpack[IdempotencyOptionArgs],
     ) -> None:
-        self.core = IdempotencyCore(
-            header=header,
-            methods=methods,
-            required=required,
-            ttl_seconds=ttl_seconds,
-            lock_seconds=lock_seconds,
-            max_body_bytes=max_body_bytes,
-            max_stored_bytes=max_stored_bytes,
-            store_status=store_status,
-            fingerprint=fingerprint,
-            wait_seconds=wait_seconds,
-            telemetry=telemetry,
-            telemetry_scope=telemetry_scope,
-        )
+        # the options by name (ttl_seconds=60, ...) on top of options=: one value for the core
+        self.core = IdempotencyCore(options, **overrides)
         self.app = app
         self.store = (
             store
             if isinstance(store, AsyncIdempotencyStore)
             else AsyncIdempotencyStore(store, key_prefix=key_prefix)
         )
-        self.header_name = header.lower()
+        self.header_name = self.core.options.header.lower()
         self.applies = applies
         self.identity = identity
 
@@ -177,7 +157,7 @@ class IdempotencyMiddleware:
 
         :class:`_BodyEndedEarly` when the client disconnects before the last body
         message, or the body is shorter than its Content-Length."""
-        limit = self.core.max_body_bytes
+        limit = self.core.options.max_body_bytes
         declared = declared_length(headers.get("content-length", ""))
         if declared is not None and declared > limit:
             return None

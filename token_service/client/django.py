@@ -94,15 +94,12 @@ from token_service.problems import problem_for
 from ._client import AsyncTokenClient, TokenClient
 from ._fingerprint import RequestFacts, body_fingerprint
 from ._idempotency_core import (
-    DEFAULT_LOCK_SECONDS,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_STORED_BYTES,
-    DEFAULT_TTL_SECONDS,
     Answer,
     Attempt,
     IdempotencyCore,
     declared_length,
 )
+from ._idempotency_options import options_from_settings
 from ._idempotency_store import AsyncIdempotencyStore, IdempotencyStore
 from ._require_token_core import Replay, Reply, RequireToken, fingerprint_fields
 from ._stored_response import (
@@ -239,6 +236,10 @@ def default_identity(request: HttpRequest) -> str:
 # -- the Idempotency-Key middleware --------------------------------------------------------------
 
 
+# the middleware's settings that are not IdempotencyOptions: which paths, who the client is, which Redis
+_OWN_SETTINGS = frozenset({"PATHS", "IDENTITY", "REDIS_URL"})
+
+
 class IdempotencyKeyMiddleware:
     """``Idempotency-Key`` for Django (see the module docs): ``TOKEN_SERVICE["IDEMPOTENCY_KEY"]``."""
 
@@ -252,17 +253,11 @@ class IdempotencyKeyMiddleware:
             markcoroutinefunction(self)
         service = _settings()
         options = {name.upper(): value for name, value in service.get("IDEMPOTENCY_KEY", {}).items()}
+        # every other setting is an IdempotencyOptions field, upper case (a misspelt one is refused)
         self.core = IdempotencyCore(
-            header=options.get("HEADER", "Idempotency-Key"),
-            methods=options.get("METHODS", ("POST", "PATCH")),
-            required=options.get("REQUIRED", True),
-            ttl_seconds=options.get("TTL_SECONDS", DEFAULT_TTL_SECONDS),
-            lock_seconds=options.get("LOCK_SECONDS", DEFAULT_LOCK_SECONDS),
-            max_body_bytes=options.get("MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES),
-            max_stored_bytes=options.get("MAX_STORED_BYTES", DEFAULT_MAX_STORED_BYTES),
-            store_status=options.get("STORE_STATUS", default_store_status),
-            fingerprint=options.get("FINGERPRINT"),
-            wait_seconds=options.get("WAIT_SECONDS", 0.0),
+            options_from_settings(
+                {name: value for name, value in options.items() if name not in _OWN_SETTINGS}
+            )
         )
         self.paths = tuple(options.get("PATHS", ()))
         identity = options.get("IDENTITY", default_identity)
@@ -283,7 +278,7 @@ class IdempotencyKeyMiddleware:
     def _screen(self, request: HttpRequest) -> str | Answer | None:
         if self.paths and not request.path.startswith(self.paths):
             return None
-        return self.core.screen(request.method or "GET", request.headers.get(self.core.header))
+        return self.core.screen(request.method or "GET", request.headers.get(self.core.options.header))
 
     def _prepare(self, request: HttpRequest) -> Attempt | Answer | None:
         core = self.core
@@ -291,13 +286,13 @@ class IdempotencyKeyMiddleware:
         if screened is None or isinstance(screened, Answer):
             return screened
         declared = _declared_length(request)
-        if declared is not None and declared > core.max_body_bytes:
+        if declared is not None and declared > core.options.max_body_bytes:
             return core.too_large()
         try:
             body = request.body  # read once; the view reads it again from Django's cache
         except OSError:  # UnreadablePostError: the client went away mid-body
             return core.truncated()
-        if len(body) > core.max_body_bytes:
+        if len(body) > core.options.max_body_bytes:
             return core.too_large()
         if declared is not None and len(body) < declared:
             # the client sent less than it declared (then closed): neither claim the key nor run the view

@@ -48,15 +48,11 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from token_service import defaults
-from token_service.client._fingerprint import FingerprintSpec, RequestFacts
+from token_service.client._fingerprint import RequestFacts
 from token_service.client._idempotency_core import (
-    DEFAULT_LOCK_SECONDS,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_STORED_BYTES,
-    DEFAULT_TTL_SECONDS,
     MAX_KEY_CHARS,
     REPLAYED_HEADER,
     Answer,
@@ -67,9 +63,9 @@ from token_service.client._idempotency_core import (
     parse_key,
     status_line,
 )
+from token_service.client._idempotency_options import IdempotencyOptionArgs, IdempotencyOptions
 from token_service.client._idempotency_store import IdempotencyStore
-from token_service.client._stored_response import StorePolicy, default_store_status
-from token_service.client._telemetry import Telemetry
+from token_service.client._stored_response import default_store_status
 
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
@@ -78,6 +74,7 @@ __all__ = [
     "MAX_KEY_CHARS",
     "REPLAYED_HEADER",
     "IdempotencyMiddleware",
+    "IdempotencyOptions",
     "default_identity",
     "default_store_status",
     "parse_key",
@@ -120,41 +117,19 @@ class IdempotencyMiddleware:
         app: WSGIApplication,
         store: IdempotencyStore | Any,
         *,
-        header: str = "Idempotency-Key",
-        methods: Iterable[str] = ("POST", "PATCH"),
-        required: bool = True,
+        options: IdempotencyOptions | None = None,
         applies: Callable[[WSGIEnvironment], bool] | None = None,
         identity: Callable[[WSGIEnvironment], str | None] = default_identity,
-        ttl_seconds: int = DEFAULT_TTL_SECONDS,
-        lock_seconds: int = DEFAULT_LOCK_SECONDS,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES,
-        store_status: StorePolicy = default_store_status,
-        fingerprint: FingerprintSpec = None,
-        wait_seconds: float = 0.0,
         key_prefix: str = defaults.KEY_PREFIX,
-        telemetry: Telemetry | None = None,
-        telemetry_scope: str = "idempotency_key",
+        **overrides: Unpack[IdempotencyOptionArgs],
     ) -> None:
-        self.core = IdempotencyCore(
-            header=header,
-            methods=methods,
-            required=required,
-            ttl_seconds=ttl_seconds,
-            lock_seconds=lock_seconds,
-            max_body_bytes=max_body_bytes,
-            max_stored_bytes=max_stored_bytes,
-            store_status=store_status,
-            fingerprint=fingerprint,
-            wait_seconds=wait_seconds,
-            telemetry=telemetry,
-            telemetry_scope=telemetry_scope,
-        )
+        # the options by name (ttl_seconds=60, ...) on top of options=: one value for the core
+        self.core = IdempotencyCore(options, **overrides)
         self.app = app
         self.store = (
             store if isinstance(store, IdempotencyStore) else IdempotencyStore(store, key_prefix=key_prefix)
         )
-        self.environ_key = "HTTP_" + header.upper().replace("-", "_")
+        self.environ_key = "HTTP_" + self.core.options.header.upper().replace("-", "_")
         self.applies = applies
         self.identity = identity
 
@@ -186,7 +161,7 @@ class IdempotencyMiddleware:
         """The whole body (None when over the limit); the app gets a fresh stream of it.
 
         :class:`_BodyEndedEarly` when the stream ends before CONTENT_LENGTH."""
-        limit = self.core.max_body_bytes
+        limit = self.core.options.max_body_bytes
         stream = environ.get("wsgi.input")
         length = declared_length(environ.get("CONTENT_LENGTH") or "") or 0
         if length > limit:

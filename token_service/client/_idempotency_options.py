@@ -1,0 +1,102 @@
+"""The options of an ``Idempotency-Key`` middleware, one value (Powertools' ``IdempotencyConfig``).
+
+The WSGI and ASGI middlewares take them as keyword arguments (or ``options=``),
+the Django one from ``TOKEN_SERVICE["IDEMPOTENCY_KEY"]`` (the same names, upper
+case); all three hand :class:`IdempotencyOptions` to
+:class:`~token_service.client._idempotency_core.IdempotencyCore`. The defaults
+and the checks are here, once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any, TypedDict
+
+from token_service.client._fingerprint import FingerprintSpec
+from token_service.client._stored_response import StorePolicy, default_store_status
+from token_service.client._telemetry import Telemetry
+
+__all__ = ["IdempotencyOptionArgs", "IdempotencyOptions", "options_from_settings", "options_of"]
+
+# A key's record lives a day, a claim's lock a minute.
+DEFAULT_TTL_SECONDS = 86400
+DEFAULT_LOCK_SECONDS = 60
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+DEFAULT_MAX_STORED_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyOptions:
+    """What an Idempotency-Key middleware does (docs/integrations/wsgi-middleware.md, Options).
+
+    ``methods`` is kept upper case, as a frozenset; ``telemetry`` None is the SDK's default.
+    ``ttl_seconds`` and ``lock_seconds`` are positive whole seconds, ``wait_seconds`` >= 0.
+    """
+
+    header: str = "Idempotency-Key"
+    methods: Iterable[str] = ("POST", "PATCH")
+    required: bool = True
+    ttl_seconds: int = DEFAULT_TTL_SECONDS
+    lock_seconds: int = DEFAULT_LOCK_SECONDS
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES
+    store_status: StorePolicy = default_store_status
+    fingerprint: FingerprintSpec = None
+    wait_seconds: float = 0.0
+    telemetry: Telemetry | None = None
+    telemetry_scope: str = "idempotency_key"
+
+    def __post_init__(self) -> None:
+        wait = self.wait_seconds
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
+            raise ValueError(f"wait_seconds must be a number of seconds >= 0, not {wait!r}")
+        _whole_seconds("ttl_seconds", self.ttl_seconds)
+        _whole_seconds("lock_seconds", self.lock_seconds)
+        # frozen: the normal forms are set past __setattr__, once
+        object.__setattr__(self, "wait_seconds", float(wait))
+        object.__setattr__(self, "methods", frozenset(method.upper() for method in self.methods))
+
+
+_FIELDS = frozenset(option.name for option in fields(IdempotencyOptions))
+
+
+class IdempotencyOptionArgs(TypedDict, total=False):
+    """:class:`IdempotencyOptions` as keyword arguments: what the WSGI and ASGI middlewares take."""
+
+    header: str
+    methods: Iterable[str]
+    required: bool
+    ttl_seconds: int
+    lock_seconds: int
+    max_body_bytes: int
+    max_stored_bytes: int
+    store_status: StorePolicy
+    fingerprint: FingerprintSpec
+    wait_seconds: float
+    telemetry: Telemetry | None
+    telemetry_scope: str
+
+
+def options_of(options: IdempotencyOptions | None, overrides: Mapping[str, Any]) -> IdempotencyOptions:
+    """``options`` (or the defaults) with ``overrides`` on top; an unknown name is a TypeError."""
+    if options is None:
+        return IdempotencyOptions(**overrides)
+    return replace(options, **overrides) if overrides else options
+
+
+def options_from_settings(
+    settings: Mapping[str, Any], where: str = "TOKEN_SERVICE['IDEMPOTENCY_KEY']"
+) -> IdempotencyOptions:
+    """The options named in upper case (Django's ``TTL_SECONDS``, ...); an unknown name is a TypeError
+    that lists the known ones (a misspelt setting would otherwise be a default silently kept)."""
+    unknown = sorted(name for name in settings if name.lower() not in _FIELDS)
+    if unknown:
+        known = ", ".join(sorted(name.upper() for name in _FIELDS))
+        raise TypeError(f"{where} has no option {', '.join(unknown)} (the options: {known})")
+    return IdempotencyOptions(**{name.lower(): value for name, value in settings.items()})
+
+
+def _whole_seconds(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive whole number of seconds, not {value!r}")
