@@ -5,6 +5,9 @@
     TokenError                              code (status)
     ├── InvalidRequest                      invalid_request (400)
     │   └── IdempotencyKeyRepeated          idempotency_key_repeated (400)      [1]
+    ├── IdempotencyIdentityRequired         idempotency_identity_required (400) [1]
+    ├── IdempotencyKeyInUse                 idempotency_key_in_use (409, retry after) [1]
+    ├── IdempotencyKeyMismatch              idempotency_key_mismatch (422)      [1]
     ├── Unauthorized                        unauthorized (401)
     ├── TokenMismatch                       token_mismatch (403)
     ├── TokenInvalid                        token_invalid (404)
@@ -31,7 +34,8 @@ The classes without a mark are the token API's error table (openapi.yaml,
 docs/http-api.md), :data:`ERRORS_BY_CODE`: the SDK's HTTP transport turns a
 problem document back into its class. The others are answered as problem
 documents too but are not that table's: [1] the Idempotency-Key middlewares'
-own answer; [2] the service's, a body that did not arrive in time (raised by
+own answers (``client/_idempotency_core.py`` answers them, never raises them);
+[2] the service's, a body that did not arrive in time (raised by
 ``server/body.py``); [3] the operators' tools' (``ops/admin.py``, the
 ``/admin/`` routes); [4] the durable records' in the business database
 (``token_service.client.durable``, which re-exports them).
@@ -127,6 +131,35 @@ class IdempotencyKeyRepeated(InvalidRequest):
 
     code = "idempotency_key_repeated"
     title = "Several Idempotency-Keys"
+
+
+class IdempotencyIdentityRequired(TokenError):
+    """A request to an Idempotency-Key middleware carried a key but no client identity: keys are
+    kept per client, and anonymous clients would share one namespace (and each other's responses).
+
+    The middlewares' own answer (a 400 without ``errors``), never the token service's."""
+
+    code = "idempotency_identity_required"
+    status = 400
+    title = "Unidentified client"
+
+
+class IdempotencyKeyInUse(_RetryLater):
+    """An Idempotency-Key middleware's request with a key whose first request is still running
+    (``Retry-After``). The middlewares' own answer, never the token service's."""
+
+    code = "idempotency_key_in_use"
+    status = 409
+    title = "Request in progress"
+
+
+class IdempotencyKeyMismatch(TokenError):
+    """An Idempotency-Key middleware's key sent again with another request (another fingerprint).
+    The middlewares' own answer (IETF draft: 422), never the token service's."""
+
+    code = "idempotency_key_mismatch"
+    status = 422
+    title = "Idempotency-Key reused"
 
 
 class Unauthorized(TokenError):

@@ -469,3 +469,51 @@ def test_an_unknown_option_is_a_type_error(redis_client: Any, make: str) -> None
     middleware = wsgi.IdempotencyMiddleware if make == "wsgi" else asgi.IdempotencyMiddleware
     with pytest.raises(TypeError, match="ttl_second"):
         middleware(orders_app, redis_client, ttl_second=60)  # type: ignore[call-arg]
+
+
+def test_the_three_refusals_of_a_key_are_classes_of_the_error_tree_and_keep_their_bytes() -> None:
+    # codes, statuses and titles declared once, in token_service/errors.py; the answers byte for byte
+    # what the middlewares have always sent (the parity and Django tests compare whole responses)
+    import fakeredis
+
+    from token_service import errors
+    from token_service.client._idempotency_core import Answer, IdempotencyCore
+    from token_service.client._idempotency_store import InProgress, Mismatch
+
+    core = IdempotencyCore()
+    in_use, reused = core.decide(InProgress(7)), core.decide(Mismatch())
+    anonymous = core.attempt(IdempotencyStore(fakeredis.FakeRedis()), "", "k", None)  # type: ignore[arg-type]
+    assert isinstance(in_use, Answer)
+    assert isinstance(reused, Answer)
+    assert isinstance(anonymous, Answer)
+    base = b'{"type":"https://token-service.dev/problems/'
+    assert (in_use.status, in_use.headers[2], in_use.body) == (
+        409,
+        ("Retry-After", "7"),
+        base + b'idempotency_key_in_use","title":"Request in progress","status":409,"detail":"A request '
+        b'with this Idempotency-Key is still being processed; retry later.","code":"idempotency_key_in_use",'
+        b'"retry_after_seconds":7}',
+    )
+    assert (reused.status, reused.body) == (
+        422,
+        base + b'idempotency_key_mismatch","title":"Idempotency-Key reused","status":422,"detail":"This '
+        b'Idempotency-Key was used for a different request.","code":"idempotency_key_mismatch"}',
+    )
+    assert (anonymous.status, anonymous.body) == (
+        400,
+        base + b'idempotency_identity_required","title":"Unidentified client","status":400,"detail":"An '
+        b'Idempotency-Key is kept per client: send the request with your credentials.","code":'
+        b'"idempotency_identity_required"}',
+    )
+    assert [
+        (error.status, error.code, error.title)
+        for error in (
+            errors.IdempotencyKeyInUse,
+            errors.IdempotencyKeyMismatch,
+            errors.IdempotencyIdentityRequired,
+        )
+    ] == [
+        (409, "idempotency_key_in_use", "Request in progress"),
+        (422, "idempotency_key_mismatch", "Idempotency-Key reused"),
+        (400, "idempotency_identity_required", "Unidentified client"),
+    ]

@@ -61,6 +61,9 @@ from token_service.client._stored_response import (
 )
 from token_service.client._telemetry import DEFAULT_TELEMETRY, IDEMPOTENCY_SPAN_NAME, GuardSpan
 from token_service.errors import (
+    IdempotencyIdentityRequired,
+    IdempotencyKeyInUse,
+    IdempotencyKeyMismatch,
     IdempotencyKeyRepeated,
     InvalidRequest,
     LeaseLost,
@@ -68,7 +71,7 @@ from token_service.errors import (
     ServiceUnavailable,
     TokenError,
 )
-from token_service.problems import problem, problem_for
+from token_service.problems import problem_for
 from token_service.tokens import whole_number
 
 
@@ -256,9 +259,9 @@ def status_line(status: int) -> str:
         return f"{status} Unknown"
 
 
-def _answer(document: tuple[int, dict[str, str], bytes], *extra: tuple[str, str]) -> Answer:
+def _answer(document: tuple[int, dict[str, str], bytes]) -> Answer:
     status, headers, body = document
-    return Answer(status, [*headers.items(), *extra, ("Content-Length", str(len(body)))], body)
+    return Answer(status, [*headers.items(), ("Content-Length", str(len(body)))], body)
 
 
 class IdempotencyCore:
@@ -320,12 +323,9 @@ class IdempotencyCore:
     ) -> Attempt | Answer:
         if not identity:
             # anonymous clients would share one namespace and get each other's responses
-            return _answer(
-                problem(
-                    400,
-                    "idempotency_identity_required",
-                    "Unidentified client",
-                    f"An {self.options.header} is kept per client: send the request with your credentials.",
+            return self.problem(
+                IdempotencyIdentityRequired(
+                    f"An {self.options.header} is kept per client: send the request with your credentials."
                 )
             )
         return Attempt(
@@ -431,24 +431,15 @@ class IdempotencyCore:
         if isinstance(outcome, StoredResponse):
             return Answer(outcome.status, outcome.replay_headers(), outcome.body, replayed=True)
         if isinstance(outcome, InProgress):
-            return _answer(
-                problem(
-                    409,
-                    "idempotency_key_in_use",
-                    "Request in progress",
+            return self.problem(
+                IdempotencyKeyInUse(
                     f"A request with this {self.options.header} is still being processed; retry later.",
-                    retry_after_seconds=outcome.retry_after_seconds,
-                ),
-                ("Retry-After", str(outcome.retry_after_seconds)),
+                    outcome.retry_after_seconds,
+                )
             )
         assert isinstance(outcome, Mismatch)
-        return _answer(
-            problem(
-                422,
-                "idempotency_key_mismatch",
-                "Idempotency-Key reused",
-                f"This {self.options.header} was used for a different request.",
-            )
+        return self.problem(
+            IdempotencyKeyMismatch(f"This {self.options.header} was used for a different request.")
         )
 
     def _count(self, name: str, **labels: str) -> None:
@@ -458,7 +449,7 @@ class IdempotencyCore:
         if isinstance(outcome, StoredResponse):
             self._count("replays")
         elif isinstance(outcome, InProgress):
-            self._count("conflicts", code="idempotency_key_in_use")
+            self._count("conflicts", code=IdempotencyKeyInUse.code)
         else:
             self._count("mismatches", field="fingerprint")
 
