@@ -5,7 +5,8 @@ on an event loop of its own, closed after it. A client made once, outside the re
 connections of the loop it first ran on: its second request reused one of a dead loop, answered a
 500 and left its token PROCESSING until the lease ran out. The decorator refuses that second request
 before the token is touched, naming the fixes (the settings' client, one per event loop; a client
-made in the request; ASGI). On a real redis-server."""
+made in the request; ASGI). A view given the other kind of client (a sync view an AsyncTokenClient, an
+async one a TokenClient) is refused with a TypeError, its token untouched too. On a real redis-server."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import redis.asyncio
 from django.http import HttpRequest, JsonResponse
 from django.test import AsyncClient as DjangoAsyncClient
 from django.test import Client as DjangoClient
-from django.test import override_settings
+from django.test import RequestFactory, override_settings
 from django.urls import clear_url_caches, path
 
 from tests.integrations.test_require_token_parity import configure_django
@@ -83,4 +84,34 @@ async def test_under_asgi_one_loop_serves_every_request(
         assert runs == [1, 1, 1]
     finally:
         await client.close()
+        await connection.aclose()
+
+
+async def test_a_view_given_the_other_kind_of_client_is_refused_before_its_token_is_touched(
+    redis_server: RedisServer, real_redis: redis.Redis
+) -> None:
+    configure_django()
+    runs: list[int] = []
+
+    def sync_view(request: HttpRequest) -> JsonResponse:
+        runs.append(1)
+        return JsonResponse({}, status=201)
+
+    async def async_view(request: HttpRequest) -> JsonResponse:
+        return sync_view(request)
+
+    connection = redis.asyncio.Redis(host="127.0.0.1", port=redis_server.port)
+    async_client = AsyncTokenClient.from_redis(connection)
+    try:
+        with TokenClient.from_redis(real_redis) as tokens:
+            token = tokens.generate(SCOPE).token
+            request = RequestFactory().post("/orders", headers={"Idempotency-Token": token})
+            with pytest.raises(TypeError, match=r"^a sync view needs a TokenClient$"):
+                require_token(SCOPE, client=async_client)(sync_view)(request)
+            with pytest.raises(TypeError, match=r"^an async view needs an AsyncTokenClient$"):
+                await require_token(SCOPE, client=tokens)(async_view)(request)
+            assert tokens.inspect(token).state == "ISSUED"
+        assert runs == []
+    finally:
+        await async_client.close()
         await connection.aclose()

@@ -65,7 +65,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
@@ -360,6 +360,19 @@ def _find_request(args: tuple[Any, ...]) -> HttpRequest:
     raise TypeError("@require_token decorates a view: its first argument must be the request")
 
 
+_ClientT = TypeVar("_ClientT", TokenClient, AsyncTokenClient)
+
+
+def _client_of(client: Any, default: Callable[[], _ClientT], kind: type[_ClientT], refusal: str) -> _ClientT:
+    """``client=``, else the settings' one (``default()``), if it is of the ``kind`` the view needs
+    (a sync view a :class:`TokenClient`, an async one an :class:`AsyncTokenClient`); else a
+    TypeError saying so (``refusal``), before the token is touched."""
+    tokens = client or default()
+    if not isinstance(tokens, kind):
+        raise TypeError(refusal)
+    return tokens
+
+
 def _body_ended_early(request: HttpRequest) -> bool:
     """A body shorter than its Content-Length: the client sent part of it, then closed.
 
@@ -468,12 +481,14 @@ def require_token(
     core = RequireToken.of(locals(), http_errors=_HTTP_ERRORS)  # first: before any other local
     fields = fingerprint_fields(fingerprint)
 
-    def checked(request: HttpRequest) -> str | HttpResponse:
-        """The token, or the 400 to answer (no header; a body shorter than its Content-Length)."""
+    def opened(args: tuple[Any, ...]) -> tuple[HttpRequest, str | HttpResponse]:
+        """The view's request, and its token or the 400 to answer (no header; a body shorter
+        than its Content-Length)."""
+        request = _find_request(args)
         token = core.token_of(request.headers.get(header))
         if isinstance(token, TokenError):
-            return _answer(token)
-        return _answer(core.truncated()) if _body_ended_early(request) else token
+            return request, _answer(token)
+        return request, (_answer(core.truncated()) if _body_ended_early(request) else token)
 
     def identity(request: HttpRequest) -> tuple[str | None, str | None]:
         found: str | None = None
@@ -488,13 +503,12 @@ def require_token(
 
             @functools.wraps(view)
             async def guarded_async_view(*args: Any, **kwargs: Any) -> HttpResponseBase:
-                request = _find_request(args)
-                token = checked(request)
+                request, token = opened(args)
                 if isinstance(token, HttpResponse):
                     return token
-                tokens = client or async_token_client()
-                if not isinstance(tokens, AsyncTokenClient):
-                    raise TypeError("an async view needs an AsyncTokenClient")
+                tokens = _client_of(
+                    client, async_token_client, AsyncTokenClient, "an async view needs an AsyncTokenClient"
+                )
                 if client is not None:
                     _on_its_loop(tokens)
                 guard = await core.abegin(tokens, token, *identity(request))
@@ -518,13 +532,10 @@ def require_token(
 
         @functools.wraps(view)
         def guarded_view(*args: Any, **kwargs: Any) -> HttpResponseBase:
-            request = _find_request(args)
-            token = checked(request)
+            request, token = opened(args)
             if isinstance(token, HttpResponse):
                 return token
-            tokens = client or token_client()
-            if not isinstance(tokens, TokenClient):
-                raise TypeError("a sync view needs a TokenClient")
+            tokens = _client_of(client, token_client, TokenClient, "a sync view needs a TokenClient")
             guard = core.begin(tokens, token, *identity(request))
             if isinstance(guard, TokenError | Replay):
                 return _answer(guard)
