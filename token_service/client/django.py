@@ -121,6 +121,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+_ClientT = TypeVar("_ClientT", TokenClient, AsyncTokenClient)
+
 _lock = threading.Lock()
 _sync_client: TokenClient | None = None
 # one client per event loop: under WSGI each async view may run on a loop of its own
@@ -145,15 +147,7 @@ def token_client() -> TokenClient:
     global _sync_client
     with _lock:
         if _sync_client is None:
-            options = _settings()
-            if options.get("REDIS_URL"):
-                _sync_client = TokenClient.from_redis(
-                    options["REDIS_URL"], key_prefix=options.get("KEY_PREFIX", defaults.KEY_PREFIX)
-                )
-            elif options.get("URL"):
-                _sync_client = TokenClient(options["URL"], options.get("API_KEY"))
-            else:
-                raise TypeError("settings.TOKEN_SERVICE needs REDIS_URL, or URL and API_KEY")
+            _sync_client = _from_settings(TokenClient)
         return _sync_client
 
 
@@ -162,16 +156,20 @@ def async_token_client() -> AsyncTokenClient:
     loop = asyncio.get_running_loop()
     client = _async_clients.get(loop)
     if client is None:
-        options = _settings()
-        if options.get("REDIS_URL"):
-            prefix = options.get("KEY_PREFIX", defaults.KEY_PREFIX)
-            client = AsyncTokenClient.from_redis(options["REDIS_URL"], key_prefix=prefix)
-        elif options.get("URL"):
-            client = AsyncTokenClient(options["URL"], options.get("API_KEY"))
-        else:
-            raise TypeError("settings.TOKEN_SERVICE needs REDIS_URL, or URL and API_KEY")
-        _async_clients[loop] = client
+        client = _async_clients[loop] = _from_settings(AsyncTokenClient)
     return client
+
+
+def _from_settings(kind: type[_ClientT]) -> _ClientT:
+    """A client of ``kind`` as ``settings.TOKEN_SERVICE`` describes it: straight to Redis
+    (``REDIS_URL``, ``KEY_PREFIX``) or over HTTP to the service (``URL``, ``API_KEY``)."""
+    options = _settings()
+    if options.get("REDIS_URL"):
+        prefix = options.get("KEY_PREFIX", defaults.KEY_PREFIX)
+        return kind.from_redis(options["REDIS_URL"], key_prefix=prefix)
+    if options.get("URL"):
+        return kind(options["URL"], options.get("API_KEY"))
+    raise TypeError("settings.TOKEN_SERVICE needs REDIS_URL, or URL and API_KEY")
 
 
 def _on_its_loop(client: AsyncTokenClient) -> AsyncTokenClient:
@@ -358,9 +356,6 @@ def _find_request(args: tuple[Any, ...]) -> HttpRequest:
         if isinstance(arg, HttpRequest):
             return arg
     raise TypeError("@require_token decorates a view: its first argument must be the request")
-
-
-_ClientT = TypeVar("_ClientT", TokenClient, AsyncTokenClient)
 
 
 def _client_of(client: Any, default: Callable[[], _ClientT], kind: type[_ClientT], refusal: str) -> _ClientT:
