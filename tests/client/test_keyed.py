@@ -483,3 +483,23 @@ def test_the_guard_hooks_reach_keyed_functions(client: TokenClient) -> None:
         ("mismatch", "token_mismatch"),
         ("conflict", "token_in_progress"),
     ]
+
+
+def test_keyed_functions_take_the_hooks_as_one_value_and_refuse_an_unknown_one(client: TokenClient) -> None:
+    from token_service.client import GuardHooks
+
+    seen: list[str] = []
+    hooks = GuardHooks(on_replay=lambda guard: seen.append("replay"))
+
+    @idempotent(client, "invoice.mail", key="invoice_id", hooks=hooks, on_conflict=lambda g, e: None)
+    def mail(invoice_id: int) -> str:
+        return f"mailed {invoice_id}"
+
+    assert [mail(1), mail(1)] == ["mailed 1", "mailed 1"]
+    with keyed_guard(client, "invoice.mail", 2, hooks=hooks) as op:
+        op.result = "mailed 2"
+    with pytest.raises(Replayed), keyed_guard(client, "invoice.mail", 2, hooks=hooks):
+        pass
+    assert seen == ["replay", "replay"]
+    with pytest.raises(TypeError, match="on_replays"):
+        idempotent(client, "invoice.mail", key="invoice_id", on_replays=print)  # type: ignore[call-arg]

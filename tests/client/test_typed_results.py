@@ -347,3 +347,25 @@ def test_require_token_passes_its_hooks_to_the_guard(fake_redis: Any) -> None:
     client.consume(used, SCOPE, subject="alice")
     assert http.post("/pay", headers={"Idempotency-Token": used, "X-User": "alice"}).status_code == 409
     assert seen == ["replay", "mismatch", "token_used"]
+
+
+def test_require_token_takes_the_hooks_as_one_value_and_refuses_an_unknown_one(fake_redis: Any) -> None:
+    from flask import Flask
+
+    from token_service.client.flask import require_token
+
+    client = TokenClient.from_redis(fake_redis)
+    seen: list[str] = []
+    app = Flask(__name__)
+
+    @app.post("/pay")
+    @require_token(client, SCOPE, hooks=GuardHooks(on_replay=lambda guard: seen.append("replay")))
+    def pay() -> Any:
+        return {"paid": True}, 201
+
+    token = client.generate(SCOPE).token
+    for _ in range(2):
+        app.test_client().post("/pay", headers={"Idempotency-Token": token})
+    assert seen == ["replay"]
+    with pytest.raises(TypeError, match="on_replays"):
+        require_token(client, SCOPE, on_replays=print)  # type: ignore[call-arg]

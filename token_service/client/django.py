@@ -65,7 +65,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 import redis
 import redis.asyncio
@@ -109,7 +109,7 @@ from ._stored_response import (
     StorePolicy,
     default_store_status,
 )
-from .guard import AsyncGuard, Guard, Terminal
+from .guard import AsyncGuard, Guard, GuardHookArgs, GuardHooks, Terminal
 
 __all__ = [
     "IdempotencyKeyMiddleware",
@@ -461,10 +461,8 @@ def require_token(
     wait_seconds: float = 0.0,
     store_status: StorePolicy = default_store_status,
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
-    on_replay: Callable[[Any], Any] | None = None,
-    on_conflict: Callable[[Any, TokenError], Any] | None = None,
-    on_mismatch: Callable[[Any, TokenError], Any] | None = None,
-    on_lease_lost: Callable[[Any, TokenError], Any] | None = None,
+    hooks: GuardHooks | None = None,
+    **hook_args: Unpack[GuardHookArgs],
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a Django view (sync or ``async def``) so each token runs it at most once.
 

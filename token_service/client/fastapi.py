@@ -51,7 +51,7 @@ import functools
 import inspect
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import anyio
 from fastapi import Request, Response
@@ -76,7 +76,7 @@ from ._stored_response import (
     StorePolicy,
     default_store_status,
 )
-from .guard import AsyncGuard, Terminal
+from .guard import AsyncGuard, GuardHookArgs, GuardHooks, Terminal
 
 __all__ = ["DEFAULT_REPLAY_HEADERS", "problem_response", "require_token"]
 
@@ -179,10 +179,8 @@ def require_token(
     wait_seconds: float = 0.0,
     store_status: StorePolicy = default_store_status,
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
-    on_replay: Callable[[Any], Any] | None = None,
-    on_conflict: Callable[[Any, TokenError], Any] | None = None,
-    on_mismatch: Callable[[Any, TokenError], Any] | None = None,
-    on_lease_lost: Callable[[Any, TokenError], Any] | None = None,
+    hooks: GuardHooks | None = None,
+    **hook_args: Unpack[GuardHookArgs],
 ) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]]:
     """Decorate a FastAPI endpoint (below ``@app.post(...)``) so each token runs it at most once.
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from flask import Request, Response, current_app, g, make_response, request
 from werkzeug.exceptions import ClientDisconnected, HTTPException
@@ -55,7 +55,7 @@ from ._stored_response import (
     StorePolicy,
     default_store_status,
 )
-from .guard import Guard, Terminal
+from .guard import Guard, GuardHookArgs, GuardHooks, Terminal
 
 __all__ = [
     "DEFAULT_MAX_RESULT_BYTES",
@@ -162,10 +162,8 @@ def require_token(
     max_body_bytes: int = 8192,
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
     store_status: StorePolicy = default_store_status,
-    on_replay: Callable[[Any], Any] | None = None,
-    on_conflict: Callable[[Any, TokenError], Any] | None = None,
-    on_mismatch: Callable[[Any, TokenError], Any] | None = None,
-    on_lease_lost: Callable[[Any, TokenError], Any] | None = None,
+    hooks: GuardHooks | None = None,
+    **hook_args: Unpack[GuardHookArgs],
 ) -> Callable[[Callable[..., Any]], Callable[..., Response]]:
     """Decorate a Flask view so each token runs it at most once (see the module docs).
 
@@ -179,7 +177,8 @@ def require_token(
     (set it to the service's ``TOKEN_SERVICE_MAX_RESULT_BYTES``), is not kept:
     duplicates get the status and headers with ``Idempotent-Body-Omitted: <length>``.
     ``store_status(status)`` says which responses are kept (the others free the token).
-    The hooks are the guard's (``on_replay(guard)``, ``on_conflict(guard, error)``, ...);
+    The hooks are the guard's: ``hooks=GuardHooks(...)``, or by name (``on_replay(guard)``,
+    ``on_conflict(guard, error)``, ...), made one value once;
     the lease is renewed while the view runs and its response streams out.
     """
     core = RequireToken.of(locals(), http_errors=(HTTPException,))  # first: before any other local

@@ -148,12 +148,15 @@ class GuardHookArgs(TypedDict, total=False):
 
 
 def hooks_of(hooks: GuardHooks | None, hook_args: Mapping[str, Any]) -> GuardHooks:
-    """One :class:`GuardHooks` from ``hooks=`` and the hooks given one by one (those win), for
-    whatever makes guards to build once. A name that is not a hook is a TypeError, as any unknown
-    keyword argument is."""
-    if not hook_args:
-        return NO_HOOKS if hooks is None else hooks
-    return GuardHooks(**{**(NO_HOOKS if hooks is None else hooks)._asdict(), **hook_args})
+    """One :class:`GuardHooks` from ``hooks=`` and the hooks given one by one (those not None win),
+    for whatever makes guards to build once. A name that is not a hook is a TypeError, as any
+    unknown keyword argument is."""
+    unknown = sorted(set(hook_args) - set(GuardHooks._fields))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {', '.join(map(repr, unknown))}")
+    base = NO_HOOKS if hooks is None else hooks
+    given = {name: hook for name, hook in hook_args.items() if hook is not None}
+    return base._replace(**given) if given else base
 
 
 class GuardOptions(GuardHookArgs, total=False):

@@ -39,9 +39,9 @@ import inspect
 import logging
 import re
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
-from token_service.errors import TokenError, TokenInvalid
+from token_service.errors import TokenInvalid
 from token_service.records import Completed, FailRecorded, Finished, Renewed, Started
 from token_service.store import UseRequest
 
@@ -51,7 +51,7 @@ from ._direct import AsyncDirectTransport, DirectTransport, _info
 from ._fingerprint import canonical_json, fingerprint
 from ._typed_results import return_type
 from ._types import Consumed, IssuedToken, TokenInfo
-from .guard import AsyncGuard, Guard, GuardHooks, Terminal, as_json
+from .guard import AsyncGuard, Guard, GuardHookArgs, GuardHooks, Terminal, as_json, hooks_of
 
 if TYPE_CHECKING:
     from token_service.store import AsyncTokenStore, TokenStore
@@ -261,10 +261,8 @@ def keyed_guard(
     terminal: Terminal = (),
     wait_seconds: float = 0.0,
     renew: bool = True,
-    on_replay: Callable[[Any], Any] | None = None,
-    on_conflict: Callable[[Any, TokenError], Any] | None = None,
-    on_mismatch: Callable[[Any, TokenError], Any] | None = None,
-    on_lease_lost: Callable[[Any, TokenError], Any] | None = None,
+    hooks: GuardHooks | None = None,
+    **hook_args: Unpack[GuardHookArgs],
 ) -> Any:
     """A guard on ``key`` in ``scope``: ``with`` it (``async with`` for an AsyncTokenClient).
 
@@ -283,11 +281,11 @@ def keyed_guard(
     that answers another question. ``ttl_seconds`` is how long an unfinished key
     is remembered (a finished one: at least the store's ``result_ttl_seconds``).
     ``renew=False`` skips the background lease renewal (work that always ends well
-    within ``lease_seconds``). ``on_replay``, ``on_conflict``, ``on_mismatch`` and
-    ``on_lease_lost`` are the guard's hooks.
+    within ``lease_seconds``). The guard's hooks: ``hooks=GuardHooks(...)``, or
+    ``on_replay``, ``on_conflict``, ``on_mismatch`` and ``on_lease_lost`` by name.
     """
     keyed = _keyed_client(client, ttl_seconds)
-    hooks = GuardHooks(on_replay, on_conflict, on_mismatch, on_lease_lost)
+    hooks = hooks_of(hooks, hook_args)  # once: every call's guard gets this one value
     return _guard_for(
         keyed, scope, key, fingerprint, request_id, lease_seconds, terminal, wait_seconds, renew, None, hooks
     )
@@ -354,10 +352,8 @@ def idempotent(
     renew: bool = True,
     durable: Any = None,
     durable_table: Any = None,
-    on_replay: Callable[[Any], Any] | None = None,
-    on_conflict: Callable[[Any, TokenError], Any] | None = None,
-    on_mismatch: Callable[[Any, TokenError], Any] | None = None,
-    on_lease_lost: Callable[[Any, TokenError], Any] | None = None,
+    hooks: GuardHooks | None = None,
+    **hook_args: Unpack[GuardHookArgs],
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a function so it runs at most once per key (see the module docs).
 
@@ -381,12 +377,13 @@ def idempotent(
     result is returned. ``durable_table`` is the records table (default
     ``idempotency_records``).
 
+    ``hooks=GuardHooks(...)`` are the guard's hooks (see the SDK docs), or by name:
     ``on_replay(guard)``, ``on_conflict(guard, error)``, ``on_mismatch(guard, error)``
-    and ``on_lease_lost(guard, error)`` are the guard's hooks (see the SDK docs).
+    and ``on_lease_lost(guard, error)``; built into one value once, at decoration.
     """
     check.scope(scope)
     keyed = _keyed_client(client, ttl_seconds)
-    hooks = GuardHooks(on_replay, on_conflict, on_mismatch, on_lease_lost)
+    hooks = hooks_of(hooks, hook_args)  # once: every call's guard gets this one value
 
     def decorate(operation: Callable[..., Any]) -> Callable[..., Any]:
         read_key = _key_reader(operation, key, "key")
