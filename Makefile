@@ -55,18 +55,20 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# make check runs on PYTEST_WORKERS processes (pytest-xdist); a test file never leaves its worker
-# and files that share something run one after another (tests/conftest.py, docs/testing.md).
-# Most tests wait on subprocesses and sockets, so 3 on 2 cores; PYTEST_WORKERS=0 runs serially.
+# make test and make check run on PYTEST_WORKERS processes (pytest-xdist); a test file never leaves
+# its worker and files that share something run one after another (tests/conftest.py,
+# docs/testing.md). Most tests wait on subprocesses and sockets, so 3 on 2 cores;
+# PYTEST_WORKERS=0 runs the suite serially, in one process.
 PYTEST_WORKERS ?= 3
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
 
 test: lint docs-build
-	$(BIN)/pytest --durations=30 $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) --durations=30 $(PYTEST_ARGS)
 
 # The loop while developing (docs/testing.md): lint, types and the tests not marked slow, the
 # property tests on their quick profile; make test before landing.
 check: lint
-	PROPS_PROFILE=$${PROPS_PROFILE:-quick} $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup -m "not slow" $(PYTEST_ARGS)
+	PROPS_PROFILE=$${PROPS_PROFILE:-quick} $(BIN)/pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # The documentation site (mkdocs.yml, docs/): built --strict by make test, served by make docs.
 docs-build: install
