@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,6 +27,29 @@ def pytest_configure(config: pytest.Config) -> None:
     # measured in seconds, which is what a worker left waiting at the end costs
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    if config.getvalue("loadgroup") if hasattr(config.option, "loadgroup") else False:
+        config.pluginmanager.register(_GroupInNodeId(), "xdist-group-in-node-id")
+
+
+class _GroupInNodeId:
+    """``--dist loadgroup`` on pytest 9: put each test's group into its node id, as xdist means to.
+
+    xdist's worker appends ``@group`` by assigning ``item._nodeid``; pytest 9 reads the node id
+    from ``item._id`` (a structured NodeId), so the suffix was lost and the scheduler spread every
+    test on its own, groups ignored (pytest-dev/pytest-xdist#1386, its fix #1388 unreleased):
+    a file's module fixtures were set up on several workers, the "leases" files ran side by side,
+    and the fuzzing's coverage check never saw its cases. Runs after xdist's hook; a node id that
+    already carries its group (an xdist with the fix) is left alone.
+    """
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        from _pytest.nodeid import NodeId
+
+        for item in items:
+            suffix = "@" + _group(item)
+            if not item.nodeid.endswith(suffix):
+                item._id = NodeId.parse(item.nodeid + suffix)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -39,11 +63,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     the run is not left waiting on one started last. Runs before xdist's own hook, which reads
     the marks (``tryfirst``).
     """
+    _unique_node_ids(items)
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             path = item.nodeid.split("::", 1)[0]
             item.add_marker(pytest.mark.xdist_group("leases" if path in _LEASES else path))
     items.sort(key=lambda item: _SLOW_FIRST.get(_group(item), len(_SLOW_FIRST)))
+
+
+def _unique_node_ids(items: list[pytest.Item]) -> None:
+    """Every test has a node id of its own, or the run stops before it starts.
+
+    schemathesis (4.x, on pytest 9) names each operation's test ``test_api[POST /token/consume]``
+    but gives all of them the function's node id. A serial run does not mind; pytest-xdist sends
+    tests to its workers by node id, so it ran one of the 20 operations and the fuzzing's own
+    coverage check skipped as "only part ran". Such items get the id their name says.
+    """
+    for item in items:
+        if item.parent is not None and not item.nodeid.endswith("::" + item.name):
+            item._id = item.parent.id.child(item.name)
+    counts = Counter(item.nodeid for item in items)
+    repeated = sorted(nodeid for nodeid, count in counts.items() if count > 1)
+    if repeated:
+        raise pytest.UsageError(f"tests share a node id (pytest-xdist runs one of them): {repeated}")
 
 
 def _group(item: pytest.Item) -> str:
