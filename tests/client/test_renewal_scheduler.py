@@ -22,8 +22,8 @@ import redis
 import redis.asyncio
 
 from tests.support.processes import RedisServer, wait_until
-from token_service.client import AsyncTokenClient, TokenClient, TokenInProgress, idempotent
-from token_service.client._renewal import SCHEDULER, RenewalScheduler
+from token_service.client import AsyncTokenClient, TokenClient, TokenInProgress, _renewal, guard, idempotent
+from token_service.client._renewal import RenewalScheduler
 
 SCOPE = "report.build"
 CALLS = 200
@@ -54,10 +54,26 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, Counted]:
     }
 
 
+@pytest.fixture
+def own_scheduler(monkeypatch: pytest.MonkeyPatch) -> RenewalScheduler:
+    """A scheduler of the test's own, in place of the process-wide one.
+
+    The process-wide one carries what earlier tests in this process left on its heap: the last
+    stopped entry it sleeps towards may be due later than this test's renewals (a longer lease),
+    and then each of this test's calls wakes it, as its docstring says. That is the state of the
+    worker, not what this test checks. (Its thread stays behind idle, a daemon.)
+    """
+    fresh = RenewalScheduler()
+    monkeypatch.setattr(_renewal, "SCHEDULER", fresh)
+    monkeypatch.setattr(guard, "SCHEDULER", fresh)
+    return fresh
+
+
 @pytest.mark.real
 def test_short_guarded_calls_create_no_thread_condition_or_finalizer(
-    real_redis: redis.Redis, counted: dict[str, Counted]
+    real_redis: redis.Redis, own_scheduler: RenewalScheduler, counted: dict[str, Counted]
 ) -> None:
+    scheduler = own_scheduler  # made before counted starts counting (the fixtures run in this order)
     client = TokenClient.from_redis(real_redis)
     # a long lease: no renewal falls due while this test runs, however slowly
     tokens = [issued.token for issued in client.generate_batch(SCOPE, CALLS // 2)]
@@ -66,7 +82,7 @@ def test_short_guarded_calls_create_no_thread_condition_or_finalizer(
     def ship(order_id: str) -> dict[str, str]:
         return {"order": order_id}
 
-    started_before, wakeups_before = SCHEDULER.threads_started, SCHEDULER.wakeups
+    started_before, wakeups_before = scheduler.threads_started, scheduler.wakeups
     for i in range(CALLS // 2):
         assert ship(f"o-{i}") == {"order": f"o-{i}"}
     for token in tokens:
@@ -74,11 +90,12 @@ def test_short_guarded_calls_create_no_thread_condition_or_finalizer(
     # at most the scheduler's own thread (none when an earlier test started it), never one per call
     assert counted["threads"].count <= 1
     assert counted["conditions"].count <= 1  # the scheduler's, with its thread
-    assert SCHEDULER.threads_started == started_before  # no renewal ran: none was due
+    assert scheduler.threads_started == started_before  # no renewal ran: none was due
     # nor is the scheduler's thread woken per call: at most once, if it slept with nothing to do
-    assert SCHEDULER.wakeups - wakeups_before <= 1
-    assert [t.name for t in threading.enumerate()].count("token-lease-scheduler") == 1
-    assert SCHEDULER.pending() == 0  # every call took its renewal off the schedule
+    assert scheduler.wakeups - wakeups_before <= 1
+    assert scheduler._thread is not None
+    assert scheduler._thread.name == "token-lease-scheduler"
+    assert scheduler.pending() == 0  # every call took its renewal off the schedule
 
 
 @pytest.mark.real
