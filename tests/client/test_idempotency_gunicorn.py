@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +14,7 @@ import redis
 
 from tests.support import raw_http
 from tests.support.cut_short import post_cut_short
-from tests.support.processes import REPO_ROOT, RedisServer, answers_healthz, start_serving
+from tests.support.processes import RedisServer, start_gunicorn
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -26,25 +23,9 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 # before each test, so a test sees a server as fresh as its own (and the file starts 1, not 7).
 @pytest.fixture(scope="module")
 def orders_url(redis_server: RedisServer) -> Iterator[str]:
-    def launch(port: int) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--workers",
-                "3",
-                "tests.client.middleware_app:app",
-            ],
-            cwd=REPO_ROOT,
-            env={**os.environ, "TEST_REDIS_URL": redis_server.url},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-    process, port = start_serving(launch, answers_healthz(), "gunicorn")
+    process, port = start_gunicorn(
+        "tests.client.middleware_app:app", {"TEST_REDIS_URL": redis_server.url}, "--workers", "3"
+    )
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

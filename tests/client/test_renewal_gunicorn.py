@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +22,7 @@ import httpx
 import pytest
 import redis
 
-from tests.support.processes import REPO_ROOT, RedisServer, answers_healthz, start_serving, wait_until
+from tests.support.processes import RedisServer, start_gunicorn, wait_until
 from token_service.client import TokenClient
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -36,27 +34,11 @@ DUPLICATES_AT = (2.5, 4.5)  # past the first 2 s lease, and past two
 # before each test (a worker a test kills is replaced by gunicorn; two others stay up meanwhile).
 @pytest.fixture(scope="module")
 def slow_app_url(redis_server: RedisServer) -> Iterator[str]:
-    def launch(port: int) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--workers",
-                "3",
-                "--timeout",
-                "60",
-                "tests.client.slow_views_app:app",
-            ],
-            cwd=REPO_ROOT,
-            env={**os.environ, "TEST_REDIS_URL": redis_server.url},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-    process, port = start_serving(launch, answers_healthz(), "gunicorn")
+    process, port = start_gunicorn(
+        "tests.client.slow_views_app:app",
+        {"TEST_REDIS_URL": redis_server.url},
+        *("--workers", "3", "--timeout", "60"),
+    )
     try:
         yield f"http://127.0.0.1:{port}"
     finally:

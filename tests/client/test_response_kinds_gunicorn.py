@@ -15,7 +15,6 @@ import os
 import re
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +24,9 @@ import pytest
 import redis
 
 from tests.support.processes import (
-    REPO_ROOT,
     RedisServer,
-    answers_healthz,
     children,
-    start_serving,
+    start_gunicorn,
     wait_until,
 )
 from token_service.client import TokenClient
@@ -54,32 +51,10 @@ def start_app(redis_url: str, folder: Path, workers: int, cap: int) -> tuple[sub
     path = folder / "report.pdf"
     path.write_bytes(report)
 
-    def launch(port: int) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gunicorn",
-                "--bind",
-                f"127.0.0.1:{port}",
-                "--workers",
-                str(workers),
-                "--timeout",
-                "60",
-                "tests.client.response_kinds_app:app",
-            ],
-            cwd=REPO_ROOT,
-            env={
-                **os.environ,
-                "TEST_REDIS_URL": redis_url,
-                "TEST_REPORT_PATH": str(path),
-                "TEST_STORAGE_CAP": str(cap),
-            },
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-    process, port = start_serving(launch, answers_healthz(), "gunicorn")
+    env = {"TEST_REDIS_URL": redis_url, "TEST_REPORT_PATH": str(path), "TEST_STORAGE_CAP": str(cap)}
+    process, port = start_gunicorn(
+        "tests.client.response_kinds_app:app", env, *("--workers", str(workers), "--timeout", "60")
+    )
     url = f"http://127.0.0.1:{port}"
     return process, App(url, process.pid, report)
 

@@ -151,6 +151,22 @@ def _stop(process: subprocess.Popen[Any]) -> None:
     process.wait(timeout=20)
 
 
+def start_gunicorn(app: str, env: dict[str, str], *options: str) -> tuple[subprocess.Popen[Any], int]:
+    """gunicorn serving ``app`` (``module:callable`` of the checkout) with ``options``, ``env`` over
+    this process's, its output dropped: (the process, its port) once /healthz answers."""
+
+    def launch(port: int) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "--bind", f"127.0.0.1:{port}", *options, app],
+            cwd=REPO_ROOT,
+            env={**os.environ, **env},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    return start_serving(launch, answers_healthz(), "gunicorn")
+
+
 def answers_healthz(path: str = "/healthz") -> Callable[[int], bool]:
     """A ``ready`` for start_serving: GET ``path`` on the port answers 200."""
     return lambda port: httpx.get(f"http://127.0.0.1:{port}{path}", timeout=1).status_code == 200
