@@ -18,7 +18,8 @@ import redis
 from tests.support.processes import RedisServer
 from tests.support.service import API_KEY
 from tests.support.skip_summary import pytest_terminal_summary  # noqa: F401 — the run's last line
-from token_service import create_app
+from token_service import create_app, tokens
+from token_service import store as store_module
 from token_service.store import TokenStore
 
 
@@ -162,6 +163,21 @@ _SLOW_FIRST: dict[str, int] = {
         ]
     )
 }
+
+
+@pytest.fixture
+def digests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every token_digest computed, wherever it is called from."""
+    seen: list[str] = []
+    real = tokens.token_digest
+
+    def counting(token: str) -> str:
+        seen.append(token)
+        return real(token)
+
+    monkeypatch.setattr(tokens, "token_digest", counting)
+    monkeypatch.setattr(store_module, "token_digest", counting)
+    return seen
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,7 @@ import pytest
 import redis.asyncio
 
 from tests.support.processes import RedisServer
-from token_service import records, tokens
-from token_service import store as store_module
+from token_service import records
 from token_service.config import RateLimit
 from token_service.errors import OutstandingCapReached, RateLimited, TokenUsed
 from token_service.limits import IssuanceLimits
@@ -81,23 +80,13 @@ def test_issuing_is_told_as_issued_or_refused(redis_client: Any) -> None:
     assert seen == []
 
 
-def test_an_observed_operation_digests_its_token_once(
-    redis_client: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_observed_operation_digests_its_token_once(redis_client: Any, digests: list[str]) -> None:
     # once for the record key and the observer both (the access log names the token by it)
     store = TokenStore(redis_client, observer=Seen())
     [token] = store.issue(PAY)
-    digested: list[str] = []
-    real = tokens.token_digest
-
-    def counting(value: str) -> str:
-        digested.append(value)
-        return real(value)
-
-    monkeypatch.setattr(tokens, "token_digest", counting)
-    monkeypatch.setattr(store_module, "token_digest", counting)
+    digests.clear()
     store.consume(UseRequest(token, SCOPE, "user-1"))
-    assert digested == [token]
+    assert digests == [token]
     with pytest.raises(TokenUsed):  # and the key it made was this token's own
         store.consume(UseRequest(token, SCOPE, "user-1"))
 

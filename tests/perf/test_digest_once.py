@@ -4,25 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from tests.support.service import AUTH
-from token_service import store, tokens
-
-
-@pytest.fixture
-def digests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every token_digest computed, wherever it is called from."""
-    seen: list[str] = []
-    real = tokens.token_digest
-
-    def counting(token: str) -> str:
-        seen.append(token)
-        return real(token)
-
-    monkeypatch.setattr(tokens, "token_digest", counting)
-    monkeypatch.setattr(store, "token_digest", counting)
-    return seen
 
 
 def test_a_consume_digests_its_token_once(client: Any, digests: list[str]) -> None:
