@@ -19,6 +19,7 @@
     ├── RateLimited                         rate_limited (429, retry after)
     │   └── OutstandingCapReached           rate_limited (429): the cap; read back as RateLimited
     ├── ServiceUnavailable                  store_unavailable (503, retry after)
+    ├── IssuancePaused                      issuance_paused (503, retry after)
     ├── RequestTimeout                      request_timeout (408)               [2]
     ├── RecordNotFound                      not_found (404)                     [3]
     ├── NotInProgress                       not_in_progress (409)               [3]
@@ -269,6 +270,20 @@ class ServiceUnavailable(_RetryLater):
     title = "Store unavailable"
 
 
+class IssuancePaused(_RetryLater):
+    """Anonymous issuance is refused for now, for every client: the budget of outstanding
+    anonymous tokens is spent, or Redis is near its ``maxmemory``. Consumes and the two-phase
+    calls keep working (the room is kept for them); retry after ``retry_after_seconds``.
+
+    Not a :class:`ServiceUnavailable`: nothing is wrong with the store, nothing was issued,
+    and the SDK does not retry it at once (the pause lasts until tokens are used or expire).
+    """
+
+    code = "issuance_paused"
+    status = 503
+    title = "Issuance paused"
+
+
 ERRORS_BY_CODE: dict[str, type[TokenError]] = {
     cls.code: cls
     for cls in (
@@ -283,6 +298,7 @@ ERRORS_BY_CODE: dict[str, type[TokenError]] = {
         PayloadTooLarge,
         RateLimited,
         ServiceUnavailable,
+        IssuancePaused,
     )
 }
 

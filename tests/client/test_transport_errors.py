@@ -41,6 +41,7 @@ from token_service.client import (
     TokenUsed,
     Unauthorized,
 )
+from token_service.errors import IssuancePaused
 
 TOKEN = "t" * 43
 
@@ -83,7 +84,7 @@ def test_every_problem_code_becomes_its_class(code: str) -> None:
     cls = ERRORS_BY_CODE[code]
     extra: dict[str, Any] = {}
     headers = {}
-    if code in ("token_in_progress", "rate_limited", "store_unavailable"):
+    if code in ("token_in_progress", "rate_limited", "store_unavailable", "issuance_paused"):
         headers["Retry-After"] = "7"
     if code == "token_failed":
         extra["error"] = {"reason": "declined"}
@@ -132,6 +133,7 @@ WRITTEN = [
     PayloadTooLarge("d"),
     RateLimited("d", retry_after_seconds=9),
     ServiceUnavailable("d", retry_after_seconds=3),
+    IssuancePaused("d", retry_after_seconds=5),
 ]
 
 
