@@ -87,8 +87,10 @@ def test_a_body_is_kept_only_within_both_caps() -> None:
 
 
 def test_the_storage_policy_frees_the_token() -> None:
-    for status in (408, 409, 425, 429, 500, 503):
+    for status in (401, 407, 408, 409, 425, 429, 500, 503):
         assert CORE.result(Reply(status, [], b"x")) is None
+    # the view's own 403 is its answer (the user is known, and may not): kept, as Django's PermissionDenied
+    assert CORE.result(Reply(403, [], b"x")) is not None
     told = Told()
     CORE.settle(as_guard(told), Reply(503, [], b"down"))
     assert told.said == [("abandon", True)]

@@ -357,6 +357,9 @@ SCRIPT = [
     Step("the raised 403 replayed", "POST", "/raise?code=403", "n"),
     Step("a raised 503: answered, not stored", "POST", "/raise?code=503", "m"),
     Step("the raised 503 again: runs again", "POST", "/raise?code=503", "m"),
+    Step("a raised 401 (not logged in): answered, not stored", "POST", "/raise?code=401", "o"),
+    Step("the raised 401 again: runs again, the token was freed", "POST", "/raise?code=401", "o"),
+    Step("logged in now, the same token: runs", "POST", "/json", "o"),
     Step("an exception: 500, the token freed", "POST", "/crash", "h"),
     Step("an exception again: runs again", "POST", "/crash", "h"),
     Step("in flight (another request holds the lease): 409", "POST", "/json", "held"),
@@ -538,16 +541,16 @@ async def test_the_three_decorators_answer_one_script_alike(
     assert [answer[0] for answer in answers.values()] == [
         400, 201, 201, 403, 200, 200, 202, 202, 200, 200, 200, 200, 200, 200,
         200, 200, 200, 200, 200, 200, 429, 429, 503, 201, 201, 404, 404, 403, 403, 503, 503,
-        500, 500, 409, 201,
+        401, 401, 201, 500, 500, 409, 201,
     ]  # fmt: skip
     counted = {
-        "json": 1,
+        "json": 2,
         "value": 1,
         "response": 1,
         "stream": 3,
         "file": 3,
         "status": 4,
-        "raise": 4,
+        "raise": 6,
         "crash": 2,
     }
     assert dict(runs["flask"]) == counted

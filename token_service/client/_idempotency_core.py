@@ -19,10 +19,11 @@ bytes; what to answer is decided here:
    claim renewed in the background meanwhile (a request slower than
    ``lock_seconds`` keeps its key; a dead process stops renewing).
 5. :meth:`IdempotencyCore.recorder` watches the response go out: it keeps
-   the body up to ``max_stored_bytes`` and only counts the rest (a 64 MB
-   stream passes through, never buffered whole). :meth:`settle` / :meth:`asettle`
-   then store it (the status is one ``store_status`` keeps; a body over the
-   cap is stored as omitted) or free the key (a 5xx, 408/409/425/429, an
+   the body up to ``max_stored_bytes`` (a 4xx's up to ``max_stored_4xx_bytes``)
+   and only counts the rest (a 64 MB stream passes through, never buffered
+   whole). :meth:`settle` / :meth:`asettle` then store it (the status is one
+   ``store_status`` keeps; a body over the cap is stored as omitted) or free the
+   key (a 5xx, 408/409/425/429, 401/403/407 whatever ``store_status`` says, an
    exception, a response that never started). Storing is fenced by the
    attempt's owner id: an attempt that outlived its lock never overwrites a
    later attempt's record.
@@ -55,6 +56,7 @@ from token_service.client._idempotency_store import (
 )
 from token_service.client._renewal import AsyncLeaseRenewer, LeaseRenewer, interval_for
 from token_service.client._stored_response import (
+    CREDENTIAL_REFUSALS,
     OMITTED_HEADER,
     REPLAYED_HEADER,
     StoredResponse,
@@ -506,9 +508,12 @@ class IdempotencyCore:
     def recorder(self, status: int, headers: Iterable[tuple[str, str]]) -> Recorder:
         headers = list(headers)
         length = declared_length(next((v for n, v in headers if n.lower() == "content-length"), ""))
-        return Recorder(
-            status, headers, self.options.max_stored_bytes, self.options.store_status(status), length
-        )
+        # a refusal of the credentials the key was claimed under is no result, whatever the policy
+        storable = status not in CREDENTIAL_REFUSALS and self.options.store_status(status)
+        cap = self.options.max_stored_bytes
+        if 400 <= status < 500:
+            cap = min(cap, self.options.max_stored_4xx_bytes)
+        return Recorder(status, headers, cap, storable, length)
 
     # -- after the app ---------------------------------------------------------------------
 

@@ -24,6 +24,11 @@ DEFAULT_TTL_SECONDS = 86400
 DEFAULT_LOCK_SECONDS = 60
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 DEFAULT_MAX_STORED_BYTES = 256 * 1024
+# A 4xx is answered to anyone who sends a key with any Authorization header, before the app has
+# verified it: its kept body is what one stranger can make Redis hold per request. A problem+json
+# refusal is well under 1 KiB; an app's 400/422 that echoes its input (FastAPI's does) is as large
+# as the request, and is stored as omitted above this.
+DEFAULT_MAX_STORED_4XX_BYTES = 4 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +36,8 @@ class IdempotencyOptions:
     """What an Idempotency-Key middleware does (docs/integrations/wsgi-middleware.md, Options).
 
     ``methods`` is kept upper case, as a frozenset; ``telemetry`` None is the SDK's default.
-    ``ttl_seconds`` and ``lock_seconds`` are positive whole seconds, ``wait_seconds`` >= 0.
+    ``ttl_seconds`` and ``lock_seconds`` are positive whole seconds, ``wait_seconds`` >= 0;
+    ``max_stored_4xx_bytes`` caps a 4xx body kept (at most ``max_stored_bytes`` too).
     """
 
     header: str = "Idempotency-Key"
@@ -41,6 +47,7 @@ class IdempotencyOptions:
     lock_seconds: int = DEFAULT_LOCK_SECONDS
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES
+    max_stored_4xx_bytes: int = DEFAULT_MAX_STORED_4XX_BYTES
     store_status: StorePolicy = default_store_status
     fingerprint: FingerprintSpec = None
     wait_seconds: float = 0.0
@@ -53,6 +60,7 @@ class IdempotencyOptions:
             raise ValueError(f"wait_seconds must be a number of seconds >= 0, not {wait!r}")
         _whole_seconds("ttl_seconds", self.ttl_seconds)
         _whole_seconds("lock_seconds", self.lock_seconds)
+        _byte_count("max_stored_4xx_bytes", self.max_stored_4xx_bytes)
         # frozen: the normal forms are set past __setattr__, once
         object.__setattr__(self, "wait_seconds", float(wait))
         object.__setattr__(self, "methods", frozenset(method.upper() for method in self.methods))
@@ -71,6 +79,7 @@ class IdempotencyOptionArgs(TypedDict, total=False):
     lock_seconds: int
     max_body_bytes: int
     max_stored_bytes: int
+    max_stored_4xx_bytes: int
     store_status: StorePolicy
     fingerprint: FingerprintSpec
     wait_seconds: float
@@ -100,3 +109,8 @@ def options_from_settings(
 def _whole_seconds(name: str, value: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive whole number of seconds, not {value!r}")
+
+
+def _byte_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a whole number of bytes >= 0, not {value!r}")

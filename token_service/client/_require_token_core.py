@@ -28,7 +28,9 @@ the Idempotency-Key middlewares sit on :mod:`._idempotency_core`):
    body, or an endpoint's value): the one place that decides what is kept.
 
    - **Storage policy**: ``store_status(status)`` (by default 2xx, 3xx and 4xx
-     but 408/409/425/429; never a 5xx). Any other status frees the token.
+     but 401/407/408/409/425/429; never a 5xx). Any other status frees the token:
+     a 401 is not the view's answer but a "log in first", after which the same
+     token must run. A view's 403 is its answer to a known user and is kept.
    - **Body fit**: the body is kept when it is at most ``max_body_bytes`` raw
      (Flask's option; FastAPI's and Django's decorators have no raw cap) *and* the
      whole stored result is at most ``max_result_bytes`` once JSON-encoded the way

@@ -11,8 +11,11 @@ A replay carries ``Idempotent-Replayed: true``, and ``Idempotent-Body-Omitted:
 <length>`` when the body was not kept.
 
 Which statuses are stored is :func:`default_store_status`: every 2xx, 3xx and
-4xx except the transient ones (408, 409, 425, 429); never a 5xx. A response
-that is not stored frees the key (or token) so the client may retry.
+4xx except the transient ones (408, 409, 425, 429) and the refusals of who the
+client is (401, 407); never a 5xx. A response that is not stored frees the key
+(or token) so the client may retry. The Idempotency-Key middlewares never store
+any of :data:`CREDENTIAL_REFUSALS` (403 too), whatever their policy says: the
+identity a key is kept under is not yet verified when the app refuses it.
 
 What a token-guarded view answers when the token service refuses is
 :func:`refusal`: the refusal itself, but a 503 for a refused service key.
@@ -37,6 +40,14 @@ OMITTED_HEADER = "Idempotent-Body-Omitted"
 
 # A client may simply try again later: storing these would replay "later" for the whole TTL.
 TRANSIENT_4XX = frozenset({408, 409, 425, 429})
+# "Who are you?": not an answer to the request but to its credentials; once the client has logged
+# in, the same request (the same token, the same key) must run, not get the refusal back.
+UNAUTHENTICATED = frozenset({401, 407})
+# What the Idempotency-Key middlewares never store: the key is claimed under an identity the app
+# has not verified yet (by default the raw Authorization header), and storing a stranger's
+# refusals would let anyone who sends random credentials fill Redis. 403 is one of them there:
+# many apps answer bad credentials with it (FastAPI's HTTPBearer does).
+CREDENTIAL_REFUSALS = UNAUTHENTICATED | {403}
 
 StorePolicy = Callable[[int], bool]
 
@@ -50,8 +61,9 @@ DEFAULT_MAX_RESULT_BYTES = defaults.MAX_RESULT_BYTES
 
 
 def default_store_status(status: int) -> bool:
-    """Store 2xx, 3xx (a POST answered 303 did its work) and 4xx but 408/409/425/429; never 5xx."""
-    return 200 <= status < 500 and status not in TRANSIENT_4XX
+    """Store 2xx, 3xx (a POST answered 303 did its work) and 4xx but 401/407/408/409/425/429;
+    never 5xx."""
+    return 200 <= status < 500 and status not in TRANSIENT_4XX and status not in UNAUTHENTICATED
 
 
 def refusal(error: TokenError) -> TokenError:

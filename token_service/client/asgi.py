@@ -13,10 +13,11 @@ from the same decisions (:mod:`token_service.client._idempotency_core`) and
 the same Lua scripts, on ``redis.asyncio``: per-client keys, the request's
 fingerprint (a JSON body by its meaning), 400 / 409 / 422, the stored
 response replayed with ``Idempotent-Replayed: true``, answers that are not
-stored (5xx, 408, 409, 425, 429, exceptions) freeing the key, store errors
+stored (5xx, 401, 403, 407, 408, 409, 425, 429, exceptions) freeing the key, store errors
 503, claims fenced by owner so an expired one never overwrites a later one.
 The response body streams through to the client and is kept up to
-``max_stored_bytes`` (a larger one is stored as omitted).
+``max_stored_bytes``, a 4xx's up to ``max_stored_4xx_bytes`` (a larger one is
+stored as omitted).
 
 Pure ASGI: importing this module needs neither Starlette nor FastAPI nor Django.
 """

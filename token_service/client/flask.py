@@ -18,7 +18,7 @@ through to the client and are recorded as they go (kept up to
 ``max_body_bytes``, else recorded as omitted); the outcome is recorded when
 the last byte is handed to the server, or when the server closes the
 response early. A response whose status ``store_status`` does not keep (by
-default a 5xx, 408, 409, 425, 429) or an exception releases
+default a 5xx, 401, 407, 408, 409, 425, 429) or an exception releases
 the token so the client may retry with it; an ``HTTPException`` the view
 raises (``abort(404)``) is the response Flask answers it with, kept or not by
 the same rule (exceptions listed in

@@ -20,10 +20,13 @@ purpose to share keys between anonymous clients. Then:
 
 - the first request with a key runs, and its response (status, headers,
   body) is stored for ``ttl_seconds`` when ``store_status(status)`` says so
-  (by default 2xx, 3xx and 4xx except 408, 409, 425 and 429; never 5xx);
+  (by default 2xx, 3xx and 4xx except 401, 407, 408, 409, 425 and 429; never
+  5xx; never 401, 403 or 407 whatever ``store_status`` says: a refusal of the
+  credentials the key was claimed under is no result);
   the body streams through to the client and is kept up to
-  ``max_stored_bytes`` (a larger one is stored as omitted: duplicates get the
-  status and headers with ``Idempotent-Body-Omitted: <length>``);
+  ``max_stored_bytes``, a 4xx's up to ``max_stored_4xx_bytes`` (a larger one is
+  stored as omitted: duplicates get the status and headers with
+  ``Idempotent-Body-Omitted: <length>``);
 - a repeat gets the stored response, with ``Idempotent-Replayed: true``,
   without the app running;
 - a repeat while the first is still running gets 409 (``Retry-After`` set),
