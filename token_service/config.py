@@ -298,6 +298,9 @@ class Settings:
     subject_header: str | None = field(default=None, metadata={"parse": _header_name})
     rate_limit: RateLimit | None = field(default=RateLimit(60, 60), metadata={"parse": _rate_limit})
     max_outstanding_per_subject: int = field(default=100, metadata={"parse": _int(0)})
+    # A client without a trusted subject is its address's network: one IPv6 host holds a whole /64.
+    client_ipv4_prefix: int = field(default=32, metadata={"parse": _int(8, 32)})
+    client_ipv6_prefix: int = field(default=64, metadata={"parse": _int(16, 128)})
     # consume and begin without a request_id are refused (a retry of them cannot be made safe)
     require_request_id: bool = field(default=False, metadata={"parse": _bool})
     trusted_proxy_hops: int = field(default=0, metadata={"parse": _int(0, 10)})

@@ -2,9 +2,10 @@
 
 Pure, like :mod:`token_service.records`: the store runs the script, the API
 decides who the client is. A client is the trusted subject when the gateway
-sets one (``TOKEN_SERVICE_SUBJECT_HEADER``), else the client address (after
-``ProxyFix`` for the configured proxy hops). A subject in the request body
-is never an identity here: anyone can write any subject into a body.
+sets one (``TOKEN_SERVICE_SUBJECT_HEADER``), else the network of the client
+address (after ``ProxyFix`` for the configured proxy hops; :func:`address_group`):
+an IPv6 host is given a whole /64, so its addresses are one client. A subject in
+the request body is never an identity here: anyone can write any subject into a body.
 
 A token issued under an outstanding cap carries its client's id (the digest
 in the client's limit key) after its 43 random characters, so that whoever
@@ -17,7 +18,9 @@ changing it gives an unknown token, never another client's count.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
+import ipaddress
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -75,6 +78,29 @@ class IssuanceLimits:
             str(min(ttl_seconds, MAX_COUNTED_SECONDS) * 1000),
             now_ms,
         ]
+
+
+@functools.lru_cache(maxsize=4096)
+def address_group(address: str | None, ipv4_prefix: int = 32, ipv6_prefix: int = 64) -> str:
+    """The network a client address is counted as: ``2001:db8:1:2::/64`` for any address of that /64.
+
+    An IPv4 address keeps its text at /32 (``192.0.2.7``); an IPv4-mapped IPv6 address
+    (``::ffff:192.0.2.7``, a dual-stack socket's) is that IPv4 address. Anything that is
+    not an IP address (a Unix socket's empty peer, None) is counted as its text. Cached:
+    generate calls it every time, and a busy client's address repeats.
+    """
+    if not address:
+        return ""
+    try:
+        ip = ipaddress.ip_address(address.partition("%")[0])  # a zone (fe80::1%eth0) names no network
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    prefix = ipv4_prefix if ip.version == 4 else ipv6_prefix
+    if prefix == ip.max_prefixlen:
+        return str(ip)
+    return str(ipaddress.ip_network((ip, prefix), strict=False))
 
 
 def client_key(key_prefix: str, identity: str) -> str:

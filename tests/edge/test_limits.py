@@ -14,7 +14,13 @@ from tests.support.processes import free_port
 from token_service import create_app
 from token_service.config import RateLimit
 from token_service.errors import InvalidRequest, RateLimited
-from token_service.limits import IssuanceLimits, OutstandingCapReached, admit_reply, client_key
+from token_service.limits import (
+    IssuanceLimits,
+    OutstandingCapReached,
+    address_group,
+    admit_reply,
+    client_key,
+)
 from token_service.store import TokenStore
 
 GENERATE = {"scope": "payment.create"}
@@ -96,6 +102,48 @@ def test_limits_are_per_client_address(make_client: Callable[..., Any]) -> None:
     assert generate(client, addr="192.0.2.1").status_code == 201
     assert generate(client, addr="192.0.2.1").status_code == 429
     assert generate(client, addr="192.0.2.2").status_code == 201
+
+
+@pytest.mark.parametrize(
+    ("address", "group"),
+    [
+        ("192.0.2.7", "192.0.2.7"),
+        ("2001:db8:1:2::1", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:ffff:ffff:ffff:ffff", "2001:db8:1:2::/64"),  # the same /64: the same client
+        ("2001:DB8:1:2:0:0:0:9", "2001:db8:1:2::/64"),  # however it is written
+        ("2001:db8:1:3::1", "2001:db8:1:3::/64"),  # the next /64: another client
+        ("::ffff:192.0.2.7", "192.0.2.7"),  # a dual-stack socket's IPv4 peer is that IPv4 address
+        ("fe80::1%eth0", "fe80::/64"),
+        ("", ""),
+        (None, ""),
+        ("unix:/run/x.sock", "unix:/run/x.sock"),  # not an address: counted as its text
+    ],
+)
+def test_a_client_address_is_counted_as_its_network(address: str | None, group: str) -> None:
+    assert address_group(address) == group
+
+
+def test_the_networks_are_configurable() -> None:
+    assert address_group("192.0.2.7", 24, 64) == "192.0.2.0/24"
+    assert address_group("2001:db8:1:2::1", 32, 48) == "2001:db8:1::/48"
+    assert address_group("2001:db8:1:2::1", 32, 128) == "2001:db8:1:2::1"
+
+
+def test_the_addresses_of_one_ipv6_slash_64_are_one_client(make_client: Callable[..., Any]) -> None:
+    client = make_client(rate_limit="2/hour")
+    # an IPv6 host is handed a /64: 2^64 addresses, each of which used to be a client of its own
+    assert generate(client, addr="2001:db8:7:7::1").status_code == 201
+    assert generate(client, addr="2001:db8:7:7::2").status_code == 201
+    refused = generate(client, addr="2001:db8:7:7:dead:beef:0:1")
+    assert (refused.status_code, refused.json["code"]) == (429, "rate_limited")
+    assert generate(client, addr="2001:db8:7:8::1").status_code == 201  # the next /64 is another client
+
+
+def test_ipv4_clients_can_be_grouped_by_network(make_client: Callable[..., Any]) -> None:
+    client = make_client(rate_limit="1/hour", client_ipv4_prefix="24")
+    assert generate(client, addr="198.51.100.1").status_code == 201
+    assert generate(client, addr="198.51.100.200").status_code == 429
+    assert generate(client, addr="198.51.101.1").status_code == 201
 
 
 def test_spoofed_forwarded_for_is_ignored_without_trusted_proxies(make_client: Callable[..., Any]) -> None:

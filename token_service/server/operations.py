@@ -20,7 +20,7 @@ from marshmallow import Schema, ValidationError
 
 from token_service.config import Settings
 from token_service.errors import InvalidRequest, TokenInvalid
-from token_service.limits import IssuanceLimits, client_key
+from token_service.limits import IssuanceLimits, address_group, client_key
 from token_service.server.schemas import BodySchema, ConsumeSchema, GenerateSchema
 from token_service.store import IssueRequest, TokenStore, UseRequest
 from token_service.tokens import NO_CONTROL_RE, is_well_formed
@@ -137,7 +137,11 @@ class HotOperations:
             # The trusted subject if the gateway set one, else the client address:
             # a body subject is the client's own claim and names nobody.
             trusted = settings.subject_header and subject is not None
-            identity = f"subject:{subject}" if trusted else f"addr:{remote_addr}"
+            if trusted:
+                identity = f"subject:{subject}"
+            else:
+                group = address_group(remote_addr, settings.client_ipv4_prefix, settings.client_ipv6_prefix)
+                identity = f"addr:{group}"
             key = client_key(settings.key_prefix, identity)
             tokens = self.store.admit_and_issue(key, self.limits, issue_request, count)
         else:
