@@ -10,9 +10,11 @@ cost, so :meth:`TokenStore._call` loads the script and runs it again, and
 store calls ``Script`` and only adds the ``EVAL`` fallback.
 
 Redis failures are translated here into :class:`ServiceUnavailable`: callers
-never see a redis-py exception. Sync (:class:`TokenStore`) and asyncio
-(:class:`AsyncTokenStore`) variants share :mod:`token_service.records`, so a
-reply means the same thing to the service and to every SDK transport.
+never see a redis-py exception (:mod:`token_service.store_errors` says which
+error means what: every refusal of a misconfigured Redis too, never a 500).
+Sync (:class:`TokenStore`) and asyncio (:class:`AsyncTokenStore`) variants
+share :mod:`token_service.records`, so a reply means the same thing to the
+service and to every SDK transport.
 
 A store built with an ``observer`` (:data:`Observer`) calls it once per
 operation, when its script has answered or failed (``_observed``, the one
@@ -43,9 +45,9 @@ import redis.asyncio
 import redis.asyncio.cluster
 import redis.cluster
 from redis import exceptions as redis_errors
+from redis.crc import key_slot
 
-from token_service import defaults, records
-from token_service.errors import ServiceUnavailable
+from token_service import defaults, records, store_errors
 from token_service.limits import IssuanceLimits, admit_reply, client_key_of, client_tag
 from token_service.scripts import ADMIT_ISSUE, SCRIPT_NAMES, admit_issue_source, lua_source
 from token_service.tokens import (
@@ -74,41 +76,13 @@ P = ParamSpec("P")
 # what the operation returned or the exception it raised.
 Observer = Callable[[str, str | None, str | None, Any], None]
 
-# Errors that mean "Redis cannot answer now", as opposed to a bug in a script.
-_UNAVAILABLE: tuple[type[Exception], ...] = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    redis_errors.BusyLoadingError,
-    redis_errors.ReadOnlyError,
-    redis_errors.MasterDownError,
-    redis_errors.ClusterDownError,
-    redis_errors.TryAgainError,
-    # maxmemory with noeviction: redis-py strips the "OOM " of the reply into this class
-    redis_errors.OutOfMemoryError,
-    # a cluster slot with no reachable owner (not a RedisError subclass)
-    redis_errors.SlotNotCoveredError,
-)
-# Refusals redis-py has no exception class for (OOM, LOADING, READONLY and CLUSTERDOWN
-# arrive as the classes above): a failed RDB save, too few replicas, a script
-# running past lua-time-limit, a server in protected mode refusing the connection
-# (DENIED: written at accept, read as the first command's reply). Fail closed.
-_UNAVAILABLE_REPLY_PREFIXES = ("MISCONF ", "NOREPLICAS ", "BUSY ", "DENIED ")
-
-
-def _unavailable(exc: BaseException) -> ServiceUnavailable | None:
-    """The ServiceUnavailable a Redis error means ("cannot answer now"), or None: it passes as it is."""
-    if isinstance(exc, _UNAVAILABLE):
-        return ServiceUnavailable(f"Redis is unavailable: {type(exc).__name__}.")
-    if isinstance(exc, redis_errors.ResponseError) and str(exc).startswith(_UNAVAILABLE_REPLY_PREFIXES):
-        return ServiceUnavailable(f"Redis refused the command: {str(exc).split(' ', 1)[0]}.")
-    if isinstance(exc, redis_errors.RedisClusterException) and isinstance(exc.__cause__, _UNAVAILABLE):
-        # "Redis Cluster cannot be connected": no node answered the slot-map refresh
-        return ServiceUnavailable("Redis is unavailable: no cluster node answers.")
-    return None
+# Every error from the Redis deployment (down, or refusing us for how it is set up) → the
+# ServiceUnavailable it means; a fault of our own scripts or code → None (store_errors says which).
+_unavailable = store_errors.unavailable
 
 
 class _TranslateErrors:
-    """Redis errors that mean "cannot answer now" → ServiceUnavailable; anything else passes.
+    """Errors from Redis → ServiceUnavailable (:func:`store_errors.unavailable`); our own bugs pass.
 
     A class, not ``@contextlib.contextmanager``: it wraps every Redis call, and
     one stateless instance costs a tenth of a generator-based manager per use.
@@ -162,6 +136,12 @@ def _bucket(name: str, reply: Any) -> str:
     if at is None or not isinstance(reply, list) or len(reply) <= at:
         return ""
     return records.text(reply[at])
+
+
+def _other_slot(key: str) -> str:
+    """A key whose Cluster hash slot is not ``key``'s (readiness's probe of a cluster node)."""
+    slot = key_slot(key.encode())
+    return next(other for n in range(16) if key_slot((other := f"{key}:{n}").encode()) != slot)
 
 
 def _raise_first_error(replies: Sequence[Any]) -> None:
@@ -620,15 +600,25 @@ class TokenStore(_StoreBase):
         write (one small key that expires on its own) is refused whenever Redis
         refuses the service's writes: maxmemory with noeviction (OOM), a failed RDB
         save (MISCONF), a replica (READONLY), too few replicas (NOREPLICAS). On
-        Cluster it tests the master that owns the probe's slot.
+        Cluster it tests the master that owns the probe's slot. On one server it
+        also reads two keys of different slots in one command, which a cluster
+        node reached by a ``redis://`` URL refuses (CROSSSLOT, MOVED) as it would
+        refuse the scripts that take a record and its client's limit record.
         """
+        probe = f"{self.key_prefix}readyz"
         with translate_errors():
             shas = [script.sha for script in self._scripts.values()]
             loaded = self.client.script_exists(*shas)
             for script, present in zip(self._scripts.values(), loaded, strict=True):
                 if not present:
                     self.client.script_load(script.script)
-            self.client.set(f"{self.key_prefix}readyz", "1", px=READY_PROBE_MS)
+            if self._cluster:
+                self.client.set(probe, "1", px=READY_PROBE_MS)
+                return
+            pipe = self.client.pipeline(transaction=False)
+            pipe.set(probe, "1", px=READY_PROBE_MS)
+            pipe.exists(probe, _other_slot(probe))
+            _raise_first_error(pipe.execute(raise_on_error=False))
 
 
 class AsyncTokenStore(_StoreBase):

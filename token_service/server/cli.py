@@ -120,12 +120,18 @@ def check(args: argparse.Namespace) -> int:
         return 0
     from token_service.connection import redis_client
     from token_service.errors import ServiceUnavailable
-    from token_service.store import TokenStore
+    from token_service.store import TokenStore, translate_errors
 
     try:
-        TokenStore(redis_client(settings), key_prefix=settings.key_prefix).ready()
+        with translate_errors():  # a cluster client asks its nodes for the slot map when made
+            client = redis_client(settings)
+        TokenStore(client, key_prefix=settings.key_prefix).ready()
     except ServiceUnavailable as exc:
-        print(f"Redis: NOT reachable ({exc.detail})", file=sys.stderr)
+        # One line: the setting (its URL, password masked), what it means, and Redis's own
+        # words, which name the host and port or the refusal (the service's 503 does not).
+        url = settings.describe()["TOKEN_SERVICE_REDIS_URL"]
+        said = f" [{exc.__cause__}]" if exc.__cause__ is not None else ""
+        print(f"Redis: NOT reachable at TOKEN_SERVICE_REDIS_URL={url}: {exc.detail}{said}", file=sys.stderr)
         return 1
     print("Redis: reachable, scripts loaded.")
     return 0
