@@ -1,10 +1,13 @@
-"""The fast JSON formatter writes exactly what python-json-logger writes."""
+"""The fast JSON formatter writes exactly what python-json-logger writes; the console format escapes
+every value as the JSON one does, so no client-chosen value writes a field or a line of its own."""
 
 from __future__ import annotations
 
 import datetime
 import enum
+import json
 import logging
+import re
 import sys
 from typing import Any
 
@@ -13,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pythonjsonlogger.json import JsonFormatter as LibraryJsonFormatter
 
-from token_service.server.logs import JSON_FORMAT, JsonFormatter, logging_config
+from token_service.server.logs import JSON_FORMAT, ConsoleFormatter, JsonFormatter, logging_config
 
 OPTIONS = logging_config()["formatters"]["json"]
 
@@ -167,3 +170,73 @@ def test_gunicorn_builds_no_access_fields_nobody_writes(restore_logging: Any) ->
     assert logger.access_log_enabled
     logger.access(None, None, {}, None)
     assert Counting.built == 1
+
+
+# -- the console format (make run's) ------------------------------------------------------------
+
+# logfmt as a reader parses it: key=value, a value bare or a JSON string
+CONSOLE_FIELD = re.compile(r' ([A-Za-z_]\w*)=("(?:[^"\\]|\\.)*"|[^ "]*)(?= |$)')
+SPOOFED = "1.2.3.4 status=200 route=/admin"
+
+
+def console_fields(line: str) -> list[tuple[str, Any]]:
+    """The ``key=value`` fields after the message, in order, their values decoded."""
+    return [
+        (key, json.loads(value) if value.startswith('"') else value)
+        for key, value in CONSOLE_FIELD.findall(line)
+    ]
+
+
+@pytest.fixture
+def console_lines() -> Any:
+    """The access log as ``TOKEN_SERVICE_LOG_FORMAT=console`` writes it."""
+    lines: list[str] = []
+    formatter = ConsoleFormatter()
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(formatter.format(record))
+
+    handler = Capture()
+    logger = logging.getLogger("token_service.access")
+    logger.addHandler(handler)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    yield lines
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)
+
+
+@pytest.mark.parametrize("route", ["/token/generate", "/healthz"])
+def test_a_forwarded_address_cannot_write_fields_of_its_own(
+    make_client: Any, console_lines: list[str], route: str
+) -> None:
+    client = make_client(trusted_proxy_hops=1, rate_limit="off")
+    if route == "/healthz":
+        client.get(route, headers={"X-Forwarded-For": SPOOFED})
+    else:
+        client.post(route, json={"scope": "pay"}, headers={"X-Forwarded-For": SPOOFED})
+    [line] = console_lines
+    fields = console_fields(line)
+    names = [name for name, _ in fields]
+    assert names.count("status") == names.count("route") == names.count("client") == 1, line
+    assert dict(fields)["client"] == SPOOFED
+    assert dict(fields)["route"] == route
+    assert int(dict(fields)["status"]) < 300
+
+
+def test_every_console_value_and_message_stays_on_its_line() -> None:
+    formatter = ConsoleFormatter()
+    hostile = "x\r\nINFO    token_service.access: request status=200\x1b[2J\u202e"
+    message = "worker x\r\nERROR   token_service: forged\x1b[2J\u202e"
+    line = formatter.format(record(message, client=hostile, path='a"b\\c', empty=""))
+    assert not set(line) & {"\n", "\r", "\x1b", "\u202e"}
+    assert line.split(": ", 1)[1].startswith("worker x\\r\\nERROR   token_service: forged\\u001b[2J\\u202e ")
+    fields = dict(console_fields(line))
+    assert (fields["client"], fields["path"], fields["empty"]) == (hostile, 'a"b\\c', "")
+    # what a person reads stays bare where nothing can be misread
+    plain = formatter.format(record(**ACCESS, token_ref="abcdefgh"))
+    assert plain.endswith(
+        " method=POST route=/token/generate status=201 duration_ms=1.234 client=127.0.0.1"
+        " token_ref=abcdefgh request_id=" + "r" * 32
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -103,26 +104,57 @@ class JsonFormatter(_LibraryJsonFormatter):
 _RECORD_ATTRIBUTES = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "request_id"}
 
 
+# A value written bare in a console line: printable ASCII but the space, '"', '=' and '\\', so it
+# can neither end early nor start a key=value of its own.
+_BARE_VALUE = re.compile(r"[!#-<>-\[\]-~]+")
+
+
+def console_value(value: object) -> str:
+    """``value`` as a console line writes it: bare when it cannot be misread, else a JSON string
+    (quoted, with the escapes the JSON format writes). A client chooses some of these values (the
+    access line's ``client`` is X-Forwarded-For's, with TRUSTED_PROXY_HOPS set): written raw,
+    ``1.2.3.4 status=200 route=/admin`` read as three fields, and a newline as a second line."""
+    text = str(value)
+    return text if _BARE_VALUE.fullmatch(text) else json.dumps(text)
+
+
+def _printable(text: str) -> str:
+    """``text`` with every character that is not printable (line ends, ESC, bidi controls) written as
+    its JSON escape: a message is prose, left unquoted, but stays on its one line."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else json.dumps(char)[1:-1] for char in text)
+
+
 class ConsoleFormatter(logging.Formatter):
     """``TOKEN_SERVICE_LOG_FORMAT=console`` (``make run``): a line a person reads in a terminal.
 
     Time, level, logger and message, then the record's extra fields as ``key=value`` (the
-    access line's route, status, timings). Not for production: JSON is what collectors parse.
+    access line's route, status, timings), each value escaped by :func:`console_value`.
+    Not for production: JSON is what collectors parse.
     """
 
     def __init__(self) -> None:
         super().__init__("%(asctime)s %(levelname)-7s %(name)s: %(message)s", "%H:%M:%S")
 
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        message = record.message
+        record.message = _printable(message)
+        try:
+            return super().formatMessage(record)
+        finally:
+            record.message = message
+
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)
         extra = [
-            f"{key}={value}"
+            f"{key}={console_value(value)}"
             for key, value in record.__dict__.items()
             if key not in _RECORD_ATTRIBUTES and not key.startswith("_")
         ]
         request_id = getattr(record, "request_id", None)
         if request_id:
-            extra.append(f"request_id={request_id}")
+            extra.append(f"request_id={console_value(request_id)}")
         return f"{line} {' '.join(extra)}" if extra else line
 
 
