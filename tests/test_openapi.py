@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 from openapi_spec_validator import validate
 
+from token_service import create_app
 from token_service.server.health import openapi_path
 
 IGNORED_METHODS = {"HEAD", "OPTIONS"}
@@ -101,3 +102,107 @@ def test_the_root_says_what_answers_and_where_to_read_on(client: Any) -> None:
     assert "docs/" in body["docs"]
     for path in body["links"].values():
         assert client.get(path).status_code == 200, path
+
+
+# What tools generating clients read (issue 33): each finding held here, on the document itself;
+# tests/contract/ runs the generators and their clients against the service.
+
+
+def _operations() -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        (method, path, operation)
+        for path, operations in _spec()["paths"].items()
+        for method, operation in operations.items()
+        if method in {"get", "post", "put", "patch", "delete"}
+    ]
+
+
+def _resolved(spec: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
+    if "$ref" in item:
+        name = item["$ref"].rsplit("/", 1)[1]
+        return spec["components"]["responses"][name]  # type: ignore[no-any-return]
+    return item
+
+
+def test_every_operation_says_its_own_security() -> None:
+    # openapi-python-client ignores the top-level `security`: without its own, a backend operation
+    # was generated for an unauthenticated client
+    for method, path, operation in _operations():
+        assert "security" in operation, (method, path)
+        schemes = {name for requirement in operation["security"] for name in requirement}
+        expected = {"backend": {"serviceKey"}, "admin": {"adminKey"}}.get(operation["tags"][0], set())
+        assert schemes == expected, (method, path, schemes)
+
+
+def test_every_operation_documents_the_safety_nets() -> None:
+    # 500 internal_error (a bug, a worker killed by its timeout) and 405 (the path, another method)
+    spec = _spec()
+    for method, path, operation in _operations():
+        for status, code in (("500", "internal_error"), ("405", "method_not_allowed")):
+            assert status in operation["responses"], (method, path, status)
+            assert code in _resolved(spec, operation["responses"][status])["description"]
+    codes = spec["components"]["schemas"]["Problem"]["properties"]["code"]["enum"]
+    assert {"internal_error", "method_not_allowed", "not_found"} <= set(codes)
+
+
+def test_every_response_declares_the_request_id_header(client: Any) -> None:
+    spec = _spec()
+    for method, path, operation in _operations():
+        for status, item in operation["responses"].items():
+            headers = _resolved(spec, item).get("headers", {})
+            assert headers.get("X-Request-ID") == {"$ref": "#/components/headers/RequestId"}, (
+                method,
+                path,
+                status,
+            )
+    declared = spec["components"]["headers"]["RequestId"]
+    assert declared["required"] is True
+    pattern = re.compile(declared["schema"]["pattern"])
+    # as the service sends it: its own id, or the caller's when it is sane
+    for sent, echoed in ((None, False), ("order-7:retry.2", True), ("x" * 129, False)):
+        reply = client.get("/healthz", headers={"X-Request-ID": sent} if sent else {})
+        assert pattern.match(reply.headers["X-Request-ID"])
+        assert (reply.headers["X-Request-ID"] == sent) is echoed
+
+
+def test_codes_and_fields_are_typed_strings() -> None:
+    # openapi-typescript: an enum without a type is `@enum {unknown}`
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, dict):
+            if "enum" in node or "const" in node:
+                assert "type" in node, where
+            for key, value in node.items():
+                walk(value, f"{where}/{key}")
+        elif isinstance(node, list):
+            for number, value in enumerate(node):
+                walk(value, f"{where}/{number}")
+
+    walk(_spec(), "#")
+
+
+def test_field_errors_are_described_as_the_service_sends_them(client: Any) -> None:
+    errors = _spec()["components"]["schemas"]["Problem"]["properties"]["errors"]
+    assert errors["additionalProperties"] == {"type": "array", "items": {"type": "string"}}
+    refused = client.post("/token/generate", json={"scope": "", "colour": "red"})
+    assert refused.status_code == 400
+    body = refused.get_json()
+    assert set(body["errors"]) == {"scope", "colour"}, body
+    for messages in body["errors"].values():
+        assert isinstance(messages, list), body
+        assert messages, body
+        assert all(isinstance(message, str) for message in messages), body
+
+
+def test_the_ref_parameter_is_what_the_admin_routes_take(redis_client: Any) -> None:
+    # the spec said 6-22 characters; only a full ref (22) names one record, a shorter one is a 400
+    admin = "admin-key-for-the-openapi-tests-01"
+    http = create_app(
+        {"api_keys": "k" * 32, "admin_keys": admin, "redis_client": redis_client, "rate_limit": "off"}
+    ).test_client()
+    pattern = re.compile(_spec()["components"]["parameters"]["Ref"]["schema"]["pattern"])
+    for length in (6, 8, 21, 22, 23):
+        ref = "A" * length
+        documented = bool(pattern.match(ref))
+        answered = http.get(f"/admin/records/{ref}", headers={"Authorization": f"Bearer {admin}"})
+        assert answered.status_code in (400, 404), (length, answered.status_code)
+        assert (answered.status_code == 404) is documented, (length, answered.get_json())
