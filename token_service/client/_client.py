@@ -25,6 +25,7 @@ from token_service.store import AsyncTokenStore, TokenStore, UseRequest
 from token_service.tokens import new_request_id
 
 from ._direct import AsyncDirectTransport, DirectLimits, DirectTransport, redis_from_url
+from ._extras import install, missing
 from ._telemetry import DEFAULT_TELEMETRY, Telemetry
 from ._types import IssuedToken, RetryPolicy, TokenInfo
 from .guard import AsyncGuard, Guard, GuardOptions, guarded
@@ -104,7 +105,10 @@ class _ClientBase:
         """The HTTP transport; ``transport`` is an httpx transport of this client's kind."""
         if base_url is None:
             raise ValueError(f"base_url is required (or use {type(self).__name__}.from_redis)")
-        from . import _http  # httpx is only needed for this transport
+        try:
+            from . import _http  # httpx is only needed for this transport
+        except ModuleNotFoundError as exc:
+            missing(exc, f"{type(self).__name__} over HTTP", ("httpx",), install("client"))
 
         kind = _http.AsyncHttpTransport if self._is_async else _http.HttpTransport
         return kind(

@@ -41,14 +41,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery import Task
-
 from token_service.errors import ServiceUnavailable, TokenInProgress
 from token_service.tokens import SCOPE_RE
 
 from ._client import TokenClient
+from ._extras import install, missing
 from .guard import Guard, Terminal
 from .keyed import DEFAULT_KEY_TTL_SECONDS, KeySpec, _key_reader, keyed_guard
+
+try:
+    from celery import Task
+except ModuleNotFoundError as exc:
+    missing(exc, __name__, ("celery",), install("celery"))
 
 __all__ = ["IdempotentTask"]
 

@@ -69,29 +69,13 @@ from typing import Any, TypeVar, Unpack
 
 import redis
 import redis.asyncio
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
-from django.conf import settings
-from django.core.exceptions import BadRequest, PermissionDenied, SuspiciousOperation
-from django.core.handlers.asgi import ASGIRequest
-from django.core.handlers.exception import get_exception_response
-from django.http import (
-    Http404,
-    HttpRequest,
-    HttpResponse,
-    HttpResponseBase,
-    RawPostDataException,
-    StreamingHttpResponse,
-)
-from django.http.multipartparser import MultiPartParserError
-from django.urls import get_resolver, get_urlconf
-from django.utils.module_loading import import_string
-from django.views import debug
 
 from token_service import defaults
 from token_service.errors import TokenError
 from token_service.problems import problem_for
 
 from ._client import AsyncTokenClient, TokenClient
+from ._extras import install, missing
 from ._fingerprint import RequestFacts, body_fingerprint
 from ._idempotency_core import (
     Answer,
@@ -110,6 +94,27 @@ from ._stored_response import (
     default_store_status,
 )
 from .guard import AsyncGuard, Guard, GuardHookArgs, GuardHooks, Terminal
+
+try:
+    from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+    from django.conf import settings
+    from django.core.exceptions import BadRequest, PermissionDenied, SuspiciousOperation
+    from django.core.handlers.asgi import ASGIRequest
+    from django.core.handlers.exception import get_exception_response
+    from django.http import (
+        Http404,
+        HttpRequest,
+        HttpResponse,
+        HttpResponseBase,
+        RawPostDataException,
+        StreamingHttpResponse,
+    )
+    from django.http.multipartparser import MultiPartParserError
+    from django.urls import get_resolver, get_urlconf
+    from django.utils.module_loading import import_string
+    from django.views import debug
+except ModuleNotFoundError as exc:
+    missing(exc, __name__, ("django", "asgiref"), install("django"))
 
 __all__ = [
     "IdempotencyKeyMiddleware",

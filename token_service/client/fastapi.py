@@ -53,18 +53,11 @@ import typing
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Unpack
 
-import anyio
-from fastapi import Request, Response
-from fastapi.encoders import jsonable_encoder
-from fastapi.exception_handlers import http_exception_handler
-from fastapi.responses import FileResponse, StreamingResponse
-from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
-
 from token_service.errors import TokenError
 from token_service.problems import problem_for
 
 from ._client import AsyncTokenClient
+from ._extras import install, missing
 from ._fingerprint import body_fingerprint
 from ._idempotency_core import declared_length
 from ._require_token_core import Replay, Reply, RequireToken, ValueReply, fingerprint_fields
@@ -77,6 +70,17 @@ from ._stored_response import (
     default_store_status,
 )
 from .guard import AsyncGuard, GuardHookArgs, GuardHooks, Terminal
+
+try:
+    import anyio
+    from fastapi import Request, Response
+    from fastapi.encoders import jsonable_encoder
+    from fastapi.exception_handlers import http_exception_handler
+    from fastapi.responses import FileResponse, StreamingResponse
+    from starlette.concurrency import run_in_threadpool
+    from starlette.exceptions import HTTPException
+except ModuleNotFoundError as exc:
+    missing(exc, __name__, ("fastapi", "starlette", "anyio"), install("fastapi"))
 
 __all__ = ["DEFAULT_REPLAY_HEADERS", "problem_response", "require_token"]
 

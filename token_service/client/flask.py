@@ -37,13 +37,18 @@ import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Unpack
 
-from flask import Request, Response, current_app, g, make_response, request
-from werkzeug.exceptions import ClientDisconnected, HTTPException
-
 from token_service.errors import TokenError
 from token_service.problems import problem_for
 
 from ._client import TokenClient
+from ._extras import missing
+
+try:
+    from flask import Request, Response, current_app, g, make_response, request
+    from werkzeug.exceptions import ClientDisconnected, HTTPException
+except ModuleNotFoundError as exc:
+    # no extra of ours: the decorator runs in the user's Flask app, which brings Flask
+    missing(exc, __name__, ("flask", "werkzeug"), "pip install 'flask>=3.0'")
 from ._fingerprint import body_fingerprint
 from ._require_token_core import Replay, Reply, RequireToken, fingerprint_fields
 from ._stored_response import (

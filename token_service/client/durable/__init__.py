@@ -10,6 +10,13 @@ locking. SQLAlchemy Core 2.x; PostgreSQL, MySQL/MariaDB and SQLite. No Flask.
 Install with ``pip install 'idempotency-token-service[db]'``.
 """
 
+from token_service.client._extras import install, missing
+
+try:
+    import sqlalchemy  # noqa: F401 -- the modules below need it: say which extra brings it
+except ModuleNotFoundError as exc:
+    missing(exc, __name__, ("sqlalchemy",), install("db"))
+
 from token_service.client._fingerprint import fingerprint as request_fingerprint
 from token_service.client._stored_response import StoredResponse
 from token_service.client.durable._cleanup import delete_expired
