@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from token_service.config import RateLimit
-from token_service.errors import OutstandingCapReached, RateLimited
+from token_service.errors import InvalidRequest, OutstandingCapReached, RateLimited
 from token_service.records import raise_for, text
 from token_service.tokens import TOKEN_CHARS
 
@@ -49,23 +49,33 @@ class IssuanceLimits:
     def enabled(self) -> bool:
         return self.rate is not None or self.max_outstanding > 0
 
-    def check_count(self, count: int, ttl_seconds: int) -> None:
-        """A batch larger than a limit can never be admitted: say so plainly.
+    def check_count(self, count: int) -> None:
+        """A batch larger than a limit can never be admitted: a ``400 invalid_request`` on ``count``.
 
-        Still ``429 rate_limited`` (the count is schema-valid; it is the limit
-        that refuses it), with a detail naming the largest batch that can pass.
+        Not a 429: its ``Retry-After`` promised a later success that cannot come (a
+        client that honours it waits a period and is refused again, for ever). The
+        field error names the largest batch that can pass.
         """
         if self.rate is not None and count > self.rate.limit:
-            raise RateLimited(
+            raise InvalidRequest(
                 f"A batch of {count} can never pass the issuance rate limit of "
                 f"{self.rate.limit} per {self.rate.period_seconds} s: ask for at most {self.rate.limit}.",
-                retry_after_seconds=self.rate.period_seconds,
+                {
+                    "count": [
+                        f"At most {self.rate.limit}: the issuance rate limit (TOKEN_SERVICE_RATE_LIMIT)."
+                    ]
+                },
             )
         if self.max_outstanding and count > self.max_outstanding:
-            raise OutstandingCapReached(
+            raise InvalidRequest(
                 f"A batch of {count} can never pass the cap of {self.max_outstanding} outstanding "
                 f"tokens per client: ask for at most {self.max_outstanding}.",
-                retry_after_seconds=ttl_seconds,
+                {
+                    "count": [
+                        f"At most {self.max_outstanding}: the cap on a client's outstanding tokens "
+                        "(TOKEN_SERVICE_MAX_OUTSTANDING_PER_SUBJECT)."
+                    ]
+                },
             )
 
     def args(self, count: int, ttl_seconds: int, now_ms: str) -> list[str]:

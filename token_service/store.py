@@ -494,7 +494,7 @@ class TokenStore(_StoreBase):
         return self._admit(client_key, limits, count, ttl_seconds)
 
     def _admit(self, client_key: str, limits: IssuanceLimits, count: int, ttl_seconds: int) -> str:
-        limits.check_count(count, ttl_seconds)
+        limits.check_count(count)
         with translate_errors():
             reply = self._call("admit", [client_key], limits.args(count, ttl_seconds, self._limiter_now()))
         return admit_reply(reply)
@@ -519,7 +519,7 @@ class TokenStore(_StoreBase):
         if self._cluster:
             bucket = self._admit(client_key, limits, count, request.ttl_seconds)
             return self._issue(request, count, client_key, bucket)
-        limits.check_count(count, request.ttl_seconds)
+        limits.check_count(count)
         tokens, keys = new_tokens(
             count, client_tag(client_key) if limits.max_outstanding > 0 else "", self.key_prefix
         )

@@ -65,17 +65,24 @@ def test_batch_counts_each_token(make_client: Callable[..., Any], redis_client: 
     assert token_keys(redis_client) == 10
 
 
-def test_a_batch_over_a_limit_says_it_can_never_pass(
+def test_a_batch_over_a_limit_is_a_400_on_count_not_a_429(
     make_client: Callable[..., Any], redis_client: Any
 ) -> None:
+    # issue 33: it was 429 with Retry-After: 60, a wait after which the same batch fails again
     client = make_client(rate_limit="10/minute", max_outstanding_per_subject=5)
     too_fast = client.post("/token/generate/batch", json={**GENERATE, "count": 11})
     too_many = client.post("/token/generate/batch", json={**GENERATE, "count": 6})
-    assert (too_fast.status_code, too_many.status_code) == (429, 429)
-    assert too_fast.json["code"] == too_many.json["code"] == "rate_limited"
+    assert (too_fast.status_code, too_many.status_code) == (400, 400)
+    assert too_fast.json["code"] == too_many.json["code"] == "invalid_request"
+    assert "Retry-After" not in too_fast.headers
+    assert "Retry-After" not in too_many.headers
     assert "at most 10" in too_fast.json["detail"]
     assert "at most 5" in too_many.json["detail"]
-    assert too_fast.headers["Retry-After"] == "60"
+    assert too_fast.json["errors"] == {
+        "count": ["At most 10: the issuance rate limit (TOKEN_SERVICE_RATE_LIMIT)."]
+    }
+    assert list(too_many.json["errors"]) == ["count"]
+    assert too_many.json["errors"]["count"][0].startswith("At most 5: ")
     # refused before Redis: nothing issued, nothing charged
     assert redis_client.dbsize() == 0
     assert client.post("/token/generate/batch", json={**GENERATE, "count": 5}).status_code == 201
@@ -291,6 +298,7 @@ def test_admit_refuses_bad_arguments_before_writing(redis_client: Any) -> None:
     too_big = ["3", "2", "1000", "0", "60000", ""]
     with pytest.raises(InvalidRequest):
         admit_reply(store._scripts["admit"](keys=["ts:c:z"], args=too_big))
-    with pytest.raises(RateLimited):
+    with pytest.raises(InvalidRequest) as never:
         store.admit("ts:c:z", IssuanceLimits(RateLimit(2, 1), 0), 3, 60)
+    assert list(never.value.errors) == ["count"]
     assert redis_client.exists("ts:c:z") == 0
