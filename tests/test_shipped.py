@@ -47,6 +47,8 @@ from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_unti
 pytestmark = [pytest.mark.slow, pytest.mark.real, pytest.mark.timeout(900)]
 
 PAGE = "docs/install.md"
+# how the page names the checkout; the tests put a real path in its place
+CHECKOUT = "~/src/token-service"
 DISTRIBUTION = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["name"]
 # the Makefile's development key: the README's walk-through and SDK snippet send it as written
 README_KEY = "dev-service-key-change-me"
@@ -118,8 +120,10 @@ def scratch() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def built(scratch: Path) -> Built:
-    """``python3 -m build`` as docs/install.md says, with the locked hatchling (no isolation)."""
-    assert "python3 -m build" in block(0)
+    """The build docs/install.md's first block makes, with the locked hatchling (no isolation).
+
+    (test_the_build_block_runs_as_written runs the block itself.)"""
+    assert ".venv-build/bin/python -m build" in block(0)
     out = scratch / "dist"
     # --no-isolation: the build backend from requirements/dev.lock, not the newest from the index
     done = run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(REPO_ROOT)])
@@ -159,6 +163,61 @@ def test_twine_accepts_both(built: Built) -> None:
     done = run([sys.executable, "-m", "twine", "check", "--strict", str(built.sdist), str(built.wheel)])
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("PASSED") == 2, done.stdout
+
+
+def externally_managed_python3() -> Path | None:
+    """Debian's own python3 when it refuses ``pip install`` outside a venv (PEP 668) and has venv."""
+    python3 = Path("/usr/bin/python3")
+    if not python3.exists():
+        return None
+    probe = "import ensurepip, sysconfig, venv; print(sysconfig.get_path('stdlib'))"
+    done = run([str(python3), "-c", probe], env=clean_env())
+    if done.returncode != 0 or not (Path(done.stdout.strip()) / "EXTERNALLY-MANAGED").is_file():
+        return None
+    return python3
+
+
+def copy_of_the_checkout(target: Path) -> Path:
+    """What a build reads of the checkout: pyproject.toml and the sdist's include list."""
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    included = pyproject["tool"]["hatch"]["build"]["targets"]["sdist"]["include"]
+    for entry in ["/pyproject.toml", *included]:
+        source, copy = REPO_ROOT / entry.lstrip("/"), target / entry.lstrip("/")
+        if source.is_dir():
+            shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy)
+    return target
+
+
+def test_the_build_block_runs_as_written(scratch: Path) -> None:
+    """docs/install.md's build, as written, on a python3 that PEP 668 guards (Debian's, Ubuntu's).
+
+    Its old first line, ``python3 -m pip install build``, stops there with
+    ``error: externally-managed-environment``; the block now makes a venv first.
+    """
+    python3 = externally_managed_python3()
+    if python3 is None:
+        message = "no externally managed /usr/bin/python3 with venv (apt-get install python3-venv)"
+        if os.environ.get("CI"):
+            pytest.fail(message + " — CI must run it", pytrace=False)
+        pytest.skip(message)
+    checkout = copy_of_the_checkout(scratch / "checkout")
+    bin_dir = scratch / "pep668-bin"  # `python3` on PATH is Debian's
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(python3)
+    refused = run([str(bin_dir / "python3"), "-m", "pip", "install", "build"], env=clean_env(), cwd=scratch)
+    assert refused.returncode != 0
+    assert "externally-managed-environment" in refused.stdout + refused.stderr
+    env = clean_env()
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    done = run(["bash", "-e", "-c", block(0).replace(CHECKOUT, str(checkout))], env=env, cwd=scratch)
+    from_the_index(done, "the build block")
+    assert sorted(path.name for path in (checkout / "dist").iterdir()) == [
+        f"{DISTRIBUTION.replace('-', '_')}-{token_service.__version__}{suffix}"
+        for suffix in ("-py3-none-any.whl", ".tar.gz")
+    ]
 
 
 def test_the_wheel_ships_the_type_marker_and_the_runtime_files(built: Built) -> None:
@@ -209,9 +268,12 @@ def served(built: Built, scratch: Path, redis_server: RedisServer) -> Iterator[S
     """docs/install.md's server host: a venv from the server lock and the wheel, serving."""
     venv = scratch / "server-venv"
     install = "\n".join(line for line in block(2).replace("\\\n", " ").splitlines() if " serve " not in line)
-    assert "--require-hashes -r requirements/server.lock" in install
-    assert "--no-deps dist/" in install
-    install = install.replace("/opt/token-service", str(venv)).replace("dist/", f"{built.wheel.parent}/")
+    assert f"--require-hashes -r {CHECKOUT}/requirements/server.lock" in install
+    assert f"--no-deps {CHECKOUT}/dist/" in install
+    install = install.replace("/opt/token-service", str(venv)).replace(
+        f"{CHECKOUT}/dist/", f"{built.wheel.parent}/"
+    )
+    install = install.replace(CHECKOUT, str(REPO_ROOT))
     # python3 is the machine's, not this test run's venv (clean_env drops it from PATH)
     done = run(["bash", "-e", "-o", "pipefail", "-c", install], env=clean_env())
     from_the_index(done, "the server host's install")
@@ -288,8 +350,8 @@ def test_the_client_extra_alone_runs_the_readme_sdk_snippet(
     made = run([sys.executable, "-m", "venv", str(venv)], env=clean_env())
     assert made.returncode == 0, made.stderr
     [line] = [line for line in block(1).splitlines() if line.strip()]
-    assert line == f"pip install --find-links dist '{DISTRIBUTION}[client]'"
-    command = line.replace("--find-links dist", f"--find-links {built.wheel.parent}")
+    assert line == f"pip install --find-links {CHECKOUT}/dist '{DISTRIBUTION}[client]'"
+    command = line.replace(f"{CHECKOUT}/dist", str(built.wheel.parent))
     # the backend's own pip: its venv's bin first on PATH
     env = clean_env()
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
