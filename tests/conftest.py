@@ -106,6 +106,7 @@ def _group(item: pytest.Item) -> str:
 # how long recovering from a fault may take.
 _LEASES = frozenset(
     [
+        "tests/client/test_outcome_blips.py",
         "tests/client/test_renewal.py",
         "tests/client/test_renewal_asgi.py",
         "tests/client/test_renewal_decorators.py",

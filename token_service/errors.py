@@ -20,6 +20,7 @@
     │   └── OutstandingCapReached           rate_limited (429): the cap; read back as RateLimited
     ├── ServiceUnavailable                  store_unavailable (503, retry after)
     ├── IssuancePaused                      issuance_paused (503, retry after)
+    ├── OutcomeNotRecorded                  outcome_not_recorded (500)          [5]
     ├── RequestTimeout                      request_timeout (408)               [2]
     ├── RecordNotFound                      not_found (404)                     [3]
     ├── NotInProgress                       not_in_progress (409)               [3]
@@ -39,7 +40,8 @@ own answers (``client/_idempotency_core.py`` answers them, never raises them);
 [2] the service's, a body that did not arrive in time (raised by
 ``server/body.py``); [3] the operators' tools' (``ops/admin.py``, the
 ``/admin/`` routes); [4] the durable records' in the business database
-(``token_service.client.durable``, which re-exports them).
+(``token_service.client.durable``, which re-exports them); [5] the SDK's guards': the work
+ran and its outcome could not be stored (``@require_token`` answers it as a 500).
 
 Every failure a caller can meet has one narrow class whose ``code`` is its
 stable machine-readable code and whose ``status`` is the HTTP status it is
@@ -282,6 +284,48 @@ class IssuancePaused(_RetryLater):
     code = "issuance_paused"
     status = 503
     title = "Issuance paused"
+
+
+class OutcomeNotRecorded(TokenError):
+    """The guarded work ran, and its outcome could not be recorded: the store did not answer
+    for as long as the lease could be held (the guard kept its lease renewed and tried again
+    all that time).
+
+    Not a :class:`ServiceUnavailable`, which means the work did *not* run: never retry this
+    as if nothing had happened. To the token it is a crashed holder: the record stays
+    PROCESSING until the lease runs out, and a duplicate that comes after that may run the
+    work again (the durable backstop refuses it; the reconciler, ``ops/reconcile``, finishes
+    such a record with what is carried here). ``operation`` is what was not recorded
+    (``complete``, ``fail``: a terminal failure, or ``release``), ``result`` / ``error`` what
+    it would have stored, ``token_ref`` the record's reference (``token-service admin show``),
+    ``key`` a keyed operation's key (None for a token), ``lease_id`` the lease that ran it;
+    ``__cause__`` is the store's last error. The message says the same, never the token.
+    """
+
+    code = "outcome_not_recorded"
+    status = 500
+    title = "Outcome not recorded"
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        operation: str = "complete",
+        scope: str = "",
+        token_ref: str | None = None,
+        key: Any = None,
+        lease_id: str = "",
+        result: Any = None,
+        error: Any = None,
+    ) -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.scope = scope
+        self.token_ref = token_ref
+        self.key = key
+        self.lease_id = lease_id
+        self.result = result
+        self.error = error
 
 
 ERRORS_BY_CODE: dict[str, type[TokenError]] = {

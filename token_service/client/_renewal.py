@@ -19,8 +19,13 @@ settles:
 - asyncio code is scheduled on its **event loop's own timer heap**
   (``loop.call_at``, cancelled on stop: a scheduler per loop, which dies with
   the loop); a renewal that falls due runs as a task of that loop;
-- both are stopped before ``complete`` / ``fail``; stopping waits for a
-  renewal in flight, so none races the settle;
+- a guard's renewals go on while its outcome is stored (``complete`` /
+  ``fail``, tried again while the store cannot answer and the lease can be
+  held: :mod:`token_service.client.guard`), and stop once it is: a renewal
+  that lands after the outcome is refused by Redis and means nothing (the
+  guard ignores a loss reported while it settles; the settle's own reply
+  tells). A :class:`LeaseRenewer` is stopped before its owner settles;
+  stopping waits for a renewal in flight, so none races the settle;
 - the scheduler holds its guards weakly: a guard dropped without being settled
   is garbage-collected, and its next renewal finds it gone and ends;
 - a process that dies takes its scheduler with it: nothing renews any more, and

@@ -33,6 +33,16 @@ and ``complete`` is refused: the guard raises
 :class:`~token_service.errors.LeaseLost` and the result of whoever took over
 stands.
 
+Storing the outcome (``complete``, or ``fail`` after an exception) is tried again,
+with back-off, while the store cannot answer and the lease can still be held: its
+length from the last begin or renewal Redis acknowledged, on the monotonic clock,
+less a margin; the lease is renewed meanwhile. A store back within that changes
+nothing the caller sees. Past it, the work has run and its outcome is not recorded:
+:class:`~token_service.errors.OutcomeNotRecorded` (never ``ServiceUnavailable``,
+which means the work did not run), carrying what a person needs to reconcile. To
+the token that is a crashed holder: after the lease a duplicate may run it again
+(docs/sdk.md, "When the store goes away as the outcome is stored").
+
 Results are stored as JSON (:mod:`token_service.client._typed_results`); with a
 ``result_type`` (or the return annotation of the function the guard runs)
 they are read back as that type — dataclasses, pydantic models, tuples — so
@@ -58,6 +68,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypedDict, TypeVar, Unpac
 from token_service.errors import (
     InvalidRequest,
     LeaseLost,
+    OutcomeNotRecorded,
     PayloadTooLarge,
     ServiceUnavailable,
     TokenError,
@@ -67,7 +78,7 @@ from token_service.errors import (
     TokenUsed,
 )
 from token_service.records import Completed, FailRecorded, Finished, Renewed, Started, dump_json
-from token_service.tokens import new_request_id
+from token_service.tokens import new_request_id, token_digest
 
 from ._renewal import SCHEDULER, AsyncRenewal, Renewal, interval_for, renew_on_loop
 from ._telemetry import DEFAULT_TELEMETRY, GuardSpan, Telemetry
@@ -84,6 +95,11 @@ _MAX_POLL_SECONDS = 0.25
 # The lease a renewer assumes when neither the guard nor the begin reply says how long it is
 # (a service older than the reply's lease_seconds): the shortest the API grants
 _SHORTEST_LEASE_SECONDS = 1.0
+# Storing an outcome the store could not take is tried again after these pauses (doubling),
+# for as long as the lease can be held: up to a tenth of the lease (at most 1 s) before it ends
+_FIRST_SETTLE_PAUSE_SECONDS = 0.05
+_MAX_SETTLE_PAUSE_SECONDS = 1.0
+_MAX_SETTLE_MARGIN_SECONDS = 1.0
 
 
 class _BeginOptions(TypedDict):
@@ -253,8 +269,15 @@ class _GuardState(Generic[ClientT]):
             )
         self.telemetry = telemetry
         self.lease: Started | None = None
-        # when (time.monotonic()) the begin that took the lease was sent: its length counts from then
-        self._begun_at = 0.0
+        # The lease as last acknowledged: when (time.monotonic()) the begin or renew that Redis
+        # answered was sent, and the length its reply gave (None: the reply did not say). One
+        # tuple, so the renewer thread replaces it whole.
+        self._held: tuple[float, float | None] = (0.0, None)
+        # set while the outcome is being stored: a renewal refused then is for the settle to judge
+        self._settling = False
+        self._held_lease_id = ""
+        # a keyed operation's key (keyed.py sets it): what OutcomeNotRecorded reports
+        self.key: Any = None
         self.replayed = False
         self.lease_lost: TokenError | None = None
         self._result: Any = None
@@ -295,7 +318,8 @@ class _GuardState(Generic[ClientT]):
                 self.hooks.on_replay(self)
             return False
         self.lease = outcome
-        self._begun_at = sent_at
+        self._held = (sent_at, outcome.lease_seconds)
+        self._held_lease_id = outcome.lease_id  # renewed until settled, also while fail is retried
         if self.renew:
             self._start_renewer()
         return True
@@ -366,7 +390,13 @@ class _GuardState(Generic[ClientT]):
             span.end()
 
     def _lost(self, exc: TokenError) -> None:
-        """The lease is gone while the work runs (called once, by the renewer or by complete)."""
+        """The renewer found the lease gone. While the outcome is being stored it is that store's
+        reply that tells (a renewal sent as complete landed is refused, and means nothing)."""
+        if not self._settling:
+            self._report_lost(exc)
+
+    def _report_lost(self, exc: TokenError) -> None:
+        """The lease is gone while the work runs (reported once, found by the renewer or by complete)."""
         if self.lease_lost is not None:
             return
         self.lease_lost = exc
@@ -384,19 +414,67 @@ class _GuardState(Generic[ClientT]):
     def _renew_every(self) -> float:
         return interval_for(self._lease_left_seconds())
 
+    def _renewed(self, reply: Renewed, sent_at: float) -> Renewed:
+        """A renewal Redis acknowledged: the lease now runs from when it was sent."""
+        if sent_at > self._held[0]:
+            self._held = (sent_at, reply.lease_seconds)
+        return reply
+
+    def _settle_pause(self, failures: int) -> float | None:
+        """After ``failures`` attempts to store the outcome that the store could not answer: how long
+        to wait before the next, or None when the lease can no longer be held (give up)."""
+        left = self._lease_left_seconds()
+        left -= min(_MAX_SETTLE_MARGIN_SECONDS, self._granted_seconds() / 10)
+        if left <= 0:
+            return None
+        pause: float = _FIRST_SETTLE_PAUSE_SECONDS * 2.0 ** min(failures - 1, 16)
+        return min(pause, _MAX_SETTLE_PAUSE_SECONDS, left)
+
+    def _not_recorded(
+        self,
+        operation: str,
+        lease_id: str,
+        down: ServiceUnavailable,
+        *,
+        result: Any = None,
+        error: Any = None,
+    ) -> OutcomeNotRecorded:
+        """The error for an outcome the store never took (raised ``from down``), logged once here."""
+        self._store_error(operation, down)
+        token_ref = token_digest(self.token)
+        key = "" if self.key is None else f", key {self.key!r}"
+        not_recorded = OutcomeNotRecorded(
+            f"A {self.scope} operation ran, but its outcome ({operation}) could not be recorded: "
+            f"the store did not answer while its lease could be held (token_ref {token_ref}{key}, "
+            f"lease {lease_id}; last error: {down}). To the token this is a crashed holder: once the "
+            "lease runs out a duplicate may run it again. Reconcile it: token-service admin show "
+            f"{token_ref}.",
+            operation=operation,
+            scope=self.scope,
+            token_ref=token_ref,
+            key=self.key,
+            lease_id=lease_id,
+            result=result,
+            error=error,
+        )
+        log.error("%s", not_recorded)
+        return not_recorded
+
+    def _granted_seconds(self) -> float:
+        granted = self._held[1]
+        if granted is None:  # a service too old to say: what we asked for, else the shortest lease
+            return float(self.lease_seconds) if self.lease_seconds is not None else _SHORTEST_LEASE_SECONDS
+        return granted
+
     def _lease_left_seconds(self) -> float:
-        """What is left of the lease, on the monotonic clock: the length the reply gave, counted from
-        when begin was sent (Redis started it later, so this errs early).
+        """What is left of the lease, on the monotonic clock: the length the last acknowledged
+        begin or renew gave, counted from when it was sent (Redis started it later, so this errs early).
 
         Never ``lease_expires_ms`` against ``time.time()``: that compares Redis's clock with this
         host's, and a host whose clock is off (a VM after suspend, no NTP) would renew too late
         and let a duplicate run the operation a second time.
         """
-        assert self.lease is not None
-        granted = self.lease.lease_seconds
-        if granted is None:  # a service too old to say: what we asked for, else the shortest lease
-            return float(self.lease_seconds) if self.lease_seconds is not None else _SHORTEST_LEASE_SECONDS
-        return granted - (time.monotonic() - self._begun_at)
+        return self._granted_seconds() - (time.monotonic() - self._held[0])
 
     def _typed(self, stored: Any) -> Any:
         """The stored JSON read back as ``result_type`` (the JSON form when it does not read)."""
@@ -440,7 +518,7 @@ class _GuardState(Generic[ClientT]):
         """complete refused by the store: nothing was stored."""
         if isinstance(exc, LeaseLost):
             self.lease = None
-            self._lost(exc)
+            self._report_lost(exc)
             self._executed("lease_lost", exc)
         else:
             self._store_error("complete", exc)
@@ -460,7 +538,7 @@ class _GuardState(Generic[ClientT]):
     def _fail_refused(self, exc: TokenError) -> None:
         """fail refused by the store: a lost lease is reported, anything else counted."""
         if isinstance(exc, LeaseLost):
-            self._lost(exc)
+            self._report_lost(exc)
         else:
             self._store_error("fail", exc)
 
@@ -507,52 +585,96 @@ class Guard(_GuardState[GuardClient]):
     def _stop_renewer(self) -> None:
         renewal, self._renewal = self._renewal, None
         if renewal is not None:
-            renewal.stop()
+            # Not waiting for a renewal in flight: the outcome is settled (or given up), and a
+            # renewal that lands now is refused by Redis or extends a lease nobody uses.
+            renewal.stop(timeout_seconds=0)
 
     def _renew_lease(self) -> Renewed:
-        return self.client.renew(self.token, self.lease_id, lease_seconds=self.lease_seconds)
+        sent_at = time.monotonic()
+        return self._renewed(
+            self.client.renew(self.token, self._held_lease_id, lease_seconds=self.lease_seconds), sent_at
+        )
+
+    def _settle(self, store: Callable[[], T]) -> T:
+        """``store()`` (complete or fail), tried again while the store cannot answer and the lease
+        can be held (renewed in the background meanwhile); then its last ServiceUnavailable."""
+        self._settling = True
+        failures = 0
+        while True:
+            try:
+                return store()
+            except ServiceUnavailable:
+                failures += 1
+                pause = self._settle_pause(failures)
+                if pause is None:
+                    raise
+                time.sleep(pause)
 
     def succeed(self, result: Any) -> Any:
         """Store ``result`` as the operation's outcome; returns it as duplicates will get it.
 
+        While the store cannot answer, storing is tried again for as long as the lease can be
+        held (it is renewed meanwhile); past that, :class:`~token_service.errors.OutcomeNotRecorded`.
         Raises :class:`~token_service.errors.LeaseLost` when the lease was lost
         while the operation ran: nothing is stored (whoever took over keeps theirs).
         """
-        self._stop_renewer()
         try:
             stored = self._serialized(result)
         except TypeError as exc:
             # the operation ran but its result cannot be stored: never let a duplicate run it again
             self.abandon(exc, retryable=False)
             raise
+        lease_id = self.lease_id
         try:
-            self.client.complete(self.token, self.lease_id, stored)
+            self._settle(lambda: self.client.complete(self.token, lease_id, stored))
         except (InvalidRequest, PayloadTooLarge) as exc:
             # The store refused the result (e.g. too large once JSON-encoded). The operation ran:
             # record a terminal failure so the token is never reopened and it never runs twice.
             self.abandon_quietly(exc, retryable=False)
             raise
+        except ServiceUnavailable as down:
+            self._stop_renewer()
+            self.lease = None
+            self._executed("error", down)
+            raise self._not_recorded("complete", lease_id, down, result=stored) from down
         except TokenError as exc:
+            self._stop_renewer()
             self._complete_refused(exc)
             raise
+        self._stop_renewer()
         return self._completed(stored)
 
     def abandon(
         self, exc: BaseException | None = None, *, retryable: bool | None = None, error: Any = None
     ) -> None:
-        """End the lease after a failure: release for a retry, or record a terminal failure."""
-        self._stop_renewer()
+        """End the lease after a failure: release for a retry, or record a terminal failure.
+
+        Tried again while the store cannot answer, as :meth:`succeed` does; past the lease,
+        :class:`~token_service.errors.OutcomeNotRecorded` (``operation`` ``release`` or ``fail``).
+        """
         lease_id, retryable, error = self._ending(exc, retryable, error)
         try:
-            self.client.fail(self.token, lease_id, retryable=retryable, error=error)
+            self._settle(lambda: self.client.fail(self.token, lease_id, retryable=retryable, error=error))
+        except ServiceUnavailable as down:
+            self._stop_renewer()
+            operation = "release" if retryable else "fail"
+            raise self._not_recorded(operation, lease_id, down, error=error) from down
         except TokenError as refused:
+            self._stop_renewer()
             self._fail_refused(refused)
             raise
+        self._stop_renewer()
 
     def abandon_quietly(self, exc: BaseException | None, *, retryable: bool | None = None) -> None:
-        """:meth:`abandon`, logging (not raising) a failure to reach the store."""
+        """:meth:`abandon`, logging (not raising) a release the store could not take: the lease
+        runs out on its own, which releases the token all the same, later. A terminal failure that
+        could not be recorded is raised (:class:`~token_service.errors.OutcomeNotRecorded`): a
+        duplicate could run the work again after the lease."""
         try:
             self.abandon(exc, retryable=retryable)
+        except OutcomeNotRecorded as not_recorded:
+            if not_recorded.operation != "release":
+                raise
         except TokenError as fail_error:
             # the caller's exception matters more; the lease runs out on its own
             log.warning("could not end the lease after a failure: %s", fail_error)
@@ -624,41 +746,74 @@ class AsyncGuard(_GuardState[AsyncGuardClient]):
         if renewal is not None:
             await renewal.stop()
 
-    def _renew_lease(self) -> Awaitable[Renewed]:
-        return self.client.renew(self.token, self.lease_id, lease_seconds=self.lease_seconds)
+    async def _renew_lease(self) -> Renewed:
+        sent_at = time.monotonic()
+        renewed = await self.client.renew(self.token, self._held_lease_id, lease_seconds=self.lease_seconds)
+        return self._renewed(renewed, sent_at)
+
+    async def _settle(self, store: Callable[[], Awaitable[T]]) -> T:
+        """:meth:`Guard._settle`, awaited."""
+        self._settling = True
+        failures = 0
+        while True:
+            try:
+                return await store()
+            except ServiceUnavailable:
+                failures += 1
+                pause = self._settle_pause(failures)
+                if pause is None:
+                    raise
+                await asyncio.sleep(pause)
 
     async def succeed(self, result: Any) -> Any:
-        await self._stop_renewer()
         try:
             stored = self._serialized(result)
         except TypeError as exc:
             await self.abandon(exc, retryable=False)
             raise
+        lease_id = self.lease_id
         try:
-            await self.client.complete(self.token, self.lease_id, stored)
+            await self._settle(lambda: self.client.complete(self.token, lease_id, stored))
         except (InvalidRequest, PayloadTooLarge) as exc:
             # as in Guard.succeed: the operation ran, so it must never run again
             await self.abandon_quietly(exc, retryable=False)
             raise
+        except ServiceUnavailable as down:
+            await self._stop_renewer()
+            self.lease = None
+            self._executed("error", down)
+            raise self._not_recorded("complete", lease_id, down, result=stored) from down
         except TokenError as exc:
+            await self._stop_renewer()
             self._complete_refused(exc)
             raise
+        await self._stop_renewer()
         return self._completed(stored)
 
     async def abandon(
         self, exc: BaseException | None = None, *, retryable: bool | None = None, error: Any = None
     ) -> None:
-        await self._stop_renewer()
         lease_id, retryable, error = self._ending(exc, retryable, error)
         try:
-            await self.client.fail(self.token, lease_id, retryable=retryable, error=error)
+            await self._settle(
+                lambda: self.client.fail(self.token, lease_id, retryable=retryable, error=error)
+            )
+        except ServiceUnavailable as down:
+            await self._stop_renewer()
+            operation = "release" if retryable else "fail"
+            raise self._not_recorded(operation, lease_id, down, error=error) from down
         except TokenError as refused:
+            await self._stop_renewer()
             self._fail_refused(refused)
             raise
+        await self._stop_renewer()
 
     async def abandon_quietly(self, exc: BaseException | None, *, retryable: bool | None = None) -> None:
         try:
             await self.abandon(exc, retryable=retryable)
+        except OutcomeNotRecorded as not_recorded:
+            if not_recorded.operation != "release":
+                raise
         except TokenError as fail_error:
             log.warning("could not end the lease after a failure: %s", fail_error)
 
