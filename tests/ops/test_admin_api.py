@@ -154,6 +154,36 @@ def test_an_idempotency_key_is_looked_up_with_a_post(http: Any, redis_any: Any) 
     assert missing.status_code == 404
 
 
+def test_a_ref_prefix_finds_records_of_the_kind_asked_for(
+    http: Any, redis_any: Any, store: TokenStore
+) -> None:
+    # issue 33: with kind=idempotency a ref_prefix matched nothing (it walked token keys only), and
+    # the other filters were dropped beside a ref_prefix
+    from token_service.client._idempotency_store import IdempotencyStore
+
+    claims = IdempotencyStore(redis_any)
+    claims.begin(claims.key("Bearer dave", "order-1"), "fp", "owner", 600)
+    [claim] = [key.decode().rsplit(":", 1)[1] for key in redis_any.scan_iter(match="ts:ik:*")]
+    [token] = store.issue(PAY)
+    ref = token_digest(token)
+
+    def refs(query: str) -> list[tuple[str, str]]:
+        page = http.get(f"/admin/records?{query}", headers=ADMIN)
+        assert page.status_code == 200, page.json
+        assert page.json["done"], page.json
+        return sorted((record["kind"], record["ref"]) for record in page.json["records"])
+
+    assert refs(f"ref_prefix={claim[:8]}&kind=idempotency") == [("idempotency", claim)]
+    assert refs(f"ref_prefix={claim[:8]}") == [("idempotency", claim)]
+    assert refs(f"ref_prefix={claim[:8]}&kind=token") == []
+    assert refs(f"ref_prefix={ref[:8]}&kind=token") == [("token", ref)]
+    assert refs(f"ref_prefix={ref[:8]}&kind=idempotency") == []
+    assert refs(f"ref_prefix={ref[:8]}") == [("token", ref)]
+    assert refs(f"ref_prefix={ref[:8]}&state=ISSUED") == [("token", ref)]
+    assert refs(f"ref_prefix={ref[:8]}&state=CONSUMED") == []
+    assert refs(f"ref_prefix={claim[:8]}&state=PROCESSING&kind=idempotency") == [("idempotency", claim)]
+
+
 @pytest.mark.parametrize(
     ("method", "path", "body"),
     [

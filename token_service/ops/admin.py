@@ -29,7 +29,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -253,6 +253,10 @@ class Filter:
     lease_expired: bool | None = None
 
     def matches(self, record: Record) -> bool:
+        if self.kind is not None and record.kind != self.kind:
+            return False
+        if self.ref_prefix is not None and not record.ref.startswith(self.ref_prefix):
+            return False
         if self.state is not None and record.state != self.state:
             return False
         if self.scope is not None and record.scope != self.scope:
@@ -498,12 +502,15 @@ class Admin:
         return [(node.name, self.client.get_redis_connection(node)) for node in primaries]
 
     def _pattern(self, wanted: Filter) -> str:
-        if wanted.ref_prefix is not None:
-            return self.token_key(wanted.ref_prefix) + "*"
+        refs = (wanted.ref_prefix or "") + "*"
         if wanted.kind == TOKEN:
-            return self.token_key("*")
+            return self.token_key(refs)
         if wanted.kind == IDEMPOTENCY:
-            return self.idempotency_key("*")
+            return self.idempotency_key(refs)
+        if wanted.ref_prefix is not None:
+            # either kind's key ("t:" or "ik:" before the ref); a key of another kind that the
+            # pattern lets through is not a record (_split) or fails Filter.matches
+            return f"{self.key_prefix}[ti]*:{refs}"
         return self.key_prefix + "*"
 
     def scan(self, wanted: Filter, cursor: str = "0", count: int = DEFAULT_COUNT, limit: int = 100) -> Page:
@@ -647,10 +654,17 @@ class Admin:
         return page
 
     def find_by_ref_prefix(
-        self, prefix: str, cursor: str = "0", count: int = DEFAULT_COUNT, limit: int = 100
+        self,
+        prefix: str,
+        cursor: str = "0",
+        count: int = DEFAULT_COUNT,
+        limit: int = 100,
+        wanted: Filter | None = None,
     ) -> Page:
+        """The records of either kind (or ``wanted.kind``) whose ref starts with ``prefix`` and that
+        match ``wanted``'s other filters too."""
         check_ref(prefix)
-        page = self.scan(Filter(kind=TOKEN, ref_prefix=prefix), cursor, count, limit)
+        page = self.scan(replace(wanted or Filter(), ref_prefix=prefix), cursor, count, limit)
         self._audit("find_by_ref_prefix", prefix, f"{len(page.records)} found", cursor=page.cursor)
         return page
 

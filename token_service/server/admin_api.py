@@ -149,7 +149,7 @@ def make_blueprint(settings: Settings, client: Any) -> Blueprint:
             _number("limit", 100, 1000),
         )
         if prefix is not None:
-            page = acting.find_by_ref_prefix(prefix, cursor, count, limit)
+            page = acting.find_by_ref_prefix(prefix, cursor, count, limit, wanted)
         else:
             page = acting.list(wanted, cursor, count, limit)
         return json_response(
