@@ -15,6 +15,12 @@
   redis-py follows MOVED and ASK redirections and re-reads the slot map.
 
 The ``rediss+`` variants use TLS to the data nodes.
+
+Every connection of a standalone or Sentinel client keeps to the caller's
+deadline (:mod:`token_service.deadline`): a connect, a send, a read and
+redis-py's back-off between its retries wait no longer than the deadline has
+left, and none starts once it is spent. Without a deadline each waits its
+configured timeout, as redis-py's own would.
 """
 
 from __future__ import annotations
@@ -28,10 +34,12 @@ import redis.asyncio.cluster
 import redis.asyncio.sentinel
 import redis.cluster
 import redis.sentinel
+from redis import exceptions as redis_errors
 from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import ExponentialBackoff
+from redis.backoff import AbstractBackoff, ExponentialBackoff
 from redis.retry import Retry
 
+from token_service import deadline
 from token_service.config import RedisTarget, Settings, parse_redis_url
 
 log = logging.getLogger(__name__)
@@ -60,8 +68,143 @@ def redis_client(settings: Settings) -> Any:
     return client_for(settings.redis_target, settings.redis_timeout_seconds)
 
 
-def _backoff() -> ExponentialBackoff:
-    return ExponentialBackoff(cap=0.2, base=0.02)
+# The slowest back-off redis-py waits between its retries (a deadline shortens it).
+BACKOFF_CAP_SECONDS = 0.2
+
+
+class _BackoffWithinDeadline(AbstractBackoff):
+    """redis-py's exponential back-off, never past the caller's deadline: a retry due after
+    it is tried at once, and fails at once (:class:`_WithinDeadline`), instead of sleeping."""
+
+    def __init__(self) -> None:
+        self._backoff = ExponentialBackoff(cap=BACKOFF_CAP_SECONDS, base=0.02)
+
+    def reset(self) -> None:
+        self._backoff.reset()  # type: ignore[no-untyped-call]
+
+    def compute(self, failures: int) -> float:
+        delay = float(self._backoff.compute(failures))
+        remaining = deadline.remaining_seconds()
+        return delay if remaining is None else max(0.0, min(delay, remaining))
+
+
+def _backoff() -> AbstractBackoff:
+    return _BackoffWithinDeadline()
+
+
+class DeadlineSpent(redis_errors.TimeoutError):
+    """The caller's deadline passed before this step of a Redis call could start."""
+
+
+# A wait clamped to the deadline only when that shortens it by more than this: an unclamped
+# wait then ends this much past the deadline at worst, and the socket keeps its configured
+# timeout (no settimeout system call) on a call that started with its whole budget.
+_CLAMP_SLACK_SECONDS = 0.01
+
+
+class _WithinDeadline:
+    """Mixed into redis-py's connection classes: each connect, send and read keeps to the deadline.
+
+    redis-py sets a socket's timeout once, when it connects, and waits that
+    long for every read whatever came before it; a call that reconnects and
+    retries could wait several timeouts. Here the socket's timeout is lowered
+    to what the deadline has left before each send and read (and put back when
+    there is no deadline or it is further away), the connect's timeout too;
+    a step that would start after the deadline raises :class:`DeadlineSpent`
+    instead (a read that would have followed a send drops the connection, so
+    the next command never reads this one's reply).
+    """
+
+    _clamped = False
+    _sock: Any
+    socket_timeout: float | None
+    socket_connect_timeout: float | None
+
+    def _connect(self) -> Any:
+        remaining = deadline.remaining_seconds()
+        configured = self.socket_connect_timeout
+        if remaining is None or (configured is not None and remaining >= configured):
+            sock = super()._connect()  # type: ignore[misc]
+        elif remaining <= 0:
+            raise DeadlineSpent("the call's deadline passed before connecting to Redis")
+        else:
+            self.socket_connect_timeout = remaining
+            try:
+                sock = super()._connect()  # type: ignore[misc]
+            finally:
+                self.socket_connect_timeout = configured
+        self._clamped = False  # a new socket: its timeout is the configured one
+        return sock
+
+    def _keep_to_deadline(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return  # connect() applies the deadline to the connect, and the reads after it
+        remaining = deadline.remaining_seconds()
+        configured = self.socket_timeout
+        if remaining is not None:
+            if remaining <= 0:
+                raise DeadlineSpent("the call's deadline passed before Redis answered")
+            if configured is None or remaining < configured - _CLAMP_SLACK_SECONDS:
+                sock.settimeout(remaining)
+                self._clamped = True
+                return
+        if self._clamped:
+            sock.settimeout(configured)
+            self._clamped = False
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        self._keep_to_deadline()
+        super().send_packed_command(command, check_health)  # type: ignore[misc]
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            self._keep_to_deadline()
+        except DeadlineSpent:
+            self.disconnect()  # type: ignore[attr-defined]  # its reply will not be read
+            raise
+        return super().read_response(*args, **kwargs)  # type: ignore[misc]
+
+
+class DeadlineConnection(_WithinDeadline, redis.Connection):
+    """A TCP connection that keeps to the caller's deadline."""
+
+
+class DeadlineSSLConnection(_WithinDeadline, redis.SSLConnection):
+    """A TLS connection that keeps to the caller's deadline."""
+
+
+class DeadlineUnixConnection(_WithinDeadline, redis.UnixDomainSocketConnection):
+    """A Unix-socket connection that keeps to the caller's deadline."""
+
+
+class DeadlineSentinelConnection(_WithinDeadline, redis.sentinel.SentinelManagedConnection):
+    """A connection to the master the sentinels name, keeping to the caller's deadline."""
+
+
+class DeadlineSentinelSSLConnection(_WithinDeadline, redis.sentinel.SentinelManagedSSLConnection):
+    """The same over TLS."""
+
+
+_WITHIN_DEADLINE: dict[type[Any], type[Any]] = {
+    redis.Connection: DeadlineConnection,
+    redis.SSLConnection: DeadlineSSLConnection,
+    redis.UnixDomainSocketConnection: DeadlineUnixConnection,
+}
+
+
+def _standalone_pool(url: str, timeout_seconds: float) -> redis.ConnectionPool:
+    pool = redis.ConnectionPool.from_url(
+        url,
+        socket_timeout=timeout_seconds,
+        socket_connect_timeout=timeout_seconds,
+        max_connections=MAX_CONNECTIONS,
+        retry=Retry(_backoff(), retries=_RETRIES),
+        health_check_interval=30,
+    )
+    # the class the URL's scheme chose (TCP, TLS, Unix socket), keeping to the deadline
+    pool.connection_class = _WITHIN_DEADLINE.get(pool.connection_class, pool.connection_class)
+    return pool
 
 
 def _node_options(target: RedisTarget, timeout_seconds: float) -> dict[str, Any]:
@@ -86,11 +229,14 @@ def client_for(target: RedisTarget | str, timeout_seconds: float = 2.0) -> Any:
             list(target.nodes),
             sentinel_kwargs={"socket_timeout": timeout_seconds, "socket_connect_timeout": timeout_seconds},
         )
+        options = _node_options(target, timeout_seconds)
+        tls = options.pop("ssl", False)
         return sentinel.master_for(  # type: ignore[no-untyped-call]
             target.service_name,
             db=target.db,
             retry=Retry(_backoff(), retries=_RETRIES),
-            **_node_options(target, timeout_seconds),
+            connection_class=DeadlineSentinelSSLConnection if tls else DeadlineSentinelConnection,
+            **options,
         )
     if target.kind == "cluster":
         return redis.cluster.RedisCluster(
@@ -101,14 +247,7 @@ def client_for(target: RedisTarget | str, timeout_seconds: float = 2.0) -> Any:
             retry=Retry(_backoff(), retries=_CLUSTER_RETRIES),
             **_node_options(target, timeout_seconds),
         )
-    return redis.Redis.from_url(
-        target.url,
-        socket_timeout=timeout_seconds,
-        socket_connect_timeout=timeout_seconds,
-        max_connections=MAX_CONNECTIONS,
-        retry=Retry(_backoff(), retries=_RETRIES),
-        health_check_interval=30,
-    )
+    return redis.Redis.from_pool(_standalone_pool(target.url, timeout_seconds))
 
 
 def async_client_for(target: RedisTarget | str, timeout_seconds: float = 2.0) -> Any:

@@ -6,11 +6,16 @@ of transport failures with backoff that resend that SAME id. The Lua scripts
 recognise a retry of the request that already won and answer it as a win
 (``replayed=True``), so a reply lost on the way back never turns into
 ``TokenUsed``.
+
+On the direct transport ``timeout`` is the budget of the whole call: one
+deadline on the monotonic clock from the moment of the call, which every
+attempt, reconnect and back-off spends (:mod:`token_service.deadline`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, Unpack
@@ -18,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, Unpack
 import redis
 import redis.asyncio
 
-from token_service import defaults
+from token_service import deadline, defaults
 from token_service.errors import ServiceUnavailable, TokenInvalid
 from token_service.records import Completed, Consumed, FailRecorded, Finished, Renewed, Started
 from token_service.store import AsyncTokenStore, TokenStore, UseRequest
@@ -95,9 +100,32 @@ class _ClientBase:
 
     _is_async: ClassVar[bool]
 
-    def __init__(self, retry: RetryPolicy | int | None, telemetry: Telemetry | None) -> None:
+    def __init__(
+        self, retry: RetryPolicy | int | None, telemetry: Telemetry | None, call_timeout_seconds: float | None
+    ) -> None:
         self.retry = _policy(retry)
         self.telemetry = telemetry or DEFAULT_TELEMETRY
+        # The budget of one whole call, retries included (None: each attempt has its own timeout)
+        self._call_timeout_seconds = call_timeout_seconds
+
+    def _ends_at(self) -> float:
+        """The monotonic time a call starting now must be done by (infinity: no budget)."""
+        budget = self._call_timeout_seconds
+        return math.inf if budget is None else time.monotonic() + budget
+
+    def _retry_delay(self, failures: int, ends_at: float, error: ServiceUnavailable) -> float:
+        """The wait before the next attempt; raises ``error`` when there is to be none: the
+        attempts are spent, or the next one would start after the call's deadline."""
+        if failures >= self.retry.attempts:
+            raise error
+        delay = self.retry.delay_seconds(failures)
+        if time.monotonic() + delay < ends_at:
+            return delay
+        if time.monotonic() < ends_at:
+            raise error  # what the last attempt met: nothing is left to try within the budget
+        raise ServiceUnavailable(
+            f"Redis did not answer within the call's timeout ({self._call_timeout_seconds} s)."
+        ) from error
 
     def _over_http(
         self, base_url: str | None, api_key: str | None, timeout: float, max_connections: int, transport: Any
@@ -158,8 +186,9 @@ class TokenClient(_ClientBase):
         transport: httpx.BaseTransport | None = None,
         telemetry: Telemetry | None = None,
         _backend: _Transport | None = None,
+        _call_timeout_seconds: float | None = None,
     ) -> None:
-        super().__init__(retry, telemetry)
+        super().__init__(retry, telemetry, _call_timeout_seconds)
         if _backend is None:
             _backend = self._over_http(base_url, api_key, timeout, max_connections, transport)
         self._backend = _backend
@@ -180,25 +209,33 @@ class TokenClient(_ClientBase):
 
         ``key_prefix`` and ``result_ttl_seconds`` must match the service's
         ``TOKEN_SERVICE_KEY_PREFIX`` / ``RESULT_TTL_SECONDS`` when both are used.
-        A client passed in is used as it is (its own retry settings included)
-        and not closed by :meth:`close`.
+        ``timeout`` bounds each whole call: its attempts, reconnects and back-off
+        end within it (a :class:`ServiceUnavailable` then). A client passed in is
+        used as it is (its own timeouts and retry settings included: the budget
+        then only stops further attempts) and not closed by :meth:`close`.
         """
         backend = cls._over_redis(url_or_client, key_prefix, result_ttl_seconds, timeout, limits)
-        return cls(retry=retry, telemetry=telemetry, _backend=backend)
+        return cls(retry=retry, telemetry=telemetry, _backend=backend, _call_timeout_seconds=timeout)
 
     # -- plumbing -----------------------------------------------------------
 
     def _call(self, operation: Callable[[], T]) -> T:
-        """``operation``, tried ``retry.attempts`` times in all while the service is unavailable."""
+        """``operation``, tried ``retry.attempts`` times in all while the service is unavailable,
+        all within the call's budget (the deadline each Redis step of the attempts keeps to)."""
+        budget = self._call_timeout_seconds
+        if budget is None:
+            return self._attempts(operation, math.inf)
+        with deadline.within(budget) as ends_at:
+            return self._attempts(operation, ends_at)
+
+    def _attempts(self, operation: Callable[[], T], ends_at: float) -> T:
         failures = 0
         while True:
             try:
                 return operation()
-            except ServiceUnavailable:
+            except ServiceUnavailable as error:
                 failures += 1
-                if failures >= self.retry.attempts:
-                    raise
-                time.sleep(self.retry.delay_seconds(failures))
+                time.sleep(self._retry_delay(failures, ends_at, error))
 
     def close(self) -> None:
         self._backend.close()
@@ -323,8 +360,9 @@ class AsyncTokenClient(_ClientBase):
         transport: httpx.AsyncBaseTransport | None = None,
         telemetry: Telemetry | None = None,
         _backend: _AsyncTransport | None = None,
+        _call_timeout_seconds: float | None = None,
     ) -> None:
-        super().__init__(retry, telemetry)
+        super().__init__(retry, telemetry, _call_timeout_seconds)
         if _backend is None:
             _backend = self._over_http(base_url, api_key, timeout, max_connections, transport)
         self._backend = _backend
@@ -341,19 +379,36 @@ class AsyncTokenClient(_ClientBase):
         limits: DirectLimits | None = None,
         telemetry: Telemetry | None = None,
     ) -> AsyncTokenClient:
+        """As :meth:`TokenClient.from_redis`; ``timeout`` bounds each whole call, a client
+        passed in included (``asyncio.timeout``)."""
         backend = cls._over_redis(url_or_client, key_prefix, result_ttl_seconds, timeout, limits)
-        return cls(retry=retry, telemetry=telemetry, _backend=backend)
+        return cls(retry=retry, telemetry=telemetry, _backend=backend, _call_timeout_seconds=timeout)
 
     async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
+        ends_at = self._ends_at()
         failures = 0
         while True:
             try:
-                return await operation()
-            except ServiceUnavailable:
+                if ends_at == math.inf:
+                    return await operation()
+                return await self._before(ends_at, operation)
+            except ServiceUnavailable as error:
                 failures += 1
-                if failures >= self.retry.attempts:
-                    raise
-                await asyncio.sleep(self.retry.delay_seconds(failures))
+                await asyncio.sleep(self._retry_delay(failures, ends_at, error))
+
+    async def _before(self, ends_at: float, operation: Callable[[], Awaitable[T]]) -> T:
+        """``operation()``, cancelled at ``ends_at`` (ServiceUnavailable then). redis.asyncio drops
+        a connection whose command was cancelled, so no later command reads its reply."""
+        budget = asyncio.timeout(ends_at - time.monotonic())
+        try:
+            async with budget:
+                return await operation()
+        except TimeoutError as exc:
+            if not budget.expired():
+                raise
+            raise ServiceUnavailable(
+                f"Redis did not answer within the call's timeout ({self._call_timeout_seconds} s)."
+            ) from exc
 
     async def close(self) -> None:
         await self._backend.close()
