@@ -11,8 +11,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 # mkdocs-material prints an advert on every build without this.
 export NO_MKDOCS_2_WARNING := 1
-# A development key so the curl walk-through works out of the box; set your own in production.
-export TOKEN_SERVICE_API_KEYS ?= dev-service-key-change-me
+# make run's development key, so the curl walk-through works out of the box. The service takes it
+# on the embedded store only; against a real Redis (TOKEN_SERVICE_REDIS_URL) set a key of your own,
+# or TOKEN_SERVICE_ENVIRONMENT=development on a development machine (docs/configuration.md).
+DEV_API_KEY := dev-service-key-change-me
 
 .PHONY: run test check lint docs-build docs install lock clean bench example-fastapi example-django
 
@@ -39,6 +41,7 @@ lock:
 
 # Log lines for a person at a terminal (the embedded store's warning stands out); JSON elsewhere.
 run: install
+	TOKEN_SERVICE_API_KEYS=$${TOKEN_SERVICE_API_KEYS-$(DEV_API_KEY)} \
 	TOKEN_SERVICE_LOG_FORMAT=$${TOKEN_SERVICE_LOG_FORMAT:-console} \
 	  $(BIN)/token-service serve --host $${HOST:-127.0.0.1} --port $${PORT:-8000}
 

@@ -3,17 +3,22 @@
 Unknown TOKEN_SERVICE_* variables are named (with the closest valid name) by
 ``serve`` and ``check``, every message carries full variable names, ``check``
 prints values as the docs write them, non-ASCII service keys are refused, and
-a real Redis without service keys warns loudly.
+a real Redis without service keys warns loudly, and the development key is refused on a real
+Redis unless TOKEN_SERVICE_ENVIRONMENT=development says so (then the service warns loudly).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 
-from tests.support.processes import RedisServer
+from tests.support.processes import REPO_ROOT, RedisServer, free_port
 from tests.test_cli import run_cli
 from token_service import create_app
 from token_service.config import ConfigError, RateLimit, Settings, unknown_variables, variable_names
@@ -110,3 +115,102 @@ def test_no_service_keys_on_a_real_redis_warns_loudly(
     # the embedded store (trying it out) needs no keys and says nothing about them
     quiet = run_cli("check")
     assert "TOKEN_SERVICE_API_KEYS is empty" not in quiet.stderr
+
+
+DEV_KEY = "dev-service-key-change-me"  # make run's and docker-compose.yml's
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("TOKEN_SERVICE_API_KEYS", DEV_KEY),
+        ("TOKEN_SERVICE_API_KEYS", f"a-key-of-our-own-0123,{DEV_KEY}"),
+        ("TOKEN_SERVICE_API_KEYS", "sha256:" + hashlib.sha256(DEV_KEY.encode()).hexdigest().upper()),
+        ("TOKEN_SERVICE_ADMIN_KEYS", DEV_KEY),
+    ],
+)
+def test_the_development_key_on_a_real_redis_is_refused(
+    redis_server: RedisServer, variable: str, value: str
+) -> None:
+    env = {"TOKEN_SERVICE_REDIS_URL": redis_server.url, variable: value}
+    for command in ("check", "serve"):
+        result = run_cli(
+            *([command] if command == "check" else [command, "--port", str(free_port())]), env=env
+        )
+        assert result.returncode == 2, (command, result.stdout, result.stderr)
+        [line] = result.stderr.strip().splitlines()
+        assert line.startswith(
+            f"token-service: configuration error: {variable}: {DEV_KEY} is the development"
+        )
+        assert "TOKEN_SERVICE_ENVIRONMENT=development" in line
+    with pytest.raises(ConfigError, match=f"{variable}: {DEV_KEY} is the development key"):
+        create_app({"redis_url": redis_server.url, variable.removeprefix("TOKEN_SERVICE_").lower(): value})
+    # what gunicorn reads first when started by hand (the image's CMD) stops the same way
+    gunicorn_conf = subprocess.run(
+        [sys.executable, "-c", "import token_service.server.gunicorn_conf"],
+        env={**run_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert gunicorn_conf.returncode == 2
+    assert f"{variable}: {DEV_KEY} is the development key" in gunicorn_conf.stderr
+
+
+def test_the_development_key_works_on_the_embedded_store_as_make_run_needs() -> None:
+    result = run_cli("check", env={"TOKEN_SERVICE_API_KEYS": DEV_KEY})
+    assert result.returncode == 0, result.stderr
+    assert "embedded" in result.stdout
+    assert "development" not in result.stderr  # nothing to warn about: nothing is kept
+    consumed = (
+        create_app({"api_keys": DEV_KEY})
+        .test_client()
+        .post(
+            "/token/consume",
+            json={"token": "x" * 43, "scope": "s"},
+            headers={"Authorization": f"Bearer {DEV_KEY}"},
+        )
+    )
+    assert consumed.status_code == 404  # authenticated: the token is unknown
+
+
+def test_the_development_setting_lets_it_run_on_a_real_redis_and_says_so_loudly(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = {
+        "TOKEN_SERVICE_REDIS_URL": redis_server.url,
+        "TOKEN_SERVICE_API_KEYS": DEV_KEY,
+        "TOKEN_SERVICE_ENVIRONMENT": "development",
+    }
+    result = run_cli("check", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "TOKEN_SERVICE_ENVIRONMENT=development" in result.stdout
+    assert "token-service: WARNING: TOKEN_SERVICE_ENVIRONMENT=development on a real Redis" in result.stderr
+    with caplog.at_level(logging.WARNING):
+        app: Any = create_app(
+            {"redis_url": redis_server.url, "api_keys": DEV_KEY, "environment": "development"}
+        )
+    [warning] = [r for r in caplog.records if "TOKEN_SERVICE_ENVIRONMENT=development" in r.getMessage()]
+    assert warning.levelno == logging.WARNING
+    assert "Never run this in production" in warning.getMessage()
+    consumed = app.test_client().post(
+        "/token/consume",
+        json={"token": "x" * 43, "scope": "s"},
+        headers={"Authorization": f"Bearer {DEV_KEY}"},
+    )
+    assert consumed.status_code == 404
+    # production, the default, says nothing of it; a value that is neither is refused
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        create_app({"redis_url": redis_server.url, "api_keys": "a-key-of-our-own-0123"})
+    assert "TOKEN_SERVICE_ENVIRONMENT" not in caplog.text
+    with pytest.raises(
+        ConfigError, match="TOKEN_SERVICE_ENVIRONMENT: must be one of production, development"
+    ):
+        Settings.from_env({"TOKEN_SERVICE_ENVIRONMENT": "dev"})
+
+
+def run_env() -> dict[str, str]:
+    """This environment without the project's settings (as run_cli has it), the checkout importable."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TOKEN_SERVICE_")}
+    return {**clean, "PYTHONPATH": str(REPO_ROOT)}

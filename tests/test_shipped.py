@@ -50,8 +50,10 @@ PAGE = "docs/install.md"
 # how the page names the checkout; the tests put a real path in its place
 CHECKOUT = "~/src/token-service"
 DISTRIBUTION = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["name"]
-# the Makefile's development key: the README's walk-through and SDK snippet send it as written
+# the Makefile's development key: the README's walk-through and SDK snippet send it as written. On
+# the real Redis these servers run on it is refused unless the environment says development.
 README_KEY = "dev-service-key-change-me"
+DEVELOPMENT = {"TOKEN_SERVICE_ENVIRONMENT": "development"}
 # what only the server extra brings: a backend with the client extra has none of it
 SERVER_ONLY = {"flask", "werkzeug", "gunicorn", "gevent", "greenlet", "marshmallow", "fakeredis"}
 # the files the package reads at run time, at their place inside the installed package
@@ -288,7 +290,7 @@ def served(built: Built, scratch: Path, redis_server: RedisServer) -> Iterator[S
         process = subprocess.Popen(
             ["bash", "-c", command],
             cwd=scratch,
-            env=clean_env(WEB_CONCURRENCY="2"),
+            env=clean_env(WEB_CONCURRENCY="2", **DEVELOPMENT),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -387,7 +389,7 @@ def test_the_sdist_installs_and_serves_the_walkthrough(
     port = free_port()
     log = scratch / "sdist-serve.log"
     env = {
-        **clean_env(WEB_CONCURRENCY="1", PYTHONPATH=str(target)),
+        **clean_env(WEB_CONCURRENCY="1", PYTHONPATH=str(target), **DEVELOPMENT),
         "TOKEN_SERVICE_REDIS_URL": redis_server.url,
         "TOKEN_SERVICE_API_KEYS": README_KEY,
     }

@@ -29,6 +29,18 @@ _PERIOD_SECONDS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 _PERIOD_NAMES = {seconds: name for name, seconds in _PERIOD_SECONDS.items()}
 
 
+# The key make run and docker-compose.yml start with, so the walk-through works as written. Everyone
+# who has read the README knows it: accepted on the embedded store (one process, nothing kept), and
+# on a real Redis only where TOKEN_SERVICE_ENVIRONMENT=development says this is not production.
+DEVELOPMENT_API_KEY = "dev-service-key-change-me"
+_DEVELOPMENT_KEY_DIGEST = hashlib.sha256(DEVELOPMENT_API_KEY.encode()).hexdigest()
+DEVELOPMENT_WARNING = (
+    "TOKEN_SERVICE_ENVIRONMENT=development on a real Redis: the development key "
+    f"{DEVELOPMENT_API_KEY} is accepted. Never run this in production; unset "
+    "TOKEN_SERVICE_ENVIRONMENT and set keys of your own."
+)
+
+
 class ConfigError(ValueError):
     """A configuration value is wrong; the message names the variable."""
 
@@ -262,6 +274,16 @@ def _log_format(raw: str) -> str:
     return text
 
 
+_ENVIRONMENTS = ("production", "development")
+
+
+def _environment(raw: str) -> str:
+    text = raw.strip().lower()
+    if text not in _ENVIRONMENTS:
+        raise ValueError(f"must be one of {', '.join(_ENVIRONMENTS)}, got {raw!r}")
+    return text
+
+
 def _bool(raw: str) -> bool:
     text = raw.strip().lower()
     if text in ("1", "true", "yes", "on"):
@@ -319,6 +341,8 @@ class Settings:
     metric_scopes: tuple[str, ...] = field(default=(), metadata={"parse": _scopes})
     # json in production (what log collectors parse); console for a person at a terminal (make run)
     log_format: str = field(default="json", metadata={"parse": _log_format})
+    # development: the development key is accepted on a real Redis too (with a loud warning)
+    environment: str = field(default="production", metadata={"parse": _environment})
     # Graceful shutdown: on SIGTERM /readyz fails for this long before gunicorn stops taking requests.
     drain_seconds: int = field(default=0, metadata={"parse": _int(0, 300)})
     # While this file exists /readyz answers 503 (set by the gunicorn config; operators may touch it).
@@ -372,7 +396,25 @@ class Settings:
                 f"{PREFIX}DEFAULT_LEASE_SECONDS: must not exceed "
                 f"{PREFIX}MAX_LEASE_SECONDS ({settings.max_lease_seconds})"
             )
+        for name in ("api_keys", "admin_keys"):
+            if _DEVELOPMENT_KEY_DIGEST in getattr(settings, name) and not settings.development_allowed:
+                raise ConfigError(
+                    f"{PREFIX}{name.upper()}: {DEVELOPMENT_API_KEY} is the development key, known to "
+                    "everyone, and is refused with a real Redis; set a key of your own "
+                    f"(or {PREFIX}ENVIRONMENT=development on a development machine)"
+                )
         return settings
+
+    @property
+    def development_allowed(self) -> bool:
+        """Whether the development key may be used: on the embedded store, or where
+        ``TOKEN_SERVICE_ENVIRONMENT=development`` says so."""
+        return self.embedded or self.environment == "development"
+
+    @property
+    def development_warning(self) -> str | None:
+        """What to say loudly at start: the development setting on a real Redis."""
+        return DEVELOPMENT_WARNING if self.environment == "development" and not self.embedded else None
 
     def describe(self) -> dict[str, str]:
         """The effective configuration for ``token-service check``, secrets masked."""

@@ -289,4 +289,5 @@ def test_the_demos_own_token_service_takes_the_shops_key_whatever_the_environmen
     assert shop in own.cors_origins
     # make run's development key (the Makefile's) is the shop's default: `--token-service` works against it.
     makefile = (REPO_ROOT / "Makefile").read_text()
-    assert f"export TOKEN_SERVICE_API_KEYS ?= {DEMO_API_KEY}\n" in makefile
+    assert f"DEV_API_KEY := {DEMO_API_KEY}\n" in makefile
+    assert "TOKEN_SERVICE_API_KEYS=$${TOKEN_SERVICE_API_KEYS-$(DEV_API_KEY)}" in makefile

@@ -59,7 +59,8 @@ pytestmark = [pytest.mark.real, pytest.mark.slow, pytest.mark.timeout(3600)]
 RUN_ROOT = Path("/var/tmp") / f"ts-image-test-{uuid.uuid4().hex[:10]}"
 PODMAN: list[str] = []  # filled by the image fixture (it asks podman where the machine's storage is)
 RUN: list[str] = []
-DEV_KEY = "dev-service-key-change-me"  # the README walk-through's key
+# a key of its own: the image serves on a real Redis, where the development key is refused
+SERVICE_KEY = "image-test-key-0123456789"
 DRAIN_SECONDS = int(runtime_image().env["TOKEN_SERVICE_DRAIN_SECONDS"])
 GRACEFUL_SECONDS = graceful_timeout_seconds()  # gunicorn_conf.graceful_timeout
 STOP_TIMEOUT_SECONDS = 20  # the documented `docker run --stop-timeout`
@@ -210,7 +211,7 @@ class Image:
                 "--env",
                 f"TOKEN_SERVICE_REDIS_URL={redis_url}",
                 "--env",
-                f"TOKEN_SERVICE_API_KEYS={DEV_KEY}",
+                f"TOKEN_SERVICE_API_KEYS={SERVICE_KEY}",
                 "--env",
                 "WEB_CONCURRENCY=2",
             )
@@ -453,7 +454,7 @@ def test_a_read_only_root_with_a_tmpfs_tmp_serves(image: Image, redis_server: Re
         "readonly", redis_server.url, "--read-only", "--read-only-tmpfs=false", "--tmpfs", "/tmp"
     )
     assert container.inspect("{{.HostConfig.ReadonlyRootfs}}") == "true"
-    auth = {"Authorization": f"Bearer {DEV_KEY}"}
+    auth = {"Authorization": f"Bearer {SERVICE_KEY}"}
     generated = httpx.post(url + "/token/generate", json={"scope": "payment.create"}, timeout=30)
     assert generated.status_code == 201, generated.text
     token = generated.json()["token"]

@@ -71,6 +71,8 @@ def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
             log.warning("configuration: %s", message)
     if not settings.api_keys and not settings.embedded:
         log.warning(NO_KEYS_WARNING)
+    if settings.development_warning:
+        log.warning(settings.development_warning)
     # No implicit /static route: every route is declared (and documented in openapi.yaml).
     app = proxies.DetectingFlask("token_service", static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes

@@ -40,6 +40,8 @@ def _settings_or_exit() -> Settings:
         raise SystemExit(2)
     if not settings.api_keys and not settings.embedded:
         print(f"token-service: {NO_KEYS_WARNING}", file=sys.stderr)
+    if settings.development_warning:
+        print(f"token-service: WARNING: {settings.development_warning}", file=sys.stderr)
     return settings
 
 
