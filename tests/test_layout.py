@@ -25,6 +25,8 @@ MOVED |= {"gunicorn_conf.py": "token_service.server.gunicorn_conf"}
 CORE = sorted(path for path in PACKAGE.glob("*.py") if path.name != "__init__.py" and path.name not in MOVED)
 CLIENT = sorted((PACKAGE / "client").rglob("*.py"))
 OPS = sorted((PACKAGE / "ops").rglob("*.py"))
+# the users' testing kit: the SDK on an in-memory store (docs/testing-your-code.md)
+TESTING = sorted((PACKAGE / "testing").rglob("*.py"))
 # the SDK's web-framework integrations import their framework, by design
 FRAMEWORKS = {"flask", "django", "fastapi", "starlette", "celery"}
 
@@ -57,6 +59,12 @@ def test_core_imports_no_layer_above_it(path: Path) -> None:
 
 @pytest.mark.parametrize("path", CLIENT, ids=_ids)
 def test_the_sdk_imports_neither_the_operators_tools_nor_the_server(path: Path) -> None:
+    assert _imports_from(path, "ops", "server") == set()
+
+
+@pytest.mark.parametrize("path", TESTING, ids=_ids)
+def test_the_testing_kit_stands_on_the_sdk_alone(path: Path) -> None:
+    # what a backend with the client extra has: neither the server nor the operators' tools
     assert _imports_from(path, "ops", "server") == set()
 
 

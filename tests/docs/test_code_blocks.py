@@ -50,6 +50,7 @@ RUN_ELSEWHERE = {
     "docs/integrations/celery.md": "tests/integrations/test_docs.py",
     "docs/integrations/fastapi.md": "tests/integrations/test_docs.py",
     "docs/integrations/django.md": "tests/integrations/test_docs.py",
+    "docs/testing-your-code.md": "tests/testing/test_kit_docs.py",
 }
 # Blocks of a RUN_HERE page that another test runs: (page, language) → that test.
 BLOCKS_ELSEWHERE = {("README.md", "html"): "tests/frontend/test_docs_snippets.py"}

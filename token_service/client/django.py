@@ -271,12 +271,16 @@ class IdempotencyKeyMiddleware:
         if not redis_url:
             raise TypeError("the Idempotency-Key middleware needs TOKEN_SERVICE['REDIS_URL']")
         prefix = service.get("KEY_PREFIX", defaults.KEY_PREFIX)
+        # a URL, or a Redis client of the middleware's kind used as it is (a test's in-memory store:
+        # token_service.testing), as TokenClient.from_redis takes either for the decorator
         if self.is_async:
             self.async_store = AsyncIdempotencyStore(
-                redis.asyncio.Redis.from_url(redis_url), key_prefix=prefix
+                redis.asyncio.Redis.from_url(redis_url) if isinstance(redis_url, str) else redis_url,
+                key_prefix=prefix,
             )
         else:
-            self.store = IdempotencyStore(redis.Redis.from_url(redis_url), key_prefix=prefix)
+            client = redis.Redis.from_url(redis_url) if isinstance(redis_url, str) else redis_url
+            self.store = IdempotencyStore(client, key_prefix=prefix)
 
     def _screen(self, request: HttpRequest) -> str | Answer | None:
         if self.paths and not request.path.startswith(self.paths):

@@ -73,7 +73,7 @@ from .guard import AsyncGuard, GuardHookArgs, GuardHooks, Terminal
 
 try:
     import anyio
-    from fastapi import Request, Response
+    from fastapi import Depends, Request, Response
     from fastapi.encoders import jsonable_encoder
     from fastapi.exception_handlers import http_exception_handler
     from fastapi.responses import FileResponse, StreamingResponse
@@ -87,6 +87,7 @@ __all__ = ["DEFAULT_REPLAY_HEADERS", "problem_response", "require_token"]
 # The hidden parameters the decorator adds to the endpoint's signature (FastAPI injects them).
 _REQUEST = "token_service_request"
 _RESPONSE = "token_service_response"
+_CLIENT = "token_service_client"  # when the client comes from a dependency
 RequestValue = Callable[[Request], Any]
 
 
@@ -171,7 +172,7 @@ def _signature(endpoint: Callable[..., Any]) -> tuple[inspect.Signature, str, st
 
 
 def require_token(
-    client: AsyncTokenClient,
+    client: AsyncTokenClient | Callable[..., Any],
     scope: str,
     *,
     header: str = "Idempotency-Token",
@@ -194,14 +195,22 @@ def require_token(
     stored form is over ``max_result_bytes`` of JSON (the service's
     ``TOKEN_SERVICE_MAX_RESULT_BYTES``) is kept without its body: duplicates get
     the status and headers with ``Idempotent-Body-Omitted: <length>``.
+
+    ``client`` is an :class:`AsyncTokenClient`, or a FastAPI dependency that returns one
+    (``def get_tokens() -> AsyncTokenClient``), resolved per request as FastAPI resolves
+    any: ``app.dependency_overrides[get_tokens]`` then points the endpoint elsewhere
+    (a test's ``async_token_client``) without touching the endpoint.
     """
-    if not isinstance(client, AsyncTokenClient):
-        raise TypeError("FastAPI's require_token takes an AsyncTokenClient")
+    if not isinstance(client, AsyncTokenClient) and not callable(client):
+        raise TypeError("FastAPI's require_token takes an AsyncTokenClient, or a dependency returning one")
     core = RequireToken.of(locals(), http_errors=(HTTPException,))  # first: before any other local
     fields = fingerprint_fields(fingerprint)
+    dependency = None if isinstance(client, AsyncTokenClient) else client
 
     def decorate(endpoint: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
         signature, request_name, response_name, added = _signature(endpoint)
+        if dependency is not None:
+            signature = _with_client_dependency(endpoint, signature, dependency)
         is_async = inspect.iscoroutinefunction(endpoint)
 
         async def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -215,11 +224,12 @@ def require_token(
             response: Response = kwargs[response_name]
             for name in added:
                 del kwargs[name]
+            tokens = client if dependency is None else _resolved_client(kwargs.pop(_CLIENT), dependency)
             token = core.token_of(request.headers.get(header))
             if isinstance(token, TokenError):
                 return problem_response(token)
             guard = await core.abegin(
-                client,
+                tokens,
                 token,
                 await _value(subject, request),
                 await _fingerprint(fingerprint, fields, request),
@@ -251,6 +261,29 @@ def require_token(
         return guarded_endpoint
 
     return decorate
+
+
+def _with_client_dependency(
+    endpoint: Callable[..., Any], signature: inspect.Signature, dependency: Callable[..., Any]
+) -> inspect.Signature:
+    """``signature`` with a hidden keyword-only parameter FastAPI fills from ``dependency``."""
+    if _CLIENT in signature.parameters:
+        raise TypeError(f"{endpoint.__qualname__} has a parameter {_CLIENT!r}: this decorator's own")
+    hidden = inspect.Parameter(_CLIENT, inspect.Parameter.KEYWORD_ONLY, default=Depends(dependency))
+    parameters = list(signature.parameters.values())
+    at = next(
+        (i for i, p in enumerate(parameters) if p.kind is inspect.Parameter.VAR_KEYWORD), len(parameters)
+    )
+    return signature.replace(parameters=[*parameters[:at], hidden, *parameters[at:]])
+
+
+def _resolved_client(value: Any, dependency: Callable[..., Any]) -> AsyncTokenClient:
+    if not isinstance(value, AsyncTokenClient):
+        name = getattr(dependency, "__qualname__", repr(dependency))
+        raise TypeError(
+            f"require_token's dependency {name} returned {type(value).__name__}, not an AsyncTokenClient"
+        )
+    return value
 
 
 async def _settle_response(core: RequireToken, guard: AsyncGuard, request: Request, value: Response) -> None:
