@@ -13,6 +13,10 @@ each in a fresh venv created here and removed afterwards:
 - **a backend**: the wheel with its ``client`` extra from the package index
   (docs/install.md's line), holding no Flask, gunicorn or gevent, runs the README's SDK
   snippet against that service.
+- **a user's own project** (an app and its tests in a folder of their own, no conftest):
+  with pytest added to that backend's venv, its suite runs on the testing kit's fixtures
+  (``token_client``, ``token_clock``, ``token_faults``: the ``pytest11`` entry point) with
+  no Redis anywhere, and passes.
 - **the sdist**, installed by pip (which builds it), serves the walk-through too.
 
 Installing from the package index needs the network: without it these tests skip
@@ -54,8 +58,10 @@ DISTRIBUTION = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["projec
 # the real Redis these servers run on it is refused unless the environment says development.
 README_KEY = "dev-service-key-change-me"
 DEVELOPMENT = {"TOKEN_SERVICE_ENVIRONMENT": "development"}
-# what only the server extra brings: a backend with the client extra has none of it
-SERVER_ONLY = {"flask", "werkzeug", "gunicorn", "gevent", "greenlet", "marshmallow", "fakeredis"}
+# what only the server extra brings: a backend with the client extra has none of it (fakeredis
+# and lupa it has: the testing kit runs the scripts on them in the backend's own tests)
+SERVER_ONLY = {"flask", "werkzeug", "gunicorn", "gevent", "greenlet", "marshmallow"}
+TESTING_KIT = {"fakeredis", "lupa"}
 # the files the package reads at run time, at their place inside the installed package
 RUNTIME_FILES = (
     "token_service/openapi.yaml",
@@ -345,9 +351,9 @@ def test_the_server_lock_and_the_wheel_serve_the_walkthrough(served: Served) -> 
     assert any("gevent" in str(message) for message in booted), booted
 
 
-def test_the_client_extra_alone_runs_the_readme_sdk_snippet(
-    built: Built, scratch: Path, served: Served
-) -> None:
+@pytest.fixture(scope="module")
+def client_venv(built: Built, scratch: Path) -> Path:
+    """docs/install.md's backend: a fresh venv, the wheel with its client extra from the index."""
     venv = scratch / "client-venv"
     made = run([sys.executable, "-m", "venv", str(venv)], env=clean_env())
     assert made.returncode == 0, made.stderr
@@ -359,18 +365,114 @@ def test_the_client_extra_alone_runs_the_readme_sdk_snippet(
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env['PATH']}"
     done = run(["bash", "-e", "-c", command], env=env, cwd=scratch)
     from_the_index(done, "the client extra's install")
-    installed = distributions(venv)
-    assert {DISTRIBUTION, "redis", "hiredis", "httpx"} <= installed
+    return venv
+
+
+def test_the_client_extra_alone_runs_the_readme_sdk_snippet(
+    client_venv: Path, scratch: Path, served: Served
+) -> None:
+    installed = distributions(client_venv)
+    assert {DISTRIBUTION, "redis", "hiredis", "httpx"} | TESTING_KIT <= installed
     assert installed & SERVER_ONLY == set()
     snippet = code_blocks("README.md", "python")[0]
     assert snippet.code in section("README.md", "sdk")
     ran = run(
-        [str(venv / "bin" / "python"), "-c", pointed_at(snippet.code, served.url)],
+        [str(client_venv / "bin" / "python"), "-c", pointed_at(snippet.code, served.url)],
         env=clean_env(),
         cwd=scratch,
     )
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout == "Consumed(replayed=False)\n"
+
+
+# A user's project: its payment code and its tests, nothing of this repository's (no conftest).
+USERS_APP = """\
+from token_service.client import Replayed, TokenClient
+
+
+class Checkout:
+    def __init__(self, tokens: TokenClient) -> None:
+        self.tokens = tokens
+        self.charges: list[int] = []
+
+    def pay(self, token: str, amount: int) -> dict:
+        try:
+            with self.tokens.guard(token, "payment.create", subject="ada") as guard:
+                self.charges.append(amount)
+                guard.result = {"charged": amount, "charge": len(self.charges)}
+            return guard.result
+        except Replayed as replay:
+            return replay.result
+"""
+USERS_TESTS = """\
+import pytest
+
+from shop.checkout import Checkout
+from token_service.client import ServiceUnavailable, TokenInProgress, TokenInvalid
+
+
+@pytest.fixture
+def checkout(token_client):
+    return Checkout(token_client)
+
+
+def test_a_double_click_charges_once(checkout, token_client):
+    token = token_client.generate("payment.create", subject="ada").token
+    first = checkout.pay(token, 1250)
+    again = checkout.pay(token, 1250)
+    assert first == again == {"charged": 1250, "charge": 1}
+    assert checkout.charges == [1250]
+
+
+def test_an_expired_token_charges_nothing(checkout, token_client, token_clock):
+    token = token_client.generate("payment.create", subject="ada", ttl_seconds=300).token
+    token_clock.advance(301)
+    with pytest.raises(TokenInvalid):
+        checkout.pay(token, 1250)
+    assert checkout.charges == []
+
+
+def test_a_store_outage_charges_nothing_and_the_token_still_works(checkout, token_client, token_faults):
+    token = token_client.generate("payment.create", subject="ada").token
+    with token_faults.store_down(), pytest.raises(ServiceUnavailable):
+        checkout.pay(token, 1250)
+    assert checkout.charges == []
+    assert checkout.pay(token, 1250)["charge"] == 1
+
+
+def test_a_payment_in_flight_elsewhere_is_not_charged_again(checkout, token_client, token_faults):
+    token = token_client.generate("payment.create", subject="ada").token
+    elsewhere = token_faults.in_flight(token, "payment.create", subject="ada")
+    with pytest.raises(TokenInProgress):
+        checkout.pay(token, 1250)
+    elsewhere.crash()
+    assert checkout.pay(token, 1250)["charge"] == 1
+"""
+
+
+def test_a_users_project_runs_its_suite_on_the_testing_kit(client_venv: Path, scratch: Path) -> None:
+    project = scratch / "users-project"
+    (project / "shop").mkdir(parents=True)
+    (project / "tests").mkdir()
+    (project / "shop" / "__init__.py").write_text("")
+    (project / "shop" / "checkout.py").write_text(USERS_APP)
+    (project / "tests" / "test_checkout.py").write_text(USERS_TESTS)
+    (project / "pytest.ini").write_text("[pytest]\npythonpath = .\nfilterwarnings = error\n")
+    added = run([str(client_venv / "bin" / "python"), "-m", "pip", "install", "pytest"], env=clean_env())
+    from_the_index(added, "pytest's install")
+    # no Redis URL, no conftest: the fixtures come from the installed wheel's entry point alone
+    assert not list(project.rglob("conftest.py"))
+    env = clean_env()
+    ran = run(
+        [str(client_venv / "bin" / "python"), "-m", "pytest", "-p", "no:cacheprovider", "-v"],
+        env=env,
+        cwd=project,
+    )
+    assert ran.returncode == 0, ran.stdout[-4000:] + ran.stderr[-2000:]
+    # pytest names the plugin by its distribution: the wheel's entry point, not a file of the project
+    [plugins] = [line for line in ran.stdout.splitlines() if line.startswith("plugins:")]
+    assert f"{DISTRIBUTION}-{token_service.__version__}" in plugins
+    assert re.search(r"\b4 passed\b", ran.stdout), ran.stdout[-2000:]
 
 
 def test_the_sdist_installs_and_serves_the_walkthrough(
