@@ -23,16 +23,19 @@ import weakref
 from collections import defaultdict
 from typing import Any
 
+from token_service.client._extras import install, missing
+
 try:
     import fakeredis
     import lupa  # noqa: F401  # the scripts need fakeredis's Lua: say so now, not at the first call
     from fakeredis.commands_mixins.server_mixin import ServerCommandsMixin
-except ImportError as exc:  # pragma: no cover - exercised by tests/testing/test_kit_imports.py
-    raise ImportError(
-        "token_service.testing runs the scripts on fakeredis with Lua, which the client extra "
-        "installs: pip install 'idempotency-token-service[client]' "
-        f"(missing: {exc.name})"
-    ) from exc
+except ModuleNotFoundError as exc:  # tests/testing/test_kit_misuse.py
+    missing(
+        exc,
+        "token_service.testing (it runs the scripts on fakeredis with Lua)",
+        ("fakeredis", "lupa"),
+        install("client"),
+    )
 
 from token_service.client import AsyncTokenClient, RetryPolicy, TokenClient
 
