@@ -201,6 +201,37 @@ def test_schema_violations_are_400_with_per_field_errors(
     assert field in problem["errors"], problem
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "fields"),
+    [
+        ("/token/generate", {"scope": "bad scope", "ttl_seconds": 0}, {"scope", "ttl_seconds"}),
+        ("/token/generate", {"ttl_seconds": 86401, "subject": ""}, {"scope", "ttl_seconds", "subject"}),
+        (
+            "/token/generate/batch",
+            {"scope": "bad scope", "ttl_seconds": -1, "count": 0},
+            {"scope", "ttl_seconds", "count"},
+        ),
+        (
+            "/token/begin",
+            {"token": "abc", "scope": "bad scope", "lease_seconds": 0},
+            {"scope", "lease_seconds"},
+        ),
+        (
+            "/token/renew",
+            {"token": 5, "lease_id": "", "lease_seconds": 0},
+            {"token", "lease_id", "lease_seconds"},
+        ),
+    ],
+)
+def test_every_bad_field_of_a_body_is_reported_at_once(
+    client: Any, path: str, body: Any, fields: set[str]
+) -> None:
+    # the configured limits (ttl_seconds, lease_seconds) were checked only once every other
+    # field was right: a bad scope and a bad ttl reported the scope alone
+    problem = assert_problem(post(client, path, body), 400, "invalid_request")
+    assert set(problem["errors"]) == fields, problem
+
+
 @pytest.mark.parametrize("path", ["/token/generate", "/token/consume", "/token/complete"])
 @pytest.mark.parametrize(
     ("data", "content_type"),

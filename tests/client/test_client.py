@@ -213,6 +213,25 @@ def test_invalid_arguments_are_invalid_requests(sdk: Sdk, call, field: str) -> N
     assert sdk.client.verify(token).state == "ISSUED"  # nothing was burnt
 
 
+@pytest.mark.parametrize(
+    ("call", "fields"),
+    [
+        (lambda c, t: c.generate("bad scope!", ttl_seconds=0), {"scope", "ttl_seconds"}),
+        (
+            lambda c, t: c.generate_batch("bad scope!", 1001, subject="x" * 129),
+            {"scope", "count", "subject"},
+        ),
+        (lambda c, t: c.consume(t, "bad scope!", fingerprint="tab\there"), {"scope", "fingerprint"}),
+    ],
+)
+def test_every_invalid_argument_is_named_at_once(sdk: Sdk, call, fields: set[str]) -> None:  # type: ignore[no-untyped-def]
+    # over HTTP and straight to Redis alike (the direct transport stopped at the first)
+    token = sdk.client.generate("ok").token
+    with pytest.raises(InvalidRequest) as caught:
+        call(sdk.client, token)
+    assert set(caught.value.errors) == fields
+
+
 def test_a_result_too_large_to_store_is_refused_and_the_lease_kept(sdk: Sdk) -> None:
     token = sdk.client.generate(SCOPE).token
     started = sdk.client.begin(token, SCOPE)

@@ -14,6 +14,7 @@ from typing import Any
 
 from token_service import defaults
 from token_service.connection import async_client_for, client_for
+from token_service.errors import InvalidRequest
 from token_service.records import Completed, Consumed, FailRecorded, Finished, Inspection, Renewed, Started
 from token_service.store import AsyncTokenStore, IssueRequest, TokenStore, UseRequest
 
@@ -77,22 +78,41 @@ class _Checks:
         self, scope: str, subject: str | None, fingerprint: str | None, ttl_seconds: int | None, count: int
     ) -> IssueRequest:
         limits = self.limits
-        check.bounded("count", count, 1, limits.max_batch)
         ttl = ttl_seconds if ttl_seconds is not None else limits.default_ttl_seconds
-        return IssueRequest(
-            check.scope(scope),
-            check.text("subject", subject, 128),
-            check.text("fingerprint", fingerprint, 128),
-            check.bounded("ttl_seconds", ttl, 1, limits.max_ttl_seconds),
-        )
+        try:
+            check.bounded("count", count, 1, limits.max_batch)
+            return IssueRequest(
+                check.scope(scope),
+                check.text("subject", subject, 128),
+                check.text("fingerprint", fingerprint, 128),
+                check.bounded("ttl_seconds", ttl, 1, limits.max_ttl_seconds),
+            )
+        except InvalidRequest:
+            check.every(  # one error naming every bad field, as the API's 400
+                lambda: check.bounded("count", count, 1, limits.max_batch),
+                lambda: check.scope(scope),
+                lambda: check.text("subject", subject, 128),
+                lambda: check.text("fingerprint", fingerprint, 128),
+                lambda: check.bounded("ttl_seconds", ttl, 1, limits.max_ttl_seconds),
+            )
+            raise
 
     def use(self, use: UseRequest) -> UseRequest:
         """``use`` itself, once its fields pass the API's rules (InvalidRequest or TokenInvalid)."""
         check.token(use.token)
-        check.scope(use.scope)
-        check.text("subject", use.subject, 128)
-        check.text("fingerprint", use.fingerprint, 128)
-        check.text("request_id", use.request_id, 128)
+        try:
+            check.scope(use.scope)
+            check.text("subject", use.subject, 128)
+            check.text("fingerprint", use.fingerprint, 128)
+            check.text("request_id", use.request_id, 128)
+        except InvalidRequest:
+            check.every(
+                lambda: check.scope(use.scope),
+                lambda: check.text("subject", use.subject, 128),
+                lambda: check.text("fingerprint", use.fingerprint, 128),
+                lambda: check.text("request_id", use.request_id, 128),
+            )
+            raise
         return use
 
     def lease_seconds(self, value: int | None) -> int:

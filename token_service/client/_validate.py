@@ -8,6 +8,7 @@ per-field messages, like the API's 400.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from token_service.errors import InvalidRequest, TokenInvalid
@@ -43,6 +44,19 @@ def text(name: str, value: Any, max_chars: int) -> str | None:
             {name: [f"1-{max_chars} characters, no control characters"]},
         )
     return value
+
+
+def every(*checks: Callable[[], object]) -> None:
+    """Run every check and raise one InvalidRequest naming every field that fails, as the API's
+    400 does (called once a first check has failed: the usual path stops at the first)."""
+    errors: dict[str, Any] = {}
+    for run in checks:
+        try:
+            run()
+        except InvalidRequest as exc:
+            errors.update(exc.errors)
+    if errors:
+        raise InvalidRequest("The request does not match the schema.", errors)
 
 
 def bounded(name: str, value: Any, low: int, high: int) -> int:

@@ -83,7 +83,9 @@ class _Bounded(BodySchema):
         super().__init__(**kwargs)
         self.limits = limits or {}
 
-    @validates_schema
+    # skip_on_field_errors=False: a bad ttl_seconds is reported beside a bad scope, not only
+    # once the scope is fixed (``data`` holds the fields that loaded; the others have their error)
+    @validates_schema(skip_on_field_errors=False)
     def _check_limits(self, data: dict[str, Any], **kwargs: Any) -> None:
         errors = {}
         for name, (low, high) in self.limits.items():
