@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from token_service.server.cli import port_in_use
+from token_service.server.cli import busy_port_message, port_in_use
 
 
 def port_or_exit(default: int, make_target: str) -> int:
@@ -15,8 +15,5 @@ def port_or_exit(default: int, make_target: str) -> int:
     """
     port = int(os.environ.get("PORT", str(default)))
     if port_in_use("127.0.0.1", port):
-        raise SystemExit(
-            f"port {port} on 127.0.0.1 is in use (another server?); choose another with "
-            f"PORT, e.g. PORT={port + 10} make {make_target}"
-        )
+        raise SystemExit(busy_port_message("127.0.0.1", port, f"PORT={{port}} make {make_target}"))
     return port

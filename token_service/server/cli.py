@@ -67,14 +67,31 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+# The checkout's own defaults (README, "Ports"): a port suggested for one must not be another's.
+_DEFAULT_PORTS = frozenset({8000, 8001, 8100, 8200, 8300})
+
+
+def free_port_near(host: str, port: int) -> int | None:
+    """A port to suggest in place of a busy ``port``: the first of port+10, port+20, ... that
+    is free now and no other default of the checkout's; None if none of ten is."""
+    for candidate in range(port + 10, min(port + 110, 65536), 10):
+        if candidate not in _DEFAULT_PORTS and not port_in_use(host, candidate):
+            return candidate
+    return None
+
+
+def busy_port_message(host: str, port: int, change: str) -> str:
+    """What to say of a busy port; ``change`` formats the way to pick another (``{port}``)."""
+    free = free_port_near(host, port)
+    how = change.format(port=free) if free is not None else change.format(port="<another port>")
+    return f"port {port} on {host} is in use (another server?); choose another: {how}"
+
+
 def serve(args: argparse.Namespace) -> int:
     settings = _settings_or_exit()
     if port_in_use(args.host, args.port):
-        print(
-            f"token-service: port {args.port} on {args.host} is in use (another server?); "
-            "choose another with --port (make run: PORT=8010 make run)",
-            file=sys.stderr,
-        )
+        how = "--port {port} (make run: PORT={port} make run)"
+        print(f"token-service: {busy_port_message(args.host, args.port, how)}", file=sys.stderr)
         return 2
     workers = args.workers
     if settings.embedded and workers not in (None, 1):
