@@ -107,6 +107,7 @@ def _group(item: pytest.Item) -> str:
 _LEASES = frozenset(
     [
         "tests/client/test_outcome_blips.py",
+        "tests/integrations/test_celery_outcome.py",
         "tests/client/test_renewal.py",
         "tests/client/test_renewal_asgi.py",
         "tests/client/test_renewal_decorators.py",

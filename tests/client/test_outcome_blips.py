@@ -43,6 +43,9 @@ from token_service.client import (
     TokenClient,
     TokenFailed,
     TokenInProgress,
+    idempotent,
+    keyed_guard,
+    operation_token,
 )
 from token_service.client._direct import DirectTransport
 from token_service.tokens import record_key, token_digest
@@ -394,3 +397,86 @@ def test_the_async_guard_rides_a_blip_at_complete_and_reports_a_longer_outage(
         assert caught.value.result == {"charged": 100}
         assert isinstance(caught.value.__cause__, ServiceUnavailable)
     assert len(runs) == 1
+
+
+# -- keyed operations (@idempotent, keyed_guard): the same guard, the key in the report ---------
+
+
+@pytest.fixture
+def direct(proxy: FaultProxy) -> Iterator[TokenClient]:
+    """A direct client behind the proxy (keyed operations run on the direct transport only)."""
+    proxy.set_mode(Mode.PASS)
+    connection = redis.Redis(
+        host="127.0.0.1",
+        port=proxy.port,
+        socket_timeout=SOCKET_TIMEOUT_SECONDS,
+        socket_connect_timeout=SOCKET_TIMEOUT_SECONDS,
+        retry=Retry(NoBackoff(), 0),
+    )
+    with TokenClient.from_redis(connection) as client:
+        yield client
+    connection.close()
+    proxy.set_mode(Mode.PASS)
+
+
+@pytest.mark.parametrize("seconds", [BLIP_SECONDS, None], ids=["blip", "longer-than-the-lease"])
+def test_idempotent_rides_a_blip_at_complete_and_reports_a_longer_outage(
+    direct: TokenClient,
+    other: TokenClient,
+    proxy: FaultProxy,
+    seconds: float | None,
+    request: pytest.FixtureRequest,
+) -> None:
+    fault = blip(proxy, Mode.REFUSE, seconds, request)
+    order_id = f"o-{time.monotonic_ns()}"
+    runs: list[str] = []
+
+    def ship(order_id: str) -> dict[str, str]:
+        runs.append(order_id)
+        if len(runs) == 1:
+            fault.start()
+        return {"shipped": order_id}
+
+    first = idempotent(direct, "order.ship", key="order_id", lease_seconds=LEASE_SECONDS)(ship)
+    duplicate = idempotent(other, "order.ship", key="order_id", lease_seconds=LEASE_SECONDS)(ship)
+    if seconds is not None:
+        assert first(order_id) == {"shipped": order_id}
+        assert duplicate(order_id) == {"shipped": order_id}  # the stored result: it does not run
+        assert len(runs) == 1
+        return
+    with pytest.raises(OutcomeNotRecorded) as caught:
+        first(order_id)
+    assert caught.value.key == order_id
+    assert repr(order_id) in str(caught.value)
+    assert caught.value.token_ref == token_digest(operation_token("order.ship", order_id))
+    assert caught.value.result == {"shipped": order_id}
+    fault.heal()
+    # a crashed holder's key: run again once its lease has run out (docs/integrations/functions.md)
+    wait_until(lambda: ran_again(duplicate, order_id), 30, 0.2, "the lease to run out")
+    assert len(runs) == 2
+
+
+def ran_again(operation: Any, order_id: str) -> bool:
+    try:
+        operation(order_id)
+    except TokenInProgress:
+        return False
+    return True
+
+
+def test_keyed_guard_rides_a_blip_while_a_terminal_failure_is_recorded(
+    direct: TokenClient, other: TokenClient, proxy: FaultProxy, request: pytest.FixtureRequest
+) -> None:
+    fault = blip(proxy, Mode.REFUSE, BLIP_SECONDS, request)
+    invoice = f"i-{time.monotonic_ns()}"
+
+    def send() -> None:
+        with keyed_guard(direct, "invoice.send", invoice, lease_seconds=LEASE_SECONDS, terminal=(Declined,)):
+            fault.start()
+            raise Declined("mailbox full")
+
+    with pytest.raises(Declined):
+        send()
+    assert fault.healed.is_set()
+    with pytest.raises(TokenFailed), keyed_guard(other, "invoice.send", invoice):
+        pytest.fail("a recorded terminal failure must not run again")

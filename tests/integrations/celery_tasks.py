@@ -13,6 +13,8 @@ from typing import Any
 
 import redis
 from celery import Celery
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from token_service.client import TokenClient
 from token_service.client.celery import IdempotentTask
@@ -103,3 +105,36 @@ def refund(order_id: str) -> None:
 )
 def store_down(label: str) -> None:
     counters.incr(f"runs:store_down:{label}")
+
+
+# The keys' Redis behind tests/support/tcp_proxy.py (tests/integrations/test_celery_outcome.py):
+# a socket timeout short enough that the client's own retries end inside a blip, as a refused
+# connection's do.
+_PROXIED_URL = os.environ.get("TS_TEST_PROXIED_REDIS_URL")
+proxied = (
+    TokenClient.from_redis(
+        redis.Redis.from_url(
+            _PROXIED_URL, socket_timeout=0.25, socket_connect_timeout=0.25, retry=Retry(NoBackoff(), 0)
+        )
+    )
+    if _PROXIED_URL
+    else tokens
+)
+
+
+@app.task(
+    base=IdempotentTask,
+    token_client=proxied,
+    name="tests.settle_blip",
+    idempotency_key="order_id",
+    idempotency_lease_seconds=3,
+    idempotency_poll_seconds=0.5,
+)
+def settle_blip(order_id: str) -> dict[str, Any]:
+    """Says it ran, then waits for the test to cut its keys' Redis off before it returns."""
+    run = counters.incr(f"runs:settle_blip:{order_id}")
+    counters.set(f"ran:settle_blip:{order_id}:{run}", 1)
+    deadline = time.monotonic() + 60
+    while not counters.get(f"go:settle_blip:{order_id}") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return {"order": order_id, "run": run}

@@ -31,6 +31,15 @@ when a prefork child (not the whole worker) may die.
 When the keys' Redis cannot answer, the body does not run (fail closed) and
 the message is retried (``self.retry``, within ``max_retries``).
 
+Once the body has run, a Redis that goes away while its result is stored is
+waited out for as long as the lease can be held (the guard keeps renewing it
+and trying again). Past that the task fails with
+:class:`~token_service.errors.OutcomeNotRecorded`, logged at error level with
+what reconciling it takes (task id, key, token_ref, lease id, the result that
+was not stored); it is never retried, by this class or by ``autoretry_for``: the
+body ran. To the key it is a crashed holder: a redelivery or a new message for
+the same key after the lease runs the body again (docs/integrations/celery.md).
+
 A task called directly (``send_receipt("o-1")``, no message) and keyed by its
 task id has no id to key on: it runs unguarded, as any function call does.
 Only this module imports Celery.
@@ -41,7 +50,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from token_service.errors import ServiceUnavailable, TokenInProgress
+from token_service.errors import OutcomeNotRecorded, ServiceUnavailable, TokenInProgress
 from token_service.tokens import SCOPE_RE
 
 from ._client import TokenClient
@@ -134,6 +143,21 @@ class IdempotentTask(Task):  # type: ignore[misc]  # Celery ships no type hints
             finally:
                 # retry() leaves the override on the (shared) task object for autoretry_for to read
                 self.__dict__.pop("override_max_retries", None)
+        except OutcomeNotRecorded as not_recorded:
+            # The body ran and its outcome is not stored: retrying would run it again as if
+            # nothing had happened. The task fails, with what a person needs to reconcile it.
+            log.error(
+                "task %s[%s]: the body ran but its outcome (%s) could not be recorded: not retried; "
+                "reconcile key %r (token_ref %s, lease %s); the result not stored: %r",
+                self.name,
+                self.request.id,
+                not_recorded.operation,
+                not_recorded.key,
+                not_recorded.token_ref,
+                not_recorded.lease_id,
+                not_recorded.result if not_recorded.operation == "complete" else not_recorded.error,
+            )
+            raise
         except ServiceUnavailable as down:
             if self.request.called_directly:
                 raise

@@ -235,7 +235,7 @@ def _guard_for(
     result_type: Any = None,
     hooks: GuardHooks | None = None,
 ) -> Guard | AsyncGuard:
-    return keyed.guard(
+    guard: Guard | AsyncGuard = keyed.guard(
         operation_token(scope, key),
         scope,
         fingerprint=_fingerprint(fingerprint),
@@ -247,6 +247,8 @@ def _guard_for(
         result_type=result_type,
         hooks=hooks,
     )
+    guard.key = key  # what OutcomeNotRecorded names, for whoever reconciles it
+    return guard
 
 
 def keyed_guard(
