@@ -163,6 +163,27 @@ def test_idempotency_identity_is_read_from_stdin(topology: Any, client: Any) -> 
     assert "k-1" not in json.dumps([line.get("ref") for line in audit])
 
 
+def test_a_short_ref_finds_records_of_either_kind_and_says_when_none(topology: Any, client: Any) -> None:
+    """A short ref found only token records, and one that matched nothing printed nothing (exit 1)."""
+    from token_service.client._idempotency_store import IdempotencyStore
+
+    claims = IdempotencyStore(client)
+    claim = claims.key("Bearer dave-credential", "k-2")
+    claims.begin(claim, "fp", "owner", 600)
+    [key] = [key.decode() for key in client.keys("*:ik:*")]
+    ref = key.rsplit(":", 1)[1]
+    status, out, _ = admin_cli(topology.url, "show", ref[:8])
+    assert status == 0
+    assert [(record["kind"], record["ref"]) for record in out] == [("idempotency", ref)]
+    status, out, _ = admin_cli(topology.url, "show", ref[:8], "--kind", "token")
+    assert (status, [line["outcome"] for line in out]) == (1, ["not_found"])
+    status, out, audit = admin_cli(topology.url, "show", "ZZZZZZZZ")
+    assert status == 1
+    assert out == [{"outcome": "not_found", "detail": out[0]["detail"]}]
+    assert "ZZZZZZZZ" in out[0]["detail"]
+    assert [(line["action"], line["outcome"]) for line in audit] == [("find_by_ref_prefix", "0 found")]
+
+
 def test_reconcile_with_a_handler_module(topology: Any, client: Any, tmp_path: Path) -> None:
     past = TokenStore(client, clock_ms=past_clock(30))
     [token] = past.issue(PAY, 1)

@@ -80,16 +80,23 @@ def show(args: argparse.Namespace) -> int:
     if args.ref is None:
         raise _UsageError("give a ref (the token_ref of a log line) or --idempotency-key with --identity")
     if len(args.ref) < 22:
-        # an older, shorter token_ref: walk the keyspace for the records it may be
+        # an older, shorter token_ref: walk the keyspace for the records it may be, of either
+        # kind unless --kind says which (an Idempotency-Key record's ref is as short in its logs)
+        from token_service.errors import RecordNotFound
         from token_service.ops.admin import Filter, check_ref
 
         check_ref(args.ref)
         found = 0
-        for record in admin.walk(Filter(kind="token", ref_prefix=args.ref), count=args.count):
+        for record in admin.walk(Filter(kind=args.kind, ref_prefix=args.ref), count=args.count):
             _emit(record.to_dict())
             found += 1
         admin._audit("find_by_ref_prefix", args.ref, f"{found} found")
-        return 0 if found else 1
+        if not found:  # said, as for a whole ref, not an empty answer with exit 1
+            kind = f"{args.kind} " if args.kind else ""
+            raise RecordNotFound(
+                f"No {kind}record's ref starts with {args.ref} (expired, deleted, or never)."
+            )
+        return 0
     _emit(admin.show(args.ref, args.kind).to_dict())
     return 0
 
