@@ -8,7 +8,8 @@ then a focused set of tests runs on them in a subprocess:
 
 - ``server``, ``client``, ``telemetry``: the HTTP API (Flask, marshmallow) on the embedded store
   (fakeredis with Lua), CORS (flask-cors), metrics and JSON logs (prometheus-client,
-  python-json-logger), the SDK's HTTP transport (httpx) and its telemetry (OpenTelemetry);
+  python-json-logger), the SDK's HTTP transport (httpx) and its telemetry (OpenTelemetry), the
+  testing kit's fixtures on the client extra's fakeredis;
 - ``db``: the durable backstop (SQLAlchemy) on SQLite, PostgreSQL (psycopg) and MariaDB (PyMySQL);
 - ``asgi`` and ``fastapi`` (one install: their uvicorn floor is the same): the ASGI middleware
   under uvicorn and FastAPI's ``require_token``;
@@ -57,6 +58,8 @@ CASES = {
             "tests/edge/test_telemetry.py",
             "tests/client/test_client.py",
             "tests/client/test_sdk_telemetry.py",
+            # the testing kit (the client extra's fakeredis[lua]): its clock reaches into fakeredis
+            "tests/testing/test_kit_fixtures.py",
         ),
     ),
     "db": Case(("db",), ("tests/durable",)),

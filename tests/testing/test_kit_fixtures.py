@@ -263,3 +263,18 @@ def test_asyncio_run_outside_pytest_asyncio() -> None:
         return (await client.verify(token)).state
 
     assert asyncio.run(main()) == "CONSUMED"
+
+
+def test_an_outage_while_the_outcome_is_stored_is_outcome_not_recorded(
+    token_client: TokenClient, token_faults: StoreFaults
+) -> None:
+    # the guard keeps trying while its lease can be held, on the real clock: a short lease here
+    from token_service.client import OutcomeNotRecorded
+
+    token = token_client.generate(SCOPE).token
+    guard = token_client.guard(token, SCOPE, lease_seconds=1)
+    assert guard.start()  # the work runs ...
+    with token_faults.store_down(), pytest.raises(OutcomeNotRecorded) as lost:
+        guard.succeed("charged")  # ... and its outcome meets the outage
+    assert lost.value.result == "charged"
+    assert token_client.verify(token).state == "PROCESSING"  # a crashed holder, to the token

@@ -39,6 +39,25 @@ def test_time_moves_by_numbers_of_seconds(token_clock: StoreClock, seconds: Any)
     assert token_clock.offset_seconds == 0
 
 
+def test_time_moves_at_most_a_century_ahead(token_client: TokenClient, token_clock: StoreClock) -> None:
+    token = token_client.generate(SCOPE).token
+    with pytest.raises(ValueError, match="more than a century"):
+        token_clock.advance(1e18)
+    token_clock.advance(99 * 365 * 86400)  # far, but what Redis can count: the store still answers
+    with pytest.raises(TokenInvalid):
+        token_client.consume(token, SCOPE)
+    assert token_client.consume(token_client.generate(SCOPE).token, SCOPE)
+
+
+def test_a_holder_crashes_once(token_client: TokenClient, token_faults: Any, token_clock: StoreClock) -> None:
+    token = token_client.generate(SCOPE).token
+    holder = token_faults.in_flight(token, SCOPE, lease_seconds=10)
+    holder.crash()
+    moved = token_clock.offset_seconds
+    holder.crash()
+    assert token_clock.offset_seconds == moved
+
+
 def test_a_zero_advance_changes_nothing(token_client: TokenClient, token_clock: StoreClock) -> None:
     token = token_client.generate(SCOPE, ttl_seconds=1).token
     token_clock.advance(0)

@@ -16,6 +16,10 @@ from datetime import timedelta
 
 __all__ = ["StoreClock"]
 
+# How far ahead the store's time may go: Redis keeps expiries as milliseconds in 64 bits, and
+# fakeredis refuses an expiry past that; a century is far beyond any TTL the API accepts.
+MAX_OFFSET_SECONDS = 100 * 365 * 86400
+
 
 def _seconds(value: object) -> float:
     """``value`` as a number of seconds to move forward, or the error that says what is wrong."""
@@ -71,6 +75,11 @@ class StoreClock:
         """
         step = _seconds(seconds)
         with self._lock:
+            if self._offset_seconds + step > MAX_OFFSET_SECONDS:
+                raise ValueError(
+                    f"token_clock.advance({seconds!r}): the store's time would be more than a century "
+                    "ahead of this host's, past what Redis can count"
+                )
             self._offset_seconds += step
 
     def _reset(self) -> None:

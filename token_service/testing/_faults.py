@@ -58,6 +58,8 @@ class InFlight:
         """The holder dies now, without a word: the store's clock moves to the end of its lease
         (``lease_seconds`` on: everything else ages as much), so the next begin takes over. The
         dead holder can no longer record anything (:meth:`finish` raises ``LeaseLost``)."""
+        if self.crashed:
+            return  # it died once: its lease ended then
         self.crashed = True
         self._store.clock.advance(self.lease_seconds + _PAST_THE_LEASE_SECONDS)
 
