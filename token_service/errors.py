@@ -24,6 +24,7 @@
     ├── RequestTimeout                      request_timeout (408)               [2]
     ├── RecordNotFound                      not_found (404)                     [3]
     ├── NotInProgress                       not_in_progress (409)               [3]
+    ├── UnexpectedReply                     unexpected_reply (a reply, never sent) [6]
     └── RecordError                         record_error (500)                  [4]
         ├── RecordInProgress                record_in_progress (409)
         ├── RecordFailed                    record_failed (409)
@@ -41,7 +42,9 @@ own answers (``client/_idempotency_core.py`` answers them, never raises them);
 ``server/body.py``); [3] the operators' tools' (``ops/admin.py``, the
 ``/admin/`` routes); [4] the durable records' in the business database
 (``token_service.client.durable``, which re-exports them); [5] the SDK's guards': the work
-ran and its outcome could not be stored (``@require_token`` answers it as a 500).
+ran and its outcome could not be stored (``@require_token`` answers it as a 500); [6] the SDK's
+own, never on the wire: its HTTP transport's verdict on a reply the API never sends
+(``client/_replies.py``).
 
 Every failure a caller can meet has one narrow class whose ``code`` is its
 stable machine-readable code and whose ``status`` is the HTTP status it is
@@ -372,6 +375,38 @@ class NotInProgress(TokenError):
     code = "not_in_progress"
     status = 409
     title = "Not in progress"
+
+
+# The SDK's own: raised by its HTTP transport about what it was sent, never sent itself.
+
+
+class UnexpectedReply(TokenError):
+    """The endpoint did not answer as a token service: a status the operation never answers
+    with (a redirect, a 204, a 500), another media type (an HTML page), a body that is not
+    the documented JSON (``{}``, a list, ``"replayed": "false"``) or one over the size cap.
+
+    The SDK's HTTP transport raises it instead of guessing (never the token in it);
+    ``reply_status`` and ``media_type`` are the reply's, ``reason`` what was wrong with it.
+    Not retried: the same request to the same endpoint gets the same answer, and for a
+    consume or begin nothing says whether the service ran it (fail closed).
+    """
+
+    code = "unexpected_reply"
+    status = 502
+    title = "Not a token service's reply"
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        reply_status: int | None = None,
+        media_type: str | None = None,
+        reason: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.reply_status = reply_status
+        self.media_type = media_type
+        self.reason = reason
 
 
 # The idempotency records in the business database (token_service.client.durable): a backend

@@ -33,6 +33,7 @@ from token_service.errors import (
     TokenMismatch,
     TokenUsed,
     Unauthorized,
+    UnexpectedReply,
 )
 from token_service.tokens import new_request_id
 
@@ -90,6 +91,7 @@ __all__ = [
     "TokenMismatch",
     "TokenUsed",
     "Unauthorized",
+    "UnexpectedReply",
     "UnresolvedResultType",
     "default_store_status",
     "describe_error",

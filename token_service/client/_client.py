@@ -128,7 +128,13 @@ class _ClientBase:
         ) from error
 
     def _over_http(
-        self, base_url: str | None, api_key: str | None, timeout: float, max_connections: int, transport: Any
+        self,
+        base_url: str | None,
+        api_key: str | None,
+        timeout: float,
+        max_connections: int,
+        transport: Any,
+        max_result_bytes: int,
     ) -> Any:
         """The HTTP transport; ``transport`` is an httpx transport of this client's kind."""
         if base_url is None:
@@ -140,7 +146,12 @@ class _ClientBase:
 
         kind = _http.AsyncHttpTransport if self._is_async else _http.HttpTransport
         return kind(
-            base_url, api_key=api_key, timeout=timeout, max_connections=max_connections, transport=transport
+            base_url,
+            api_key=api_key,
+            timeout=timeout,
+            max_connections=max_connections,
+            transport=transport,
+            max_result_bytes=max_result_bytes,
         )
 
     @classmethod
@@ -185,12 +196,15 @@ class TokenClient(_ClientBase):
         max_connections: int = 20,
         transport: httpx.BaseTransport | None = None,
         telemetry: Telemetry | None = None,
+        max_result_bytes: int = defaults.MAX_RESULT_BYTES,
         _backend: _Transport | None = None,
         _call_timeout_seconds: float | None = None,
     ) -> None:
         super().__init__(retry, telemetry, _call_timeout_seconds)
         if _backend is None:
-            _backend = self._over_http(base_url, api_key, timeout, max_connections, transport)
+            _backend = self._over_http(
+                base_url, api_key, timeout, max_connections, transport, max_result_bytes
+            )
         self._backend = _backend
 
     @classmethod
@@ -359,12 +373,15 @@ class AsyncTokenClient(_ClientBase):
         max_connections: int = 20,
         transport: httpx.AsyncBaseTransport | None = None,
         telemetry: Telemetry | None = None,
+        max_result_bytes: int = defaults.MAX_RESULT_BYTES,
         _backend: _AsyncTransport | None = None,
         _call_timeout_seconds: float | None = None,
     ) -> None:
         super().__init__(retry, telemetry, _call_timeout_seconds)
         if _backend is None:
-            _backend = self._over_http(base_url, api_key, timeout, max_connections, transport)
+            _backend = self._over_http(
+                base_url, api_key, timeout, max_connections, transport, max_result_bytes
+            )
         self._backend = _backend
 
     @classmethod
