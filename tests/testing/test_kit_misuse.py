@@ -75,24 +75,21 @@ def test_an_async_client_refuses_a_second_event_loop(token_store: InMemoryStore)
         asyncio.run(generate())
 
 
-_leftover: list[TokenClient] = []
-
-
-def test_a_client_kept_past_its_test(token_client: TokenClient) -> None:
-    _leftover.append(token_client)
-    _leftover.append(token_client)
-
-
-def test_is_refused_in_the_next_one(token_client: TokenClient) -> None:
-    # a client a previous test kept (a module global, a thread still running) must not reach
-    # this test's tokens, nor report the previous test's as gone
-    assert _leftover
-    with pytest.raises(StoreClosed, match="test_a_client_kept_past_its_test"):
-        _leftover[0].generate(SCOPE)
-    token = token_client.generate(SCOPE).token
+def test_a_client_kept_past_its_test_is_refused_in_the_next_one(
+    token_store: InMemoryStore, request: pytest.FixtureRequest
+) -> None:
+    # a client a test kept (a module global, a thread still running) must not reach the next
+    # test's tokens, nor report that test's tokens as gone; reset() is what the fixture does
+    # between two tests, done here inside one so that no test depends on another's order
+    kept = token_store.client()
+    token_store.reset("the next test")
+    with pytest.raises(StoreClosed, match=request.node.name):
+        kept.generate(SCOPE)
+    fresh = token_store.client()
+    token = fresh.generate(SCOPE).token
     with pytest.raises(StoreClosed):
-        _leftover[0].consume(token, SCOPE)
-    token_client.consume(token, SCOPE)
+        kept.consume(token, SCOPE)
+    fresh.consume(token, SCOPE)
 
 
 def test_a_token_of_another_store_is_unknown(token_client: TokenClient) -> None:
