@@ -330,6 +330,9 @@ class OutcomeNotRecorded(TokenError):
         self.result = result
         self.error = error
 
+    def problem_extras(self) -> dict[str, Any]:
+        return {} if self.token_ref is None else {"token_ref": self.token_ref}
+
 
 ERRORS_BY_CODE: dict[str, type[TokenError]] = {
     cls.code: cls

@@ -41,8 +41,14 @@ the Idempotency-Key middlewares sit on :mod:`._idempotency_core`):
    - **Body omitted**: otherwise the status and ``replay_headers`` are stored with
      the body's real length: a duplicate gets an empty body marked
      ``Idempotent-Body-Omitted: <length>``.
-   - A store that fails at this point is logged: the work is done and its
-     response goes out; only the record of it is missing.
+   - A store that cannot answer at this point is waited out for as long as the
+     lease can be held (the guard keeps it renewed and tries again). Past that
+     the view's response does not go out: :meth:`settle` returns the error to
+     answer instead, a 500 ``outcome_not_recorded`` problem (the view ran, its
+     response is not kept; a duplicate is refused ``token_in_progress`` while the
+     lease lasts and may run the view again after it), and a streamed body is
+     broken off before its end. Any other refusal (``lease_lost``: the view
+     outlived its lease) is logged and the response goes out.
 
    A streamed body (a file, a generator) is never buffered whole:
    :meth:`record` / :meth:`arecord` wrap it so it passes through, is held up to
@@ -71,7 +77,7 @@ from collections.abc import (
 from dataclasses import dataclass
 from typing import Any
 
-from token_service.errors import InvalidRequest, TokenError
+from token_service.errors import InvalidRequest, OutcomeNotRecorded, TokenError
 from token_service.records import dump_json
 
 from ._idempotency_core import Recorder
@@ -246,28 +252,48 @@ class RequireToken:
         """Whether a response with this status is stored (the others free the token)."""
         return self.store_status(status)
 
-    def settle(self, guard: Guard, reply: Reply | ValueReply | None) -> None:
+    def settle(self, guard: Guard, reply: Reply | ValueReply | None) -> OutcomeNotRecorded | None:
         """Store what duplicates get, or free the token (``None``: the body broke on its way out).
 
-        Never raises a store error: the work is done and its response goes out."""
+        Returns the error to answer instead of the view's response when its outcome could not be
+        recorded (:meth:`not_recorded`); None: the response goes out. Raises no store error."""
         result = self.result(reply)
         if result is None:
-            guard.abandon_quietly(None, retryable=True)
-            return
+            guard.abandon_quietly(None, retryable=True)  # a release not recorded: the lease frees it
+            return None
         try:
             guard.succeed(result)
+        except OutcomeNotRecorded as exc:
+            return self.not_recorded(exc)
         except TokenError as exc:
             self._not_stored(exc)
+        return None
 
-    async def asettle(self, guard: AsyncGuard, reply: Reply | ValueReply | None) -> None:
+    async def asettle(self, guard: AsyncGuard, reply: Reply | ValueReply | None) -> OutcomeNotRecorded | None:
         result = self.result(reply)
         if result is None:
             await guard.abandon_quietly(None, retryable=True)
-            return
+            return None
         try:
             await guard.succeed(result)
+        except OutcomeNotRecorded as exc:
+            return self.not_recorded(exc)
         except TokenError as exc:
             self._not_stored(exc)
+        return None
+
+    def not_recorded(self, exc: OutcomeNotRecorded) -> OutcomeNotRecorded:
+        """The answer to the client for an outcome that was not recorded (the guard logged ``exc``,
+        with its lease id and the result, for whoever reconciles it): what happened and what a
+        retry gets, the record's ``token_ref``, never the lease id or the response."""
+        return OutcomeNotRecorded(
+            "The request ran, but its outcome could not be recorded: the token store did not answer. "
+            "Do not send it again as a new request: with this token a retry is refused "
+            "(409 token_in_progress) while the request's lease lasts, and may run it again after that.",
+            operation=exc.operation,
+            scope=exc.scope,
+            token_ref=exc.token_ref,
+        )
 
     def _not_stored(self, exc: TokenError) -> None:
         # LeaseLost: the view outlived its lease, a duplicate may have run it again
@@ -324,11 +350,10 @@ class RequireToken:
     ) -> AsyncRecording:
         recorder = self._recorder(head.status, head.headers, length)
 
-        async def settle(failed: bool) -> None:
+        async def settle(failed: bool) -> OutcomeNotRecorded | None:
             if isinstance(guard, Guard):  # a sync view's async stream (Django serves it on its event loop)
-                self.settle(guard, self.reply_of(recorder, failed))
-            else:
-                await self.asettle(guard, self.reply_of(recorder, failed))
+                return self.settle(guard, self.reply_of(recorder, failed))
+            return await self.asettle(guard, self.reply_of(recorder, failed))
 
         return AsyncRecording(chunks, recorder, settle)
 
@@ -339,9 +364,15 @@ def _as_bytes(chunk: Any) -> bytes:
 
 
 class Recording:
-    """A streamed body on its way out: passed through, recorded, then settled once."""
+    """A streamed body on its way out: passed through, recorded, then settled once.
 
-    def __init__(self, chunks: Iterable[Any], recorder: Recorder, settle: Callable[[bool], None]) -> None:
+    An outcome that could not be recorded breaks the body off (its error is raised before its
+    last bytes go out, so the server aborts the response), unless the body was closed early
+    (the client left: nothing is sent any more)."""
+
+    def __init__(
+        self, chunks: Iterable[Any], recorder: Recorder, settle: Callable[[bool], OutcomeNotRecorded | None]
+    ) -> None:
         self.chunks = chunks
         self.recorder = recorder
         self.settle_with = settle
@@ -367,12 +398,14 @@ class Recording:
             if close is not None:
                 close()
         finally:
-            self._settle(failed=False)
+            self._settle(failed=False, breaking=False)
 
-    def _settle(self, *, failed: bool) -> None:
+    def _settle(self, *, failed: bool, breaking: bool = True) -> None:
         if not self.settled:
             self.settled = True
-            self.settle_with(failed)
+            not_recorded = self.settle_with(failed)
+            if not_recorded is not None and breaking:
+                raise not_recorded
 
 
 class AsyncRecording:
@@ -384,7 +417,10 @@ class AsyncRecording:
     """
 
     def __init__(
-        self, chunks: AsyncIterable[Any], recorder: Recorder, settle: Callable[[bool], Awaitable[None]]
+        self,
+        chunks: AsyncIterable[Any],
+        recorder: Recorder,
+        settle: Callable[[bool], Awaitable[OutcomeNotRecorded | None]],
     ) -> None:
         self.chunks = chunks
         self.recorder = recorder
@@ -398,7 +434,8 @@ class AsyncRecording:
                     await self._settle(failed=False)
                 yield chunk
         except (GeneratorExit, asyncio.CancelledError):
-            await self._settle(failed=False)  # what went out is recorded: the work is done
+            # what went out is recorded: the work is done (nothing more goes out to break off)
+            await self._settle(failed=False, breaking=False)
             raise
         except BaseException:
             await self._settle(failed=True)
@@ -406,15 +443,17 @@ class AsyncRecording:
         self.recorder.complete = True
         await self._settle(failed=False)
 
-    async def _settle(self, *, failed: bool) -> None:
+    async def _settle(self, *, failed: bool, breaking: bool = True) -> None:
         if self.settled:
             return
         self.settled = True
         task = asyncio.ensure_future(self.settle_with(failed))
         _SETTLING.add(task)
         task.add_done_callback(_SETTLING.discard)
-        await asyncio.shield(task)
+        not_recorded = await asyncio.shield(task)
+        if not_recorded is not None and breaking:
+            raise not_recorded
 
 
 # settling tasks a cancelled request left running (a reference keeps them from being collected)
-_SETTLING: set[asyncio.Future[None]] = set()
+_SETTLING: set[asyncio.Future[OutcomeNotRecorded | None]] = set()

@@ -71,7 +71,7 @@ import redis
 import redis.asyncio
 
 from token_service import defaults
-from token_service.errors import TokenError
+from token_service.errors import OutcomeNotRecorded, TokenError
 from token_service.problems import problem_for
 
 from ._client import AsyncTokenClient, TokenClient
@@ -524,10 +524,13 @@ def require_token(
                     await core.araised(guard, exc, sync_to_async(reply, thread_sensitive=False))
                     raise
                 now = _settle_now(core, guard, request, response)
+                not_recorded = None
                 if now is _READ_AHEAD:
-                    await _read_ahead(core, guard, response)
+                    not_recorded = await _read_ahead(core, guard, response)
                 elif now is not None:
-                    await core.asettle(guard, now)
+                    not_recorded = await core.asettle(guard, now)
+                if not_recorded is not None:
+                    return _answer(not_recorded)  # never a success whose outcome was not kept
                 return response
 
             return guarded_async_view
@@ -548,7 +551,9 @@ def require_token(
                 raise
             now = _settle_now(core, guard, request, response)
             if now is not None:
-                core.settle(guard, now)
+                not_recorded = core.settle(guard, now)
+                if not_recorded is not None:
+                    return _answer(not_recorded)  # never a success whose outcome was not kept
             return response
 
         return guarded_view
@@ -580,7 +585,9 @@ def _settle_now(core: RequireToken, guard: Guard | AsyncGuard, request: HttpRequ
 _READ_AHEAD = object()
 
 
-async def _read_ahead(core: RequireToken, guard: AsyncGuard, response: StreamingHttpResponse) -> None:
+async def _read_ahead(
+    core: RequireToken, guard: AsyncGuard, response: StreamingHttpResponse
+) -> OutcomeNotRecorded | None:
     """An async view's synchronous stream (a FileResponse), settled before it goes out.
 
     Django may iterate it after this view's event loop is gone (an async view under
@@ -591,8 +598,7 @@ async def _read_ahead(core: RequireToken, guard: AsyncGuard, response: Streaming
     """
     head = Reply(response.status_code, list(response.items()))
     if response.is_async:
-        await _read_whole(core, guard, response, head)
-        return
+        return await _read_whole(core, guard, response, head)
     chunks = iter(response.streaming_content)
     read: list[bytes] = []
 
@@ -611,16 +617,17 @@ async def _read_ahead(core: RequireToken, guard: AsyncGuard, response: Streaming
         await core.asettle(guard, None)  # the body broke before it went out: freed, as a broken stream is
         raise
     if whole:
-        await core.asettle(guard, dataclasses.replace(head, body=b"".join(read)))
+        not_recorded = await core.asettle(guard, dataclasses.replace(head, body=b"".join(read)))
     else:
         length = declared_length(str(response.get("Content-Length") or ""))
-        await core.asettle(guard, dataclasses.replace(head, omitted=length or 0))
+        not_recorded = await core.asettle(guard, dataclasses.replace(head, omitted=length or 0))
     response.streaming_content = itertools.chain(read, chunks)
+    return not_recorded
 
 
 async def _read_whole(
     core: RequireToken, guard: AsyncGuard, response: StreamingHttpResponse, head: Reply
-) -> None:
+) -> OutcomeNotRecorded | None:
     """An async view's async stream outside ASGI (an async view under WSGI), read whole and settled here.
 
     Django reads such a stream whole into a list before it sends it (``StreamingHttpResponse.__iter__``),
@@ -635,8 +642,7 @@ async def _read_whole(
         await core.asettle(guard, None)  # the body broke before it went out: freed, as a broken stream is
         raise
     size = sum(map(len, read))
-    if size <= core.cap_bytes:
-        await core.asettle(guard, dataclasses.replace(head, body=b"".join(read)))
-    else:
-        await core.asettle(guard, dataclasses.replace(head, omitted=size))
     response.streaming_content = iter(read)
+    if size <= core.cap_bytes:
+        return await core.asettle(guard, dataclasses.replace(head, body=b"".join(read)))
+    return await core.asettle(guard, dataclasses.replace(head, omitted=size))

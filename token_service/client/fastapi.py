@@ -53,7 +53,7 @@ import typing
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Unpack
 
-from token_service.errors import TokenError
+from token_service.errors import OutcomeNotRecorded, TokenError
 from token_service.problems import problem_for
 
 from ._client import AsyncTokenClient
@@ -246,15 +246,17 @@ def require_token(
                 raise  # FastAPI answers it as ever (and a yield dependency sees it)
             try:
                 if isinstance(value, Response):
-                    await _settle_response(core, guard, request, value)
+                    not_recorded = await _settle_response(core, guard, request, value)
                 else:
                     document = jsonable_encoder(value)
                     reply = ValueReply(response.status_code, response.headers.items(), document)
-                    await core.asettle(guard, reply)
+                    not_recorded = await core.asettle(guard, reply)
             except BaseException:
                 # not answerable (a FileResponse whose file is missing: a 500): freed, as after an exception
                 await core.asettle(guard, None)
                 raise
+            if not_recorded is not None:
+                return problem_response(not_recorded)  # never a success whose outcome was not kept
             return value
 
         guarded_endpoint.__signature__ = signature  # type: ignore[attr-defined]
@@ -286,26 +288,27 @@ def _resolved_client(value: Any, dependency: Callable[..., Any]) -> AsyncTokenCl
     return value
 
 
-async def _settle_response(core: RequireToken, guard: AsyncGuard, request: Request, value: Response) -> None:
-    """Settle a returned ``Response``; a streamed one is recorded as it goes out."""
+async def _settle_response(
+    core: RequireToken, guard: AsyncGuard, request: Request, value: Response
+) -> OutcomeNotRecorded | None:
+    """Settle a returned ``Response``; a streamed one is recorded as it goes out. Returns the error
+    to answer instead when its outcome could not be recorded."""
     status, headers = value.status_code, list(value.headers.items())
     if isinstance(value, FileResponse):
         # sent by Starlette from its path: kept when it fits the caps (read now), else its size
         size = (await anyio.Path(value.path).stat()).st_size
         if size > core.cap_bytes or request.method == "HEAD":
-            await core.asettle(guard, Reply(status, headers, omitted=size))
-        else:
-            await core.asettle(guard, Reply(status, headers, await anyio.Path(value.path).read_bytes()))
-    elif isinstance(value, StreamingResponse):
+            return await core.asettle(guard, Reply(status, headers, omitted=size))
+        return await core.asettle(guard, Reply(status, headers, await anyio.Path(value.path).read_bytes()))
+    if isinstance(value, StreamingResponse):
         length = declared_length(value.headers.get("content-length", ""))
         if not core.keeps(status):
-            await core.asettle(guard, Reply(status, headers))  # frees the token, the body untouched
-        elif request.method == "HEAD":
-            await core.asettle(guard, core.head_of_stream(Reply(status, headers), length))
-        else:
-            value.body_iterator = core.arecord(guard, value.body_iterator, Reply(status, headers), length)
-    else:
-        await core.asettle(guard, _reply_of(value))
+            return await core.asettle(guard, Reply(status, headers))  # frees the token, the body untouched
+        if request.method == "HEAD":
+            return await core.asettle(guard, core.head_of_stream(Reply(status, headers), length))
+        value.body_iterator = core.arecord(guard, value.body_iterator, Reply(status, headers), length)
+        return None
+    return await core.asettle(guard, _reply_of(value))
 
 
 def _reply_of(value: Response) -> Reply:

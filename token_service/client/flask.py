@@ -25,7 +25,9 @@ the same rule (exceptions listed in
 ``terminal`` record a terminal failure instead: duplicates get 409
 ``token_failed``). Token errors become problem+json: missing header 400,
 unknown token 404, mismatch 403, in progress 409 with ``Retry-After``,
-used 409, store down 503.
+used 409, store down 503; a response whose outcome could not be stored for as
+long as the lease could be held is never sent as a success: 500
+``outcome_not_recorded`` (a streamed one is broken off).
 
 This is the only SDK module that imports Flask; ``token_service.client``
 itself does not.
@@ -212,17 +214,21 @@ def require_token(
                 core.failed(guard, exc)
                 raise
             status, headers = response.status_code, list(response.headers.items())
+            not_recorded = None
             if not (response.is_streamed or response.direct_passthrough):
-                core.settle(guard, Reply(status, headers, response.get_data()))
+                not_recorded = core.settle(guard, Reply(status, headers, response.get_data()))
             elif not core.keeps(status):
                 core.settle(guard, Reply(status, headers))  # frees the token, the body untouched
             elif request.method == "HEAD":
                 # Werkzeug sends no body for HEAD and never iterates it
-                core.settle(guard, core.head_of_stream(Reply(status, headers), response.content_length))
+                head = core.head_of_stream(Reply(status, headers), response.content_length)
+                not_recorded = core.settle(guard, head)
             else:
                 # a file or a stream: never buffered whole, recorded as it goes out
                 length = response.content_length
                 response.response = core.record(guard, response.response, Reply(status, headers), length)
+            if not_recorded is not None:
+                return _answer(not_recorded)  # never a success whose outcome was not kept
             return response
 
         return guarded_view
