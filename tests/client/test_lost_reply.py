@@ -131,9 +131,8 @@ def http_proxy(gunicorn: Gunicorn, real_redis: redis.Redis) -> Iterator[FaultPro
         yield proxy
 
 
-@pytest.mark.parametrize("then", ["reset", "hang"])
 def test_http_consume_whose_reply_is_lost_is_reported_as_the_win(
-    http_proxy: FaultProxy, gunicorn: Gunicorn, then: Literal["reset", "hang"]
+    http_proxy: FaultProxy, gunicorn: Gunicorn
 ) -> None:
     client = TokenClient(
         f"http://127.0.0.1:{http_proxy.port}", API_KEY, timeout=HTTP_TIMEOUT_SECONDS, retry=RETRY
@@ -141,11 +140,29 @@ def test_http_consume_whose_reply_is_lost_is_reported_as_the_win(
     other = TokenClient(gunicorn.url, API_KEY)
     with client, other:
         token = client.generate(SCOPE).token
-        http_proxy.drop_replies(1, match=b"POST /token/consume", then=then)
+        http_proxy.drop_replies(1, match=b"POST /token/consume", then="reset")
         assert client.consume(token, SCOPE) == Consumed(replayed=True)
         assert http_proxy.stats.replies_dropped == 1
         with pytest.raises(TokenUsed):
             other.consume(token, SCOPE)
+
+
+def test_http_consume_whose_reply_never_comes_is_unavailable_then_found_by_its_request_id(
+    http_proxy: FaultProxy, gunicorn: Gunicorn
+) -> None:
+    """A reply that never comes spends the call's whole timeout (its budget, every attempt
+    included): the call is unavailable, never TokenUsed, and the caller's own retry with the
+    same request id learns that it won."""
+    client = TokenClient(
+        f"http://127.0.0.1:{http_proxy.port}", API_KEY, timeout=HTTP_TIMEOUT_SECONDS, retry=RETRY
+    )
+    with client:
+        token = client.generate(SCOPE).token
+        http_proxy.drop_replies(1, match=b"POST /token/consume", then="hang")
+        with pytest.raises(ServiceUnavailable, match="within the call's timeout"):
+            client.consume(token, SCOPE, request_id="mine")
+        assert http_proxy.stats.replies_dropped == 1
+        assert client.consume(token, SCOPE, request_id="mine") == Consumed(replayed=True)
 
 
 def test_http_begin_whose_reply_is_lost_keeps_one_lease(http_proxy: FaultProxy, gunicorn: Gunicorn) -> None:

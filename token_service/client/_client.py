@@ -7,9 +7,9 @@ recognise a retry of the request that already won and answer it as a win
 (``replayed=True``), so a reply lost on the way back never turns into
 ``TokenUsed``.
 
-On the direct transport ``timeout`` is the budget of the whole call: one
-deadline on the monotonic clock from the moment of the call, which every
-attempt, reconnect and back-off spends (:mod:`token_service.deadline`).
+``timeout`` is the budget of the whole call, on both transports: one deadline
+on the monotonic clock from the moment of the call, which every attempt,
+reconnect, read and back-off spends (:mod:`token_service.deadline`).
 """
 
 from __future__ import annotations
@@ -107,6 +107,14 @@ class _ClientBase:
         self.telemetry = telemetry or DEFAULT_TELEMETRY
         # The budget of one whole call, retries included (None: each attempt has its own timeout)
         self._call_timeout_seconds = call_timeout_seconds
+        self._unanswered = "Redis did not answer"  # the HTTP client says who did not
+
+    def _set_backend(self, backend: Any, timeout: float) -> None:
+        """The transport; over HTTP (no backend given), ``timeout`` is the whole call's budget."""
+        self._backend = backend
+        if getattr(backend, "keeps_call_deadline", False):
+            self._call_timeout_seconds = timeout
+            self._unanswered = "The token service did not answer"
 
     def _ends_at(self) -> float:
         """The monotonic time a call starting now must be done by (infinity: no budget)."""
@@ -124,7 +132,7 @@ class _ClientBase:
         if time.monotonic() < ends_at:
             raise error  # what the last attempt met: nothing is left to try within the budget
         raise ServiceUnavailable(
-            f"Redis did not answer within the call's timeout ({self._call_timeout_seconds} s)."
+            f"{self._unanswered} within the call's timeout ({self._call_timeout_seconds:g} s)."
         ) from error
 
     def _over_http(
@@ -205,7 +213,7 @@ class TokenClient(_ClientBase):
             _backend = self._over_http(
                 base_url, api_key, timeout, max_connections, transport, max_result_bytes
             )
-        self._backend = _backend
+        self._set_backend(_backend, timeout)
 
     @classmethod
     def from_redis(
@@ -382,7 +390,7 @@ class AsyncTokenClient(_ClientBase):
             _backend = self._over_http(
                 base_url, api_key, timeout, max_connections, transport, max_result_bytes
             )
-        self._backend = _backend
+        self._set_backend(_backend, timeout)
 
     @classmethod
     def from_redis(
@@ -402,11 +410,20 @@ class AsyncTokenClient(_ClientBase):
         return cls(retry=retry, telemetry=telemetry, _backend=backend, _call_timeout_seconds=timeout)
 
     async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
-        ends_at = self._ends_at()
+        budget = self._call_timeout_seconds
+        if budget is None:
+            return await self._attempts(operation, math.inf)
+        with deadline.within(budget) as ends_at:  # the task's own: what the HTTP streams keep to
+            return await self._attempts(operation, ends_at)
+
+    async def _attempts(self, operation: Callable[[], Awaitable[T]], ends_at: float) -> T:
+        # the HTTP transport keeps the deadline at every read itself: cancelling it at the
+        # deadline would race that (and leave connections in httpcore's pool, encode/httpcore#1093)
+        cancel = ends_at != math.inf and not getattr(self._backend, "keeps_call_deadline", False)
         failures = 0
         while True:
             try:
-                if ends_at == math.inf:
+                if not cancel:
                     return await operation()
                 return await self._before(ends_at, operation)
             except ServiceUnavailable as error:
@@ -424,7 +441,7 @@ class AsyncTokenClient(_ClientBase):
             if not budget.expired():
                 raise
             raise ServiceUnavailable(
-                f"Redis did not answer within the call's timeout ({self._call_timeout_seconds} s)."
+                f"{self._unanswered} within the call's timeout ({self._call_timeout_seconds:g} s)."
             ) from exc
 
     async def close(self) -> None:
