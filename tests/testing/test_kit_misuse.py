@@ -59,8 +59,9 @@ def test_a_holder_crashes_once(token_client: TokenClient, token_faults: Any, tok
 
 
 def test_a_zero_advance_changes_nothing(token_client: TokenClient, token_clock: StoreClock) -> None:
-    token = token_client.generate(SCOPE, ttl_seconds=1).token
+    token = token_client.generate(SCOPE, ttl_seconds=3600).token
     token_clock.advance(0)
+    assert token_clock.offset_seconds == 0
     assert token_client.verify(token).state == "ISSUED"
 
 
