@@ -70,6 +70,10 @@ def test_check_pings_a_real_redis(redis_server) -> None:  # type: ignore[no-unty
     result = run_cli("check", env={"TOKEN_SERVICE_REDIS_URL": redis_server.url})
     assert result.returncode == 0, result.stderr
     assert "Redis: reachable" in result.stdout
+    # the service's worst case per request, which the proxies and probes in front are set from
+    assert "Redis budget per request: 4 s " in result.stdout
+    env = {"TOKEN_SERVICE_REDIS_URL": redis_server.url, "TOKEN_SERVICE_REDIS_TIMEOUT_SECONDS": "5"}
+    assert "Redis budget per request: 10 s " in run_cli("check", env=env).stdout
 
 
 @pytest.fixture

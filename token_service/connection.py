@@ -16,7 +16,7 @@
 
 The ``rediss+`` variants use TLS to the data nodes.
 
-Every connection of a standalone or Sentinel client keeps to the caller's
+Every connection of a sync client (standalone, Sentinel, Cluster) keeps to the caller's
 deadline (:mod:`token_service.deadline`): a connect, a send, a read and
 redis-py's back-off between its retries wait no longer than the deadline has
 left, and none starts once it is spent. Without a deadline each waits its
@@ -58,6 +58,24 @@ _CLUSTER_RETRIES = 2
 # greenlet and up to worker_connections (1000) of them may wait on Redis at once; redis-py's
 # own default (100 in current releases) would refuse the 101st with MaxConnectionsError, a 503.
 MAX_CONNECTIONS = 2048
+
+
+def request_budget_seconds(settings: Settings) -> float:
+    """The longest the service spends on Redis for one request: its worst case, by construction.
+
+    One deadline per request, started at its first Redis step (the server's
+    ``FinishBody``), that every step keeps to: the wait for a pooled
+    connection, connects and handshakes, each send and read, and redis-py's
+    retries (one, two on Cluster) with their back-off. It is one
+    ``TOKEN_SERVICE_REDIS_TIMEOUT_SECONDS`` for the first attempt and one for
+    each retry: with the default 2 s, a request answers within 4 s of asking
+    Redis, 503 if Redis did not answer by then. ``token-service check`` prints
+    it; a proxy's read timeout and the probes' timeouts are set from it
+    (docs/configuration.md).
+    """
+    cluster = bool(settings.redis_url) and settings.redis_target.kind == "cluster"
+    retries = _CLUSTER_RETRIES if cluster else _RETRIES
+    return settings.redis_timeout_seconds * (1 + retries)
 
 
 def redis_client(settings: Settings) -> Any:
@@ -239,13 +257,17 @@ def client_for(target: RedisTarget | str, timeout_seconds: float = 2.0) -> Any:
             **options,
         )
     if target.kind == "cluster":
+        options = _node_options(target, timeout_seconds)
+        tls = options.pop("ssl", False)
         return redis.cluster.RedisCluster(
             startup_nodes=[
                 redis.cluster.ClusterNode(host, port)  # type: ignore[no-untyped-call]
                 for host, port in target.nodes
             ],
             retry=Retry(_backoff(), retries=_CLUSTER_RETRIES),
-            **_node_options(target, timeout_seconds),
+            # the class, not ssl=True (which would make redis-py pick its own SSLConnection)
+            connection_class=DeadlineSSLConnection if tls else DeadlineConnection,
+            **options,
         )
     return redis.Redis.from_pool(_standalone_pool(target.url, timeout_seconds))
 

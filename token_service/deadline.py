@@ -8,7 +8,11 @@ under it asks :func:`remaining_seconds` and waits no longer than that
 wait to it). A budget that is spent ends the call instead of starting another
 step. Inside a deadline a nested one can only shorten it.
 
-A context variable, so each thread, greenlet (gevent workers) and asyncio task
+The service gives each request a budget for Redis that starts at the
+request's first Redis step (:class:`from_first_use`), so that a client that
+sends its body slowly does not spend it.
+
+Context variables, so each thread, greenlet (gevent workers) and asyncio task
 has its own deadline and none leaks into another's calls.
 """
 
@@ -17,20 +21,23 @@ from __future__ import annotations
 import time
 from contextvars import ContextVar, Token
 
-__all__ = ["current", "remaining_seconds", "within"]
+__all__ = ["from_first_use", "remaining_seconds", "within"]
 
 _deadline: ContextVar[float | None] = ContextVar("token_service_deadline", default=None)
+# A budget not started yet (from_first_use): its deadline is set when a step first asks.
+_pending: ContextVar[float | None] = ContextVar("token_service_pending_budget", default=None)
 
 
 def remaining_seconds() -> float | None:
     """Seconds left of the current deadline (0 or less: spent), or None when there is none."""
     deadline = _deadline.get()
-    return None if deadline is None else deadline - time.monotonic()
-
-
-def current() -> float | None:
-    """The current deadline as a ``time.monotonic()`` value, or None."""
-    return _deadline.get()
+    if deadline is None:
+        pending = _pending.get()
+        if pending is None:
+            return None
+        _deadline.set(time.monotonic() + pending)  # undone when from_first_use exits
+        return pending
+    return deadline - time.monotonic()
 
 
 class within:
@@ -48,9 +55,9 @@ class within:
 
     def __enter__(self) -> float:
         deadline = time.monotonic() + self._seconds
-        outer = _deadline.get()
-        if outer is not None and outer < deadline:
-            deadline = outer
+        left = remaining_seconds()  # an outer deadline, started now if it was waiting
+        if left is not None and left < self._seconds:
+            deadline = time.monotonic() + left
         self._token = _deadline.set(deadline)
         return deadline
 
@@ -58,3 +65,29 @@ class within:
         if self._token is not None:
             _deadline.reset(self._token)
             self._token = None
+
+
+class from_first_use:
+    """``with from_first_use(seconds):`` -- the Redis steps inside share one budget of
+    ``seconds``, counted from the first of them that asks (none: nothing is counted).
+
+    Inside a deadline it is that deadline (a budget can only shorten a call).
+    """
+
+    __slots__ = ("_deadline_token", "_pending_token", "_seconds")
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._pending_token: Token[float | None] | None = None
+        self._deadline_token: Token[float | None] | None = None
+
+    def __enter__(self) -> None:
+        # set both, so that exiting undoes a deadline the first step set meanwhile
+        self._deadline_token = _deadline.set(_deadline.get())
+        self._pending_token = _pending.set(self._seconds)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._pending_token is not None and self._deadline_token is not None:
+            _pending.reset(self._pending_token)
+            _deadline.reset(self._deadline_token)
+            self._pending_token = self._deadline_token = None

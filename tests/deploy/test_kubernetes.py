@@ -34,6 +34,7 @@ import yaml
 
 from tests.support.dockerfile import graceful_timeout_seconds, runtime_image
 from tests.support.docs import code_blocks
+from tests.support.edge_timeouts import edge_timeout_seconds
 from tests.support.processes import REPO_ROOT
 from token_service import config
 
@@ -461,9 +462,31 @@ def kustomization_problems(manifests: Manifests) -> list[str]:
     return problems
 
 
+def budget_problems(manifests: Manifests) -> list[str]:
+    """The readiness probe and the Ingress wait for the service's Redis budget per request, + 2 s.
+
+    /readyz asks Redis: a probe that gives up first never reads the service's 503, and an
+    Ingress that does turns it into a 504. Set from the settings the pod gets (the Redis URL is
+    the Secret's: a standalone or Sentinel one, as docs/kubernetes.md has it).
+    """
+    expected = edge_timeout_seconds({**runtime_image().env, **plain_env(manifests)})
+    problems = []
+    readiness = container(manifests).get("readinessProbe", {}).get("timeoutSeconds", 1)
+    if readiness != expected:
+        problems.append(f"readinessProbe timeoutSeconds {readiness}: the Redis budget + 2 s is {expected}")
+    annotations = one(manifests, "Ingress")["metadata"].get("annotations", {})
+    read_timeout = annotations.get("nginx.ingress.kubernetes.io/proxy-read-timeout")
+    if read_timeout != str(expected):
+        problems.append(
+            f"the Ingress's proxy-read-timeout {read_timeout!r}: the Redis budget + 2 s is {expected}"
+        )
+    return problems
+
+
 SEMANTIC_CHECKS: list[Callable[[Manifests], list[str]]] = [
     service_monitor_problems,
     probe_problems,
+    budget_problems,
     port_problems,
     timing_problems,
     security_problems,
@@ -533,6 +556,14 @@ BREAKAGES: dict[str, tuple[Callable[[Manifests], None], str]] = {
         "does not fit",
     ),
     "no preStop": (lambda m: container(m).pop("lifecycle"), "preStop"),
+    "readiness shorter than the Redis budget": (
+        lambda m: container(m)["readinessProbe"].update(timeoutSeconds=3),
+        "readinessProbe timeoutSeconds 3",
+    ),
+    "a longer Redis timeout, the probe and Ingress left as they were": (
+        lambda m: container(m)["env"].append({"name": "TOKEN_SERVICE_REDIS_TIMEOUT_SECONDS", "value": "5"}),
+        "the Redis budget + 2 s is 12",
+    ),
     "root user": (lambda m: pod_spec(m)["securityContext"].update(runAsUser=0), "runAsUser"),
     "another uid": (lambda m: pod_spec(m)["securityContext"].update(runAsUser=1000), "runAsUser"),
     "writable root": (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -19,7 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
+from tests.support.edge_timeouts import edge_timeout_seconds
 from tests.support.processes import REPO_ROOT, Gunicorn, RedisServer, start_serving, wait_until
 from tests.support.raw_http import Reply, connect, exchange, read_reply, request_bytes
 from tests.support.service import API_KEY, AUTH
@@ -29,6 +32,17 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 CONF = REPO_ROOT / "deploy" / "nginx" / "token-service.conf"
 JSON = {"Content-Type": "application/json"}
 SLOW_SOCKETS = 200
+
+
+def test_the_proxy_waits_for_the_services_worst_case() -> None:
+    """proxy_read_timeout is the service's Redis budget per request + 2 s (docs/configuration.md),
+    for the settings docker-compose gives the service this file fronts."""
+    compose = yaml.safe_load((REPO_ROOT / "docker-compose.yml").read_text())
+    environment = {
+        name: str(value) for name, value in compose["services"]["token-service"]["environment"].items()
+    }
+    timeouts = re.findall(r"^\s*proxy_read_timeout\s+(\d+)s;", CONF.read_text(), re.MULTILINE)
+    assert timeouts == [str(edge_timeout_seconds(environment))]
 
 
 def nginx_binary() -> str:

@@ -11,7 +11,7 @@ from flask import Flask
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from token_service.config import ConfigError, Settings, unknown_variables
-from token_service.connection import redis_client
+from token_service.connection import redis_client, request_budget_seconds
 from token_service.server import (
     admin_api,
     api,
@@ -107,7 +107,8 @@ def create_app(config: Settings | Mapping[str, Any] | None = None) -> Flask:
             app.wsgi_app, x_for=settings.trusted_proxy_hops, x_proto=settings.trusted_proxy_hops
         )
     # outermost: a body nobody read is read here, or the connection closed after the reply
+    # ... and every Redis step of a request within one budget from its first: the worst case
     app.wsgi_app = connections.FinishBody(  # type: ignore[method-assign]
-        app.wsgi_app, settings.max_body_bytes, settings.body_timeout_seconds
+        app.wsgi_app, settings.max_body_bytes, settings.body_timeout_seconds, request_budget_seconds(settings)
     )
     return app

@@ -137,8 +137,11 @@ def check(args: argparse.Namespace) -> int:
     if settings.embedded:
         print("Store: embedded in-memory (nothing to ping; nothing survives a restart).")
         return 0
-    from token_service.connection import redis_client
+    from token_service.connection import redis_client, request_budget_seconds
     from token_service.errors import ServiceUnavailable
+
+    # What a proxy's read timeout and the probes' timeouts are set from (docs/configuration.md)
+    print(f"Redis budget per request: {request_budget_seconds(settings):g} s (the worst case before a 503)")
     from token_service.store import TokenStore, translate_errors
 
     try:

@@ -1,4 +1,5 @@
-"""Client connections under gevent workers: a deadline for sending, and no draining of a body nobody read.
+"""Client connections under gevent workers: a deadline for sending, no draining of a body nobody
+read, and each request's budget for Redis.
 
 Two gaps the request-side deadlines (``keepalive`` for the head,
 ``TOKEN_SERVICE_BODY_TIMEOUT_SECONDS`` for the body) leave open:
@@ -18,6 +19,14 @@ Two gaps the request-side deadlines (``keepalive`` for the head,
   and the deadline, and marks the connection to be closed when that fails
   or the body was refused; :func:`install` makes gunicorn close it.
 
+Each request's Redis steps -- the wait for a pooled connection, a connect,
+each send and read, redis-py's retries and their back-off -- keep to one
+deadline, :func:`token_service.connection.request_budget_seconds` of the
+settings, which :class:`FinishBody` (around every request) starts at the
+request's first Redis step (:func:`token_service.deadline.from_first_use`):
+so the service's worst case per request is that figure whatever Redis does,
+and a client that sends its body slowly spends its own deadline, not Redis's.
+
 And one cost: gunicorn writes a reply's head and its body with two
 ``sendall`` calls, two TCP segments. On loopback or a LAN each costs the
 worker a system call and the kernel's whole send path, about a tenth of the
@@ -32,6 +41,7 @@ from collections.abc import Iterable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from token_service import deadline
 from token_service.errors import TokenError
 from token_service.server import body
 
@@ -45,15 +55,29 @@ _close_after_reply: ContextVar[bool] = ContextVar("close_after_reply", default=F
 
 
 class FinishBody:
-    """WSGI middleware: a body is read whole, or the connection is closed after the reply."""
+    """WSGI middleware: a body is read whole, or the connection is closed after the reply; the
+    app's Redis steps share ``redis_budget_seconds`` (None: each has its own timeouts)."""
 
-    def __init__(self, app: WSGIApplication, max_body_bytes: int, timeout_seconds: float) -> None:
+    def __init__(
+        self,
+        app: WSGIApplication,
+        max_body_bytes: int,
+        timeout_seconds: float,
+        redis_budget_seconds: float | None = None,
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.timeout_seconds = timeout_seconds
+        self.redis_budget_seconds = redis_budget_seconds
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        reply = self.app(environ, start_response)
+        if self.redis_budget_seconds is None:
+            reply = self.app(environ, start_response)
+        else:
+            # The service's replies are whole bodies, made before the app returns: none of the
+            # request's Redis work runs while the iterable is being sent.
+            with deadline.from_first_use(self.redis_budget_seconds):
+                reply = self.app(environ, start_response)
         if body.has_body(environ):
             state = environ.get(body.BODY_STATE)
             if state is None:  # answered without reading it
