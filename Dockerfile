@@ -24,7 +24,7 @@ RUN python -m venv /opt/build \
 COPY requirements/server.lock ./requirements/server.lock
 RUN python -m venv --without-pip /opt/venv \
  && pip --python /opt/venv/bin/python install --require-hashes --no-deps -r requirements/server.lock
-COPY pyproject.toml README.md openapi.yaml ./
+COPY pyproject.toml README.md LICENSE openapi.yaml ./
 COPY lua ./lua
 COPY frontend/token-client.js ./frontend/token-client.js
 COPY token_service ./token_service

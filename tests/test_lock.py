@@ -102,7 +102,8 @@ def test_the_image_build_copies_every_file_the_wheel_needs() -> None:
         for line in re.findall(r"^COPY (?!--from)(.+)$", (REPO_ROOT / "Dockerfile").read_text(), re.MULTILINE)
         for source in line.split()[:-1]  # every argument but the destination
     ]
-    for needed in [*wheel["packages"], *wheel.get("force-include", {})]:
+    # LICENSE: hatchling ships it in the wheel's .dist-info when the build finds it
+    for needed in [*wheel["packages"], *wheel.get("force-include", {}), "LICENSE"]:
         assert any(needed == source or needed.startswith(source.rstrip("/") + "/") for source in copied), (
             needed
         )

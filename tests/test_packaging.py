@@ -39,6 +39,39 @@ def test_the_wheel_carries_only_the_package(wheel: Path) -> None:
     assert {name for name in top_level if not name.endswith(".dist-info")} == {"token_service"}
 
 
+def _metadata(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as opened:
+        [name] = [name for name in opened.namelist() if name.endswith(".dist-info/METADATA")]
+        return opened.read(name).decode().splitlines()
+
+
+def test_the_wheel_ships_the_license_text(wheel: Path) -> None:
+    # pyproject.toml said MIT, and no license text shipped (there was no LICENSE file)
+    license_text = (REPO_ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert license_text.startswith("MIT License\n")
+    assert "Copyright (c) 2026 token-service contributors" in license_text
+    with zipfile.ZipFile(wheel) as opened:
+        shipped = [name for name in opened.namelist() if ".dist-info/" in name and name.endswith("/LICENSE")]
+        assert len(shipped) == 1, opened.namelist()
+        assert opened.read(shipped[0]).decode() == license_text
+    assert "License-Expression: MIT" in _metadata(wheel)
+
+
+def test_the_metadata_names_the_project_urls(wheel: Path) -> None:
+    from urllib.parse import urlsplit
+
+    from token_service.problems import PROBLEM_TYPE_BASE
+
+    urls = dict(
+        line.removeprefix("Project-URL: ").split(", ", 1)
+        for line in _metadata(wheel)
+        if line.startswith("Project-URL: ")
+    )
+    assert urls["Problem types"] == PROBLEM_TYPE_BASE
+    assert {urlsplit(url).netloc for url in urls.values()} == {urlsplit(PROBLEM_TYPE_BASE).netloc}
+    assert all(url.startswith("https://") for url in urls.values())
+
+
 def test_a_checkout_reads_the_top_level_files() -> None:
     assert resources.shipped("lua") == REPO_ROOT / "lua"
     assert resources.shipped("openapi.yaml") == REPO_ROOT / "openapi.yaml"

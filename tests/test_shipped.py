@@ -237,7 +237,14 @@ def test_the_wheel_ships_the_type_marker_and_the_runtime_files(built: Built) -> 
 def test_the_sdist_holds_what_a_build_and_a_server_host_need(built: Built) -> None:
     with tarfile.open(built.sdist) as sdist:
         names = {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
-    needed = {"pyproject.toml", "README.md", "CHANGELOG.md", "openapi.yaml", "frontend/token-client.js"}
+    needed = {
+        "pyproject.toml",
+        "README.md",
+        "CHANGELOG.md",
+        "LICENSE",
+        "openapi.yaml",
+        "frontend/token-client.js",
+    }
     needed |= {"requirements/server.lock", "token_service/__init__.py", "token_service/py.typed"}
     needed |= {f"lua/{lua.name}" for lua in (REPO_ROOT / "lua").glob("*.lua")}
     assert needed <= names
