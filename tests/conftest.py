@@ -109,6 +109,7 @@ _LEASES = frozenset(
         "tests/client/test_outcome_blips.py",
         "tests/integrations/test_celery_outcome.py",
         "tests/integrations/test_require_token_outcome.py",
+        "tests/client/test_idempotency_outcome.py",
         "tests/client/test_renewal.py",
         "tests/client/test_renewal_asgi.py",
         "tests/client/test_renewal_decorators.py",

@@ -26,7 +26,15 @@ bytes; what to answer is decided here:
    key (a 5xx, 408/409/425/429, 401/403/407 whatever ``store_status`` says, an
    exception, a response that never started). Storing is fenced by the
    attempt's owner id: an attempt that outlived its lock never overwrites a
-   later attempt's record.
+   later attempt's record. Call them inside ``hold``: the claim stays renewed
+   while the outcome is stored, and a store that cannot answer is tried again
+   for as long as the claim can be held (``_renewal.settle_pause``, the guards'
+   rule). Past that, :meth:`settle` returns an
+   :class:`~token_service.errors.OutcomeNotRecorded` (logged with what
+   reconciling it takes): the adapters break the response off before its end
+   (Django's middleware, which settles before it answers, answers
+   :meth:`not_recorded` instead). A release that cannot be stored is logged:
+   the claim runs out by itself.
 """
 
 from __future__ import annotations
@@ -54,7 +62,7 @@ from token_service.client._idempotency_store import (
     Mismatch,
     Outcome,
 )
-from token_service.client._renewal import AsyncLeaseRenewer, LeaseRenewer, interval_for
+from token_service.client._renewal import AsyncLeaseRenewer, LeaseRenewer, interval_for, settle_pause
 from token_service.client._stored_response import (
     CREDENTIAL_REFUSALS,
     OMITTED_HEADER,
@@ -69,6 +77,7 @@ from token_service.errors import (
     IdempotencyKeyRepeated,
     InvalidRequest,
     LeaseLost,
+    OutcomeNotRecorded,
     PayloadTooLarge,
     ServiceUnavailable,
     TokenError,
@@ -136,6 +145,17 @@ class Answer:
     replayed: bool = False
 
 
+@dataclass(slots=True)
+class ClaimClock:
+    """How long an attempt holds its key: what the settle's retries are bounded by."""
+
+    # when (time.monotonic()) the last claim or renewal the store acknowledged was sent: the
+    # claim holds lock_seconds from then
+    held_from: float = 0.0
+    # set while the outcome is stored: a renewal refused then is for the store's reply to judge
+    settling: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Attempt:
     """One request's claim on a key: the record, what it must match, and who holds it."""
@@ -147,6 +167,8 @@ class Attempt:
     legacy: str | None = None
     # its OpenTelemetry span (IDEMPOTENCY_SPAN_NAME): from the claim to the answer or the settle
     span: GuardSpan = field(default_factory=lambda: GuardSpan(None), compare=False)
+    # how long it is held (changed by the claim, its renewals and the settle)
+    clock: ClaimClock = field(default_factory=lambda: ClaimClock(), compare=False)
 
 
 @dataclass(slots=True)
@@ -351,6 +373,7 @@ class IdempotencyCore:
         deadline = time.monotonic() + self.options.wait_seconds
         pause = _FIRST_PAUSE_SECONDS
         while True:
+            attempt.clock.held_from = time.monotonic()
             try:
                 outcome = self._begin(store, attempt)
             except (TokenError, ValueError, KeyError, TypeError) as exc:
@@ -365,6 +388,7 @@ class IdempotencyCore:
         deadline = time.monotonic() + self.options.wait_seconds
         pause = _FIRST_PAUSE_SECONDS
         while True:
+            attempt.clock.held_from = time.monotonic()
             try:
                 outcome = await self._abegin(store, attempt)
             except (TokenError, ValueError, KeyError, TypeError) as exc:
@@ -475,13 +499,15 @@ class IdempotencyCore:
         """The app runs (and its body streams) inside this: the one place a request holds the key.
 
         The claim is renewed every third of ``lock_seconds`` until the block exits
-        (:mod:`token_service.client._renewal`); exit it before :meth:`settle`, so no
-        renewal races the store or release.
+        (:mod:`token_service.client._renewal`); call :meth:`settle` inside it, so the
+        claim stays held while its outcome is stored (and tried again).
         """
 
         def renew() -> None:
+            sent_at = time.monotonic()
             if not store.renew(attempt.record, attempt.fingerprint, attempt.owner, self.options.lock_seconds):
                 raise LeaseLost("the Idempotency-Key's claim ran out or was taken over")
+            attempt.clock.held_from = max(attempt.clock.held_from, sent_at)
 
         def lost(exc: TokenError) -> None:
             self._claim_lost(attempt, exc)
@@ -490,10 +516,12 @@ class IdempotencyCore:
 
     def ahold(self, store: AsyncIdempotencyStore, attempt: Attempt) -> AbstractAsyncContextManager[Any]:
         async def renew() -> None:
+            sent_at = time.monotonic()
             if not await store.renew(
                 attempt.record, attempt.fingerprint, attempt.owner, self.options.lock_seconds
             ):
                 raise LeaseLost("the Idempotency-Key's claim ran out or was taken over")
+            attempt.clock.held_from = max(attempt.clock.held_from, sent_at)
 
         def lost(exc: TokenError) -> None:
             self._claim_lost(attempt, exc)
@@ -501,6 +529,8 @@ class IdempotencyCore:
         return _arenewing(AsyncLeaseRenewer(renew, interval_for(self.options.lock_seconds), on_lost=lost))
 
     def _claim_lost(self, attempt: Attempt, exc: TokenError) -> None:
+        if attempt.clock.settling:
+            return  # a renewal sent as the response was stored (or freed) is refused: no loss
         log.error("an idempotent request lost its claim on its key while it ran: %s", exc)
         self._count("lease_losses")
         attempt.span.add_event("lease_lost")
@@ -517,55 +547,99 @@ class IdempotencyCore:
 
     # -- after the app ---------------------------------------------------------------------
 
-    def settle(self, store: IdempotencyStore, attempt: Attempt, recorder: Recorder | None) -> None:
-        """Store what duplicates get, or free the key. Never raises: the response is already out."""
+    def settle(
+        self, store: IdempotencyStore, attempt: Attempt, recorder: Recorder | None
+    ) -> OutcomeNotRecorded | None:
+        """Store what duplicates get, or free the key (inside :meth:`hold`). Raises no store error:
+        a store that cannot answer is tried again while the claim can be held; past that, the
+        response that could not be kept is returned as an OutcomeNotRecorded (see the module docs)."""
         stored = recorder.stored() if recorder is not None else None
-        try:
-            if stored is None:
-                store.release(attempt.record, attempt.fingerprint, attempt.owner)
-                self._released(attempt)
-            else:
-                self._stored(
-                    attempt,
-                    store.store(
+        attempt.clock.settling = True
+        failures = 0
+        while True:
+            try:
+                if stored is None:
+                    store.release(attempt.record, attempt.fingerprint, attempt.owner)
+                    self._released(attempt)
+                else:
+                    kept = store.store(
                         attempt.record, attempt.fingerprint, attempt.owner, stored, self.options.ttl_seconds
-                    ),
-                )
-        except TokenError as exc:
-            self._settle_failed(attempt, stored, exc)
+                    )
+                    self._stored(attempt, kept, unknown=failures > 0)
+                return None
+            except ServiceUnavailable as exc:
+                failures += 1
+                pause = self._settle_pause(attempt, failures)
+                if pause is None:
+                    return self._settle_failed(attempt, stored, exc)
+                time.sleep(pause)
+            except TokenError as exc:
+                return self._settle_failed(attempt, stored, exc)
 
     async def asettle(
         self, store: AsyncIdempotencyStore, attempt: Attempt, recorder: Recorder | None
-    ) -> None:
+    ) -> OutcomeNotRecorded | None:
         stored = recorder.stored() if recorder is not None else None
-        try:
-            if stored is None:
-                await store.release(attempt.record, attempt.fingerprint, attempt.owner)
-                self._released(attempt)
-            else:
-                kept = await store.store(
-                    attempt.record, attempt.fingerprint, attempt.owner, stored, self.options.ttl_seconds
-                )
-                self._stored(attempt, kept)
-        except TokenError as exc:
-            self._settle_failed(attempt, stored, exc)
+        attempt.clock.settling = True
+        failures = 0
+        while True:
+            try:
+                if stored is None:
+                    await store.release(attempt.record, attempt.fingerprint, attempt.owner)
+                    self._released(attempt)
+                else:
+                    kept = await store.store(
+                        attempt.record, attempt.fingerprint, attempt.owner, stored, self.options.ttl_seconds
+                    )
+                    self._stored(attempt, kept, unknown=failures > 0)
+                return None
+            except ServiceUnavailable as exc:
+                failures += 1
+                pause = self._settle_pause(attempt, failures)
+                if pause is None:
+                    return self._settle_failed(attempt, stored, exc)
+                await asyncio.sleep(pause)
+            except TokenError as exc:
+                return self._settle_failed(attempt, stored, exc)
+
+    def _settle_pause(self, attempt: Attempt, failures: int) -> float | None:
+        lock_seconds = self.options.lock_seconds
+        return settle_pause(attempt.clock.held_from + lock_seconds - time.monotonic(), lock_seconds, failures)
+
+    def not_recorded(self, exc: OutcomeNotRecorded) -> Answer:
+        """What a client gets instead of a response that could not be kept (Django's middleware;
+        the WSGI and ASGI ones break the response off): a 500 ``outcome_not_recorded``."""
+        return self.problem(
+            OutcomeNotRecorded(
+                "The request ran, but its response could not be recorded: the idempotency store did "
+                f"not answer. Do not send it again as a new request: with this {self.options.header} "
+                "a retry is refused (409) while the request's claim lasts, and may run it again after that.",
+                operation=exc.operation,
+                scope=exc.scope,
+            )
+        )
 
     def _released(self, attempt: Attempt) -> None:
         self._count("executions", outcome="released")
         attempt.span.set_outcome("released")
         attempt.span.end()
 
-    def _stored(self, attempt: Attempt, kept: bool) -> None:
+    def _stored(self, attempt: Attempt, kept: bool, *, unknown: bool = False) -> None:
         self._count("executions", outcome="succeeded" if kept else "lease_lost")
         attempt.span.set_outcome("executed" if kept else "lease_lost")
         attempt.span.end()
-        if not kept:
+        if not kept and unknown:
+            # an earlier try's reply was lost: it may be that try which stored it
+            log.warning("an idempotent response was stored by a try whose reply was lost, or not at all")
+        elif not kept:
             log.warning(
                 "an idempotent request outlived its %d s lock; its response was not stored",
                 self.options.lock_seconds,
             )
 
-    def _settle_failed(self, attempt: Attempt, stored: StoredResponse | None, exc: TokenError) -> None:
+    def _settle_failed(
+        self, attempt: Attempt, stored: StoredResponse | None, exc: TokenError
+    ) -> OutcomeNotRecorded | None:
         self._count("executions", outcome="error")
         attempt.span.set_outcome("error")
         attempt.span.record_error(exc)
@@ -575,8 +649,26 @@ class IdempotencyCore:
         if stored is None:
             # the claim runs out by itself after lock_seconds
             log.error("could not free an Idempotency-Key: %s", exc)
-        else:
+            return None
+        if not isinstance(exc, ServiceUnavailable):
             log.error("could not store an idempotent response: %s", exc)
+            return None
+        ref = attempt.record.rsplit(":", 1)[-1]
+        not_recorded = OutcomeNotRecorded(
+            f"An idempotent request ran, but its response ({stored.status}) could not be recorded: the "
+            f"store did not answer while its {self.options.lock_seconds} s claim could be held (record "
+            f"{ref}, claim {attempt.owner}; last error: {exc}). To the key this is a crashed holder: "
+            "once the claim runs out a retry with it runs the request again. Reconcile it: "
+            f"token-service admin show {ref}.",
+            operation="complete",
+            scope=self.options.telemetry_scope,
+            token_ref=ref,
+            lease_id=attempt.owner,
+            result={"status": stored.status},
+        )
+        not_recorded.__cause__ = exc
+        log.error("%s", not_recorded)
+        return not_recorded
 
 
 @contextlib.contextmanager
@@ -585,7 +677,9 @@ def _renewing(renewer: LeaseRenewer) -> Iterator[LeaseRenewer]:
     try:
         yield renewer
     finally:
-        renewer.stop()
+        # the outcome is stored (or given up) inside the block: a renewal in flight now lands on a
+        # settled record and is refused, so nothing waits for it
+        renewer.stop(timeout_seconds=0)
 
 
 @contextlib.asynccontextmanager

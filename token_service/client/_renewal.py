@@ -24,8 +24,9 @@ settles:
   held: :mod:`token_service.client.guard`), and stop once it is: a renewal
   that lands after the outcome is refused by Redis and means nothing (the
   guard ignores a loss reported while it settles; the settle's own reply
-  tells). A :class:`LeaseRenewer` is stopped before its owner settles;
-  stopping waits for a renewal in flight, so none races the settle;
+  tells). The Idempotency-Key middlewares' :class:`LeaseRenewer` likewise
+  runs until their outcome is stored (:func:`settle_pause` is the rule for how
+  long both keep trying); stopping does not wait for a renewal in flight;
 - the scheduler holds its guards weakly: a guard dropped without being settled
   is garbage-collected, and its next renewal finds it gone and ends;
 - a process that dies takes its scheduler with it: nothing renews any more, and
@@ -70,9 +71,29 @@ THREAD_NAME = "token-lease-renewer"
 SCHEDULER_THREAD_NAME = "token-lease-scheduler"
 
 
+# Storing an outcome the store could not take is tried again after these pauses (doubling), for
+# as long as the lease can be held: up to a tenth of the lease (at most 1 s) before it ends.
+FIRST_SETTLE_PAUSE_SECONDS = 0.05
+MAX_SETTLE_PAUSE_SECONDS = 1.0
+MAX_SETTLE_MARGIN_SECONDS = 1.0
+
+
 def interval_for(lease_seconds: float) -> float:
     """How often to renew a lease of that length: three times per lease."""
     return max(MIN_INTERVAL_SECONDS, lease_seconds / 3)
+
+
+def settle_pause(left_seconds: float, lease_seconds: float, failures: int) -> float | None:
+    """The one rule of every holder whose work ran (a guard, an Idempotency-Key's request) for an
+    outcome the store could not take: after ``failures`` tries, with ``left_seconds`` of a
+    ``lease_seconds`` lease left (counted on the monotonic clock from the last claim or renewal
+    the store acknowledged), how long to wait before the next; None when the lease can no longer
+    be held, and the outcome is not recorded."""
+    left = left_seconds - min(MAX_SETTLE_MARGIN_SECONDS, lease_seconds / 10)
+    if left <= 0:
+        return None
+    pause: float = FIRST_SETTLE_PAUSE_SECONDS * 2.0 ** min(failures - 1, 16)
+    return min(pause, MAX_SETTLE_PAUSE_SECONDS, left)
 
 
 def _report(callback: Callable[[TokenError], Any], exc: TokenError) -> None:

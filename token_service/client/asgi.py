@@ -42,6 +42,7 @@ from token_service.client._idempotency_core import (
 from token_service.client._idempotency_options import IdempotencyOptionArgs, IdempotencyOptions
 from token_service.client._idempotency_store import AsyncIdempotencyStore
 from token_service.client._stored_response import default_store_status
+from token_service.errors import OutcomeNotRecorded
 
 __all__ = [
     "REPLAYED_HEADER",
@@ -230,11 +231,12 @@ class _Relay:
                     recorder.complete = True
                     done = True
                 if done:
-                    await self._settle(failed=False)
+                    # a response that could not be kept is broken off: its end never goes out
+                    await self._settle(failed=False, breaking=True)
             elif kind == "http.response.pathsend" and recorder is not None:
                 # a file sent by the server itself: its status and headers are what can be kept
                 recorder.size = recorder.length or 0
-                await self._settle(failed=False)
+                await self._settle(failed=False, breaking=True)
             try:
                 await send(message)
             except BaseException:
@@ -262,27 +264,29 @@ class _Relay:
             raise
         await self._settle(failed=False)
 
-    async def _settle(self, *, failed: bool) -> None:
+    async def _settle(self, *, failed: bool, breaking: bool = False) -> None:
         if self.settled:
             return
         self.settled = True
         if failed and self.recorder is not None:
             self.recorder.failed = True
         # In a task of its own: a cancelled request (anyio cancels every later await in its
-        # scope) must still stop renewing and store or free its key, never leave it held.
+        # scope) must still store or free its key and stop renewing, never leave it held.
         task = asyncio.ensure_future(self._finish())
         _SETTLING.add(task)
         task.add_done_callback(_SETTLING.discard)
-        await asyncio.shield(task)
+        not_recorded = await asyncio.shield(task)
+        if not_recorded is not None and breaking:
+            raise not_recorded
 
-    async def _finish(self) -> None:
+    async def _finish(self) -> OutcomeNotRecorded | None:
+        # stored (or freed) while the key is still held and renewed, then renewing stops
         try:
-            # renewal stops first: no renewal may race the store or release
+            return await self.core.asettle(self.store, self.attempt, self.recorder)
+        finally:
             if self.hold is not None:
                 await self.hold.__aexit__(None, None, None)
-        finally:
-            await self.core.asettle(self.store, self.attempt, self.recorder)
 
 
 # settling tasks a cancelled request left running (a reference keeps them from being collected)
-_SETTLING: set[asyncio.Task[None]] = set()
+_SETTLING: set[asyncio.Task[OutcomeNotRecorded | None]] = set()

@@ -330,12 +330,14 @@ class IdempotencyKeyMiddleware:
         if answer is not None:
             return _answer_response(answer)
         recorder = None
-        try:
-            with self.core.hold(self.store, prepared):
+        with self.core.hold(self.store, prepared):  # held (renewed) until the outcome is stored
+            try:
                 response = self.get_response(request)
-            recorder = self._recorded(response)
-        finally:
-            self.core.settle(self.store, prepared, recorder)
+                recorder = self._recorded(response)
+            finally:
+                not_recorded = self.core.settle(self.store, prepared, recorder)
+        if not_recorded is not None:
+            return _answer_response(self.core.not_recorded(not_recorded))  # never a success not kept
         return response
 
     async def __acall__(self, request: HttpRequest) -> Any:
@@ -348,12 +350,14 @@ class IdempotencyKeyMiddleware:
         if answer is not None:
             return _answer_response(answer)
         recorder = None
-        try:
-            async with self.core.ahold(self.async_store, prepared):
+        async with self.core.ahold(self.async_store, prepared):
+            try:
                 response = await self.get_response(request)
-            recorder = self._recorded(response)
-        finally:
-            await self.core.asettle(self.async_store, prepared, recorder)
+                recorder = self._recorded(response)
+            finally:
+                not_recorded = await self.core.asettle(self.async_store, prepared, recorder)
+        if not_recorded is not None:
+            return _answer_response(self.core.not_recorded(not_recorded))
         return response
 
 

@@ -80,7 +80,7 @@ from token_service.errors import (
 from token_service.records import Completed, FailRecorded, Finished, Renewed, Started, dump_json
 from token_service.tokens import new_request_id, token_digest
 
-from ._renewal import SCHEDULER, AsyncRenewal, Renewal, interval_for, renew_on_loop
+from ._renewal import SCHEDULER, AsyncRenewal, Renewal, interval_for, renew_on_loop, settle_pause
 from ._telemetry import DEFAULT_TELEMETRY, GuardSpan, Telemetry
 from ._typed_results import dump_result, load_result, return_type
 
@@ -95,11 +95,6 @@ _MAX_POLL_SECONDS = 0.25
 # The lease a renewer assumes when neither the guard nor the begin reply says how long it is
 # (a service older than the reply's lease_seconds): the shortest the API grants
 _SHORTEST_LEASE_SECONDS = 1.0
-# Storing an outcome the store could not take is tried again after these pauses (doubling),
-# for as long as the lease can be held: up to a tenth of the lease (at most 1 s) before it ends
-_FIRST_SETTLE_PAUSE_SECONDS = 0.05
-_MAX_SETTLE_PAUSE_SECONDS = 1.0
-_MAX_SETTLE_MARGIN_SECONDS = 1.0
 
 
 class _BeginOptions(TypedDict):
@@ -423,12 +418,7 @@ class _GuardState(Generic[ClientT]):
     def _settle_pause(self, failures: int) -> float | None:
         """After ``failures`` attempts to store the outcome that the store could not answer: how long
         to wait before the next, or None when the lease can no longer be held (give up)."""
-        left = self._lease_left_seconds()
-        left -= min(_MAX_SETTLE_MARGIN_SECONDS, self._granted_seconds() / 10)
-        if left <= 0:
-            return None
-        pause: float = _FIRST_SETTLE_PAUSE_SECONDS * 2.0 ** min(failures - 1, 16)
-        return min(pause, _MAX_SETTLE_PAUSE_SECONDS, left)
+        return settle_pause(self._lease_left_seconds(), self._granted_seconds(), failures)
 
     def _not_recorded(
         self,

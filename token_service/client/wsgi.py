@@ -269,17 +269,21 @@ class _Relay:
             if close is not None:
                 close()
         finally:
-            self._settle(None)
+            self._settle(None, breaking=False)  # closed early: nothing more goes out to break off
 
-    def _settle(self, error: BaseException | None) -> None:
+    def _settle(self, error: BaseException | None, *, breaking: bool = True) -> None:
+        """Store or free the key while it is still held (renewed), then stop holding it. A response
+        that could not be kept is broken off: its error is raised before its end goes out."""
         if self.settled:
             return
         self.settled = True
         recorder = self.recorder
         if recorder is not None and error is not None:
             recorder.failed = True
+        not_recorded = None
         try:
-            # renewal stops first: no renewal may race the store or release
-            self.hold.__exit__(type(error) if error else None, error, error.__traceback__ if error else None)
+            not_recorded = self.core.settle(self.store, self.attempt, recorder)
         finally:
-            self.core.settle(self.store, self.attempt, recorder)
+            self.hold.__exit__(type(error) if error else None, error, error.__traceback__ if error else None)
+        if not_recorded is not None and breaking and error is None:
+            raise not_recorded
