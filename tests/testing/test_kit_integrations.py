@@ -123,3 +123,51 @@ async def test_fastapi_refuses_a_dependency_that_returns_no_client() -> None:
 def test_fastapi_refuses_what_is_neither_a_client_nor_a_dependency() -> None:
     with pytest.raises(TypeError, match="AsyncTokenClient, or a dependency returning one"):
         require_token("redis://somewhere", "payment.create")  # type: ignore[arg-type]
+
+
+DJANGO_SCRIPT = """
+import django
+from django.conf import settings
+from django.http import JsonResponse
+from django.test import Client, override_settings
+from django.urls import path
+
+settings.configure(
+    ALLOWED_HOSTS=["testserver"],
+    ROOT_URLCONF=__name__,
+    TOKEN_SERVICE={"REDIS_URL": "redis://127.0.0.1:1/0"},  # production's, unreachable here
+)
+django.setup()
+
+from token_service.client.django import require_token
+from token_service.testing import InMemoryStore
+
+
+@require_token("payment.create")
+def pay(request):
+    return JsonResponse({"paid": True}, status=201)
+
+
+urlpatterns = [path("pay", pay)]
+store = InMemoryStore()
+token = store.client().generate("payment.create").token
+before = Client().post("/pay", headers={"Idempotency-Token": token}).status_code
+with override_settings(TOKEN_SERVICE={"REDIS_URL": store.redis()}):
+    during = Client().post("/pay", headers={"Idempotency-Token": token}).status_code
+print(before, during)
+"""
+
+
+def test_django_views_follow_an_override_of_the_settings_after_a_first_request(tmp_path: Any) -> None:
+    # the views' client is made from settings.TOKEN_SERVICE once per process; a test that points
+    # them at its own store after a request was served must reach that store, not the first one
+    import subprocess
+    import sys
+
+    script = tmp_path / "django_override.py"
+    script.write_text(DJANGO_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["503", "201"]

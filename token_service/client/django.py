@@ -101,6 +101,7 @@ try:
     from django.core.exceptions import BadRequest, PermissionDenied, SuspiciousOperation
     from django.core.handlers.asgi import ASGIRequest
     from django.core.handlers.exception import get_exception_response
+    from django.core.signals import setting_changed
     from django.http import (
         Http404,
         HttpRequest,
@@ -163,6 +164,21 @@ def async_token_client() -> AsyncTokenClient:
     if client is None:
         client = _async_clients[loop] = _from_settings(AsyncTokenClient)
     return client
+
+
+def _forget_clients(*, setting: str, **_: Any) -> None:
+    """``settings.TOKEN_SERVICE`` changed (``override_settings``, pytest-django's ``settings``): the
+    clients made from the old value are dropped, so the next request's come from the new one (a
+    test pointing the views at its own store: token_service.testing). Not closed: a request in
+    flight may still hold one, and a dropped client's connections close when it is collected."""
+    global _sync_client
+    if setting == "TOKEN_SERVICE":
+        with _lock:
+            _sync_client = None
+            _async_clients.clear()
+
+
+setting_changed.connect(_forget_clients, dispatch_uid="token_service.client.django")
 
 
 def _from_settings(kind: type[_ClientT]) -> _ClientT:
