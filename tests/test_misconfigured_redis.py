@@ -240,3 +240,22 @@ def test_the_async_sdk_raises_service_unavailable(redis_server: RedisServer) -> 
 
     with pytest.raises(ServiceUnavailable, match="database number"):
         asyncio.run(generate())
+
+
+def test_a_cluster_client_that_fails_for_a_bug_of_ours_is_not_a_refusal() -> None:
+    """redis-py's "Redis Cluster cannot be connected" wraps what failed on every node: a node
+    that is no cluster node is a misconfiguration; a TypeError of our options is a bug."""
+    from redis.exceptions import RedisClusterException
+
+    from token_service.store_errors import unavailable
+
+    def wrapped(cause: BaseException) -> RedisClusterException:
+        try:
+            raise RedisClusterException("Redis Cluster cannot be connected.") from cause
+        except RedisClusterException as exc:
+            return exc
+
+    refused = unavailable(wrapped(RedisClusterException("Cluster mode is not enabled on this node")))
+    assert refused is not None
+    assert "redis+cluster://" in refused.detail
+    assert unavailable(wrapped(TypeError("unexpected keyword argument 'connection_class'"))) is None

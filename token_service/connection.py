@@ -238,6 +238,10 @@ def _node_options(target: RedisTarget, timeout_seconds: float) -> dict[str, Any]
     return options
 
 
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host  # an IPv6 address, bracketed as a URL writes it
+
+
 def client_for(target: RedisTarget | str, timeout_seconds: float = 2.0) -> Any:
     """A sync redis-py client for a URL or parsed target (standalone, Sentinel or Cluster)."""
     if isinstance(target, str):
@@ -259,10 +263,16 @@ def client_for(target: RedisTarget | str, timeout_seconds: float = 2.0) -> Any:
     if target.kind == "cluster":
         options = _node_options(target, timeout_seconds)
         tls = options.pop("ssl", False)
+        (first_host, first_port), *others = target.nodes
         return redis.cluster.RedisCluster(
+            # The first node as a url=: only on that path does redis-py (8.1) build each node's
+            # pool with connection_class; with startup_nodes alone it hands connection_class to
+            # Redis(), which refuses it, and no cluster could be reached at all. The scheme is
+            # redis:// for TLS too: the class below is what speaks TLS.
+            url=f"redis://{_url_host(first_host)}:{first_port}",
             startup_nodes=[
                 redis.cluster.ClusterNode(host, port)  # type: ignore[no-untyped-call]
-                for host, port in target.nodes
+                for host, port in others
             ],
             retry=Retry(_backoff(), retries=_CLUSTER_RETRIES),
             # the class, not ssl=True (which would make redis-py pick its own SSLConnection)

@@ -152,6 +152,10 @@ def unavailable(exc: BaseException) -> ServiceUnavailable | None:
             return ServiceUnavailable("Redis is unavailable: no cluster node answers.")
         if isinstance(cause, redis_errors.RedisError):
             return unavailable(cause)  # what the nodes said: a wrong password, an ACL...
+        if cause is not None and not isinstance(cause, redis_errors.RedisClusterException):
+            # redis-py wraps whatever made every startup node fail, our own TypeError included:
+            # a bug of ours is not a cluster that refuses
+            return None
         return ServiceUnavailable(
             "Redis refused the command (CLUSTER): the redis+cluster:// URL names no usable cluster "
             "(a Redis without cluster mode?)."
