@@ -10,8 +10,9 @@ while the response is stored (just before its last bytes go out):
   (``Idempotent-Replayed: true``), the app ran once (before, the store gave up,
   the key stayed claimed and a repeat after the claim ran the app again);
 - for longer than the claim: the response is broken off before its end (never a
-  success whose outcome was not kept), the app ran once; to the key it is a
-  crashed holder: a repeat after the claim runs the app again.
+  success whose outcome was not kept; Django's middleware, which stores before
+  it answers, answers 500 ``outcome_not_recorded``), the app ran once; to the
+  key it is a crashed holder: a repeat after the claim runs the app again.
 """
 
 from __future__ import annotations
@@ -174,4 +175,56 @@ async def test_asgi_rides_a_blip_and_breaks_the_response_off_past_the_claim(
     finally:
         fault.heal()
         await connection.aclose()
+    assert runs["order"] == 1
+
+
+@pytest.mark.parametrize("seconds", [BLIP_SECONDS, None], ids=["blip", "longer-than-the-claim"])
+def test_django_rides_a_blip_and_answers_outcome_not_recorded_past_the_claim(
+    connection: redis.Redis,
+    proxy: FaultProxy,
+    headers: dict[str, str],
+    seconds: float | None,
+    request: pytest.FixtureRequest,
+) -> None:
+    from django.http import HttpRequest, JsonResponse
+    from django.test import RequestFactory, override_settings
+
+    from tests.integrations.test_require_token_parity import configure_django
+    from token_service.client.django import IdempotencyKeyMiddleware
+
+    configure_django()
+    runs: Counter[str] = Counter()
+    fault = fault_for(proxy, seconds, request)
+
+    def view(http_request: HttpRequest) -> JsonResponse:
+        runs["order"] += 1
+        fault.start()  # Redis goes away as the response is stored
+        return JsonResponse({"order": runs["order"]}, status=201)
+
+    options = {"LOCK_SECONDS": LOCK_SECONDS, "IDENTITY": lambda http_request: "client-1"}
+    with override_settings(TOKEN_SERVICE={"REDIS_URL": connection, "IDEMPOTENCY_KEY": options}):
+        middleware = IdempotencyKeyMiddleware(view)
+
+    def post() -> Any:
+        return middleware(
+            RequestFactory().post(
+                "/orders",
+                data="{}",
+                content_type="application/json",
+                headers={"Idempotency-Key": headers["Idempotency-Key"]},
+            )
+        )
+
+    first = post()
+    if seconds is None:
+        assert first.status_code == 500
+        document = json.loads(first.content)
+        assert document["code"] == "outcome_not_recorded"
+        assert b'"order"' not in first.content  # the response that was not kept does not go out
+    else:
+        assert (first.status_code, json.loads(first.content)) == (201, {"order": 1})
+        again = post()
+        assert (again.status_code, json.loads(again.content)) == (201, {"order": 1})
+        assert again["Idempotent-Replayed"] == "true"
+    fault.heal()
     assert runs["order"] == 1
