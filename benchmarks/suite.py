@@ -29,8 +29,9 @@ from benchmarks.procs import WORKER_CLASSES, Gunicorn, RedisServer, Uvicorn, cpu
 from token_service.client import TokenClient
 from token_service.config import RateLimit
 from token_service.limits import IssuanceLimits, client_key
+from token_service.records import IssueRequest, UseRequest
 from token_service.scripts import admit_issue_source, lua_source
-from token_service.store import IssueRequest, TokenStore, UseRequest
+from token_service.store import TokenStore
 
 API_KEY = "bench-service-key-0123456789"
 SCOPE = "payment.create"

@@ -23,10 +23,11 @@ from werkzeug.test import EnvironBuilder
 from tests.support.processes import free_port
 from tests.support.service import API_KEY, AUTH
 from token_service import create_app
+from token_service.records import IssueRequest
 from token_service.server import connections, hot_path, request_context
 from token_service.server.logs import RequestIdFilter
 from token_service.server.metrics import TOKEN_REF_CHARS
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import TokenStore
 from token_service.tokens import token_digest
 
 SCOPE = "payment.create"

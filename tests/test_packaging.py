@@ -82,7 +82,8 @@ INSTALLED = """
 import json, fakeredis
 import token_service
 from token_service import resources
-from token_service.store import TokenStore, IssueRequest, UseRequest
+from token_service.store import TokenStore
+from token_service.records import IssueRequest, UseRequest
 
 store = TokenStore(fakeredis.FakeRedis())
 [token] = store.issue(IssueRequest("s", None, None, 60), 1)

@@ -29,7 +29,8 @@ from token_service.client import TokenClient
 from token_service.config import Settings
 from token_service.connection import redis_client
 from token_service.limits import IssuanceLimits
-from token_service.store import IssueRequest, TokenStore, UseRequest
+from token_service.store import TokenStore
+from token_service.records import IssueRequest, UseRequest
 
 assert redis.__version__.startswith(sys.argv[2] + "."), redis.__version__
 client = redis_client(Settings.from_mapping({"redis_url": sys.argv[1]}))

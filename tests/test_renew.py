@@ -13,7 +13,8 @@ import pytest
 
 from tests.test_api import RFC3339_UTC, SCOPE, assert_problem, generate, post
 from token_service.errors import InvalidRequest, LeaseLost, TokenInProgress, TokenInvalid
-from token_service.store import IssueRequest, TokenStore, UseRequest
+from token_service.records import IssueRequest, UseRequest
+from token_service.store import TokenStore
 
 NOW_MS = 1_800_000_000_000
 

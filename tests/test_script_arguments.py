@@ -11,7 +11,8 @@ from token_service import records
 from token_service.config import RateLimit
 from token_service.errors import InvalidRequest
 from token_service.limits import IssuanceLimits
-from token_service.store import IssueRequest, TokenStore
+from token_service.records import IssueRequest
+from token_service.store import TokenStore
 
 SCOPE = "payment.create"
 

@@ -17,8 +17,9 @@ from token_service.errors import (
     TokenMismatch,
     TokenUsed,
 )
+from token_service.records import IssueRequest, UseRequest
 from token_service.scripts import lua_source
-from token_service.store import IssueRequest, TokenStore, UseRequest
+from token_service.store import TokenStore
 from token_service.tokens import new_token, token_digest
 
 SCOPE = "payment.create"

@@ -28,7 +28,8 @@ from token_service import store as store_module
 from token_service.config import Settings
 from token_service.connection import redis_client
 from token_service.errors import ServiceUnavailable, TokenInvalid
-from token_service.store import IssueRequest, TokenStore, UseRequest
+from token_service.records import IssueRequest, UseRequest
+from token_service.store import TokenStore
 
 pytestmark = pytest.mark.real
 

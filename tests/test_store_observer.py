@@ -14,8 +14,9 @@ from token_service import records
 from token_service.config import RateLimit
 from token_service.errors import OutstandingCapReached, RateLimited, TokenUsed
 from token_service.limits import IssuanceLimits
+from token_service.records import IssueRequest, UseRequest
 from token_service.scripts import ADMIT_ISSUE
-from token_service.store import AsyncTokenStore, IssueRequest, TokenStore, UseRequest
+from token_service.store import AsyncTokenStore, TokenStore
 from token_service.tokens import token_digest
 
 SCOPE = "payment.create"

@@ -37,7 +37,6 @@ import os
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal, ParamSpec, TypeVar
 
 import redis
@@ -49,6 +48,7 @@ from redis.crc import key_slot
 
 from token_service import defaults, records, store_errors
 from token_service.limits import IssuanceLimits, admit_reply, client_key_of, client_tag
+from token_service.records import IssueRequest, UseRequest
 from token_service.scripts import ADMIT_ISSUE, SCRIPT_NAMES, admit_issue_source, lua_source
 from token_service.tokens import (
     digest_key,
@@ -148,43 +148,6 @@ def _raise_first_error(replies: Sequence[Any]) -> None:
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
-
-
-@dataclass(frozen=True, slots=True)
-class IssueRequest:
-    scope: str
-    subject: str | None
-    fingerprint: str | None
-    ttl_seconds: int
-
-    def args(self, bucket: str = "") -> list[str]:
-        return [
-            self.scope,
-            records.opt(self.subject),
-            records.opt(self.fingerprint),
-            str(self.ttl_seconds * 1000),
-            bucket,
-        ]
-
-
-# Not frozen, unlike IssueRequest: one is made on every consume and begin, and a frozen
-# dataclass's __init__ (object.__setattr__ per field) costs 9,500 instructions to this one's
-# 2,700 (callgrind), a third more on a store consume's own 19,000. Nothing changes one once made.
-@dataclass(slots=True)
-class UseRequest:
-    """One use of a token (consume, begin): the one value the server, the SDK's transports and
-    the store pass along, as :class:`IssueRequest` is for issue.
-
-    ``token`` is the token, or a keyed operation's name (its digest makes the record key as a
-    token's does). ``request_id`` None (or ''): the store draws one, and a retry cannot be told
-    from a second use.
-    """
-
-    token: str
-    scope: str
-    subject: str | None = None
-    fingerprint: str | None = None
-    request_id: str | None = None
 
 
 class _StoreBase:

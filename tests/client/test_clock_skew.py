@@ -33,7 +33,7 @@ from tests.support.skew import Skewed
 from token_service.client import DirectLimits, TokenClient, keyed_guard
 from token_service.client._renewal import interval_for
 from token_service.errors import TokenInProgress
-from token_service.store import UseRequest
+from token_service.records import UseRequest
 
 LEASE_SECONDS = 5
 DUPLICATE_AFTER_SECONDS = 6  # past the lease: only renewal keeps the duplicate out
@@ -250,7 +250,7 @@ def test_the_admin_view_of_a_lease_is_redis_time_whatever_the_clock(skew_redis: 
 
 
 def _request() -> Any:
-    from token_service.store import IssueRequest
+    from token_service.records import IssueRequest
 
     return IssueRequest("payment.create", None, None, 600)
 

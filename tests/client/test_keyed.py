@@ -34,7 +34,8 @@ from token_service.client import (
     keyed_guard,
     operation_token,
 )
-from token_service.store import TokenStore, UseRequest
+from token_service.records import UseRequest
+from token_service.store import TokenStore
 
 BACKENDS = [pytest.param("fake", marks=pytest.mark.fake), pytest.param("real", marks=pytest.mark.real)]
 

@@ -37,7 +37,8 @@ from tests.support.sdk import Sdk
 from token_service.client import AsyncTokenClient, LeaseLost, Replayed, TokenClient, TokenInProgress
 from token_service.client._renewal import SCHEDULER, LeaseRenewer
 from token_service.client._telemetry import Telemetry
-from token_service.store import TokenStore, UseRequest
+from token_service.records import UseRequest
+from token_service.store import TokenStore
 
 SCOPE = "report.build"
 LEASE_SECONDS = 2

@@ -13,8 +13,7 @@ from token_service.client import ServiceUnavailable, TokenClient
 from token_service.client import _validate as check
 from token_service.client._types import RetryPolicy
 from token_service.errors import InvalidRequest
-from token_service.records import Consumed
-from token_service.store import UseRequest
+from token_service.records import Consumed, UseRequest
 
 
 def test_checked_scopes_are_remembered_but_never_a_wrong_one() -> None:

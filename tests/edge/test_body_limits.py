@@ -16,8 +16,9 @@ from werkzeug.test import EnvironBuilder
 
 from tests.support.service import API_KEY, AUTH
 from token_service import create_app
+from token_service.records import IssueRequest
 from token_service.server.body import GuardedInput, read_body
-from token_service.store import IssueRequest, TokenStore
+from token_service.store import TokenStore
 
 SCOPE = "payment.create"
 LIMIT = 1024

@@ -37,7 +37,8 @@ import gevent
 
 from token_service.config import Settings
 from token_service.connection import redis_client
-from token_service.store import IssueRequest, TokenStore, UseRequest
+from token_service.store import TokenStore
+from token_service.records import IssueRequest, UseRequest
 
 GREENLETS, ROUNDS = 300, 12
 store = TokenStore(redis_client(Settings.from_mapping({"redis_url": sys.argv[1]})))

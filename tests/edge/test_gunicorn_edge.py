@@ -18,7 +18,8 @@ import pytest
 from tests.support.processes import Gunicorn, RedisServer
 from tests.support.raw_http import Reply, chunked, connect, exchange, read_reply, request_bytes
 from tests.support.service import API_KEY, AUTH
-from token_service.store import IssueRequest, TokenStore
+from token_service.records import IssueRequest
+from token_service.store import TokenStore
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 

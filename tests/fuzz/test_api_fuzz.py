@@ -27,8 +27,9 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from tests.support.service import API_KEY, AUTH
 from token_service import create_app
+from token_service.records import IssueRequest, UseRequest
 from token_service.server.health import openapi_path
-from token_service.store import IssueRequest, TokenStore, UseRequest
+from token_service.store import TokenStore
 
 EXAMPLES_PER_OPERATION = 100
 MIN_REQUESTS = 1000

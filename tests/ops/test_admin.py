@@ -25,7 +25,8 @@ from token_service.ops.admin import (
     RecordNotFound,
     _Resume,
 )
-from token_service.store import IssueRequest, TokenStore, UseRequest
+from token_service.records import IssueRequest, UseRequest
+from token_service.store import TokenStore
 from token_service.tokens import token_digest
 
 HANG = {"item": 1, "hang": True}

@@ -18,8 +18,9 @@ from tests.support.service import API_KEY, AUTH, service_env
 from token_service import create_app
 from token_service.client import TokenClient, TokenUsed
 from token_service.config import ConfigError, Settings
+from token_service.records import IssueRequest, UseRequest
 from token_service.server.routes import TOKEN_ROUTES
-from token_service.store import IssueRequest, TokenStore, UseRequest
+from token_service.store import TokenStore
 from token_service.tokens import token_digest
 
 ADMIN_KEY = "admin-key-for-the-ops-tests-0001"

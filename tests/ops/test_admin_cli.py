@@ -14,8 +14,9 @@ import pytest
 from tests.ops.clock import past_clock
 from tests.support.processes import REPO_ROOT
 from tests.support.topologies import ClusterTopology, Standalone
+from token_service.records import IssueRequest, UseRequest
 from token_service.server.admin_cli import dashed_refs_last
-from token_service.store import IssueRequest, TokenStore, UseRequest
+from token_service.store import TokenStore
 from token_service.tokens import token_digest
 
 # slow: each test runs the admin CLI as processes, on standalone and a cluster (~125 s)

@@ -69,7 +69,7 @@ def test_a_page_holds_at_most_limit_records_and_reads_no_more(redis_any: Any) ->
 
 
 def test_a_page_with_a_filter_reads_a_bounded_number_of_records(redis_any: Any, store: Any) -> None:
-    from token_service.store import IssueRequest
+    from token_service.records import IssueRequest
 
     _store_results(redis_any, 600)
     tokens = store.issue(IssueRequest("refund", None, None, 600), 3)

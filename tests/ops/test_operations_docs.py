@@ -26,7 +26,8 @@ from tests.support.service import service_env
 from token_service.client import durable
 from token_service.client._idempotency_store import IdempotencyStore
 from token_service.client._stored_response import StoredResponse
-from token_service.store import IssueRequest, TokenStore, UseRequest
+from token_service.records import IssueRequest, UseRequest
+from token_service.store import TokenStore
 from token_service.tokens import token_digest
 
 PAGE = "docs/operations.md"

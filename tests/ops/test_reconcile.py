@@ -15,7 +15,8 @@ from token_service.errors import LeaseLost, TokenFailed
 from token_service.ops import reconcile as reconciler
 from token_service.ops.admin import Admin
 from token_service.ops.reconcile import Complete, Fail, Release, Stuck
-from token_service.store import IssueRequest, TokenStore, UseRequest
+from token_service.records import IssueRequest, UseRequest
+from token_service.store import TokenStore
 from token_service.tokens import token_digest
 
 PAY = IssueRequest("pay", "user-7", None, 600)

@@ -21,7 +21,8 @@ from tests.support.service import API_KEY, AUTH
 from token_service import create_app, store
 from token_service.client import Finished, TokenClient
 from token_service.limits import parse_limit_record
-from token_service.store import IssueRequest, TokenStore, UseRequest
+from token_service.records import IssueRequest, UseRequest
+from token_service.store import TokenStore
 from token_service.tokens import record_key
 
 pytestmark = pytest.mark.real

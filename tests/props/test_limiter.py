@@ -40,7 +40,8 @@ from tests.props.test_state_machine import _TIME_PASSES_LUA
 from token_service.config import RateLimit
 from token_service.errors import OutstandingCapReached, RateLimited, TokenInvalid, TokenUsed
 from token_service.limits import IssuanceLimits, client_key, parse_limit_record
-from token_service.store import IssueRequest, TokenStore, UseRequest
+from token_service.records import IssueRequest, UseRequest
+from token_service.store import TokenStore
 
 TICK_MS = 60_000
 BASE_NOW_MS = 1_800_000_000_000

@@ -14,7 +14,8 @@ from __future__ import annotations
 import pytest
 
 from token_service.errors import InvalidRequest
-from token_service.store import IssueRequest, TokenStore, UseRequest
+from token_service.records import IssueRequest, UseRequest
+from token_service.store import TokenStore
 
 SEP = "\x1f"
 

@@ -64,7 +64,8 @@ from token_service.errors import (
     TokenMismatch,
     TokenUsed,
 )
-from token_service.store import IssueRequest, TokenStore, UseRequest
+from token_service.records import IssueRequest, UseRequest
+from token_service.store import TokenStore
 
 TICK_MS = 60_000  # every model duration is whole ticks; an example runs for well under one
 SEP = "\x1f"

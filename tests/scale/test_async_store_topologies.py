@@ -9,7 +9,8 @@ import pytest
 from tests.support.topologies import ClusterTopology, SentinelTopology, Standalone, Topology
 from token_service.connection import async_client_for
 from token_service.errors import TokenUsed
-from token_service.store import AsyncTokenStore, IssueRequest, UseRequest
+from token_service.records import IssueRequest, UseRequest
+from token_service.store import AsyncTokenStore
 
 pytestmark = pytest.mark.real
 

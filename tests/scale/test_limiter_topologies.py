@@ -19,7 +19,8 @@ from tests.support.topologies import Topology
 from token_service import create_app
 from token_service.connection import async_client_for
 from token_service.limits import client_key
-from token_service.store import AsyncTokenStore, UseRequest
+from token_service.records import UseRequest
+from token_service.store import AsyncTokenStore
 
 pytestmark = pytest.mark.real
 SCOPE = "payment.create"

@@ -25,8 +25,8 @@ import redis.asyncio
 
 from token_service import deadline, defaults
 from token_service.errors import ServiceUnavailable, TokenInvalid
-from token_service.records import Completed, Consumed, FailRecorded, Finished, Renewed, Started
-from token_service.store import AsyncTokenStore, TokenStore, UseRequest
+from token_service.records import Completed, Consumed, FailRecorded, Finished, Renewed, Started, UseRequest
+from token_service.store import AsyncTokenStore, TokenStore
 from token_service.tokens import new_request_id
 
 from ._direct import AsyncDirectTransport, DirectLimits, DirectTransport, redis_from_url

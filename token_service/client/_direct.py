@@ -15,8 +15,18 @@ from typing import Any
 from token_service import defaults
 from token_service.connection import async_client_for, client_for
 from token_service.errors import InvalidRequest
-from token_service.records import Completed, Consumed, FailRecorded, Finished, Inspection, Renewed, Started
-from token_service.store import AsyncTokenStore, IssueRequest, TokenStore, UseRequest
+from token_service.records import (
+    Completed,
+    Consumed,
+    FailRecorded,
+    Finished,
+    Inspection,
+    IssueRequest,
+    Renewed,
+    Started,
+    UseRequest,
+)
+from token_service.store import AsyncTokenStore, TokenStore
 
 from . import _validate as check
 from ._types import IssuedToken, TokenInfo

@@ -30,7 +30,7 @@ from token_service.errors import ServiceUnavailable
 from . import _replies as replies
 
 if TYPE_CHECKING:
-    from token_service.store import UseRequest
+    from token_service.records import UseRequest
 
 T = TypeVar("T")
 

@@ -42,8 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from token_service.errors import TokenInvalid
-from token_service.records import Completed, FailRecorded, Finished, Renewed, Started
-from token_service.store import UseRequest
+from token_service.records import Completed, FailRecorded, Finished, Renewed, Started, UseRequest
 
 from . import _validate as check
 from ._client import AsyncTokenClient, TokenClient

@@ -41,8 +41,9 @@ from token_service import defaults, records
 from token_service.client._idempotency_store import digest as idempotency_digest
 from token_service.client._stored_response import StoredResponse
 from token_service.errors import InvalidRequest, NotInProgress, RecordNotFound
+from token_service.records import UseRequest
 from token_service.scripts import lua_source
-from token_service.store import UseRequest, translate_errors
+from token_service.store import translate_errors
 from token_service.tokens import is_plain_text, new_lease_id
 
 audit_log = logging.getLogger("token_service.audit")

@@ -21,8 +21,9 @@ from marshmallow import Schema, ValidationError
 from token_service.config import Settings
 from token_service.errors import InvalidRequest, TokenInvalid
 from token_service.limits import IssuanceLimits, address_group, client_key
+from token_service.records import IssueRequest, UseRequest
 from token_service.server.schemas import BodySchema, ConsumeSchema, GenerateSchema
-from token_service.store import IssueRequest, TokenStore, UseRequest
+from token_service.store import TokenStore
 from token_service.tokens import NO_CONTROL_RE, is_well_formed
 
 
