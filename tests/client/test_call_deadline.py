@@ -157,3 +157,28 @@ def test_the_sync_transport_keeps_the_deadline_on_its_own_pool() -> None:
     with client:
         pool = client._backend.http._transport._pool  # type: ignore[attr-defined]
         assert isinstance(pool._network_backend, _DeadlineBackend)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_keyed_call_keeps_the_clients_budget(kind: str) -> None:
+    """``keyed_guard`` / ``@idempotent`` run on a client of their own over the caller's: it kept
+    the retry policy and dropped the budget, so 200 attempts against a Redis that refuses ran
+    their whole back-off (25 s each, sync and async) where ``timeout=1`` was asked for."""
+    from token_service.client import keyed_guard
+
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    many = RetryPolicy(attempts=200, backoff_seconds=0.05, max_backoff_seconds=0.1)
+
+    def sync() -> None:
+        with TokenClient.from_redis(url, timeout=1.0, retry=many) as client, keyed_guard(client, "s", "k"):
+            pass
+
+    async def run() -> None:
+        client = AsyncTokenClient.from_redis(url, timeout=1.0, retry=many)
+        async with client, keyed_guard(client, "s", "k"):
+            pass
+
+    start = time.monotonic()
+    with pytest.raises(ServiceUnavailable):
+        sync() if kind == "sync" else asyncio.run(run())
+    assert time.monotonic() - start < BOUND_SECONDS

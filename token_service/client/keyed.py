@@ -207,14 +207,24 @@ class _AsyncKeyedTransport(_Keyed):
 
 
 def _keyed_client(client: TokenClient | AsyncTokenClient, ttl_seconds: int) -> TokenClient | AsyncTokenClient:
-    """A client of the same kind and retry policy whose operations address ``op:`` records."""
+    """A client of the same kind, retry policy and call budget whose operations address ``op:`` records."""
     backend = client._backend
     if isinstance(client, AsyncTokenClient) and isinstance(backend, AsyncDirectTransport):
         keyed = _AsyncKeyedTransport(backend, ttl_seconds)
-        return AsyncTokenClient(retry=client.retry, telemetry=client.telemetry, _backend=keyed)
+        return AsyncTokenClient(
+            retry=client.retry,
+            telemetry=client.telemetry,
+            _backend=keyed,
+            _call_timeout_seconds=client._call_timeout_seconds,  # its calls keep the same budget
+        )
     if isinstance(client, TokenClient) and isinstance(backend, DirectTransport):
         sync_keyed = _KeyedTransport(backend, ttl_seconds)
-        return TokenClient(retry=client.retry, telemetry=client.telemetry, _backend=sync_keyed)
+        return TokenClient(
+            retry=client.retry,
+            telemetry=client.telemetry,
+            _backend=sync_keyed,
+            _call_timeout_seconds=client._call_timeout_seconds,
+        )
     raise TypeError(
         "keyed operations run on the direct transport: use TokenClient.from_redis(...) "
         "(or AsyncTokenClient.from_redis) on the service's Redis"
