@@ -18,11 +18,7 @@ import pytest
 from tests.support.processes import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "token_service"
-# Aliases left at the old paths of modules that moved up a layer (tests/test_moved_modules.py):
-# each imports its new module, by design, until it goes (CHANGELOG.md says when)
-MOVED = {"admin.py": "token_service.ops.admin", "reconcile.py": "token_service.ops.reconcile"}
-MOVED |= {"gunicorn_conf.py": "token_service.server.gunicorn_conf"}
-CORE = sorted(path for path in PACKAGE.glob("*.py") if path.name != "__init__.py" and path.name not in MOVED)
+CORE = sorted(path for path in PACKAGE.glob("*.py") if path.name != "__init__.py")
 CLIENT = sorted((PACKAGE / "client").rglob("*.py"))
 OPS = sorted((PACKAGE / "ops").rglob("*.py"))
 # the users' testing kit: the SDK on an in-memory store (docs/testing-your-code.md)
@@ -95,20 +91,6 @@ def test_the_operators_tools_use_only_the_listed_private_names_of_the_sdk() -> N
                     and any(part.startswith("_") for part in alias.name.split("."))
                 }
     assert used == OPS_PRIVATE_SDK
-
-
-# the same kind of alias inside a layer: a module renamed for what it is (client/wsgi.py, client/keyed.py)
-ALIASES = {name: new for name, new in MOVED.items()} | {
-    "client/idempotency.py": "token_service.client.wsgi",
-    "client/functions.py": "token_service.client.keyed",
-}
-
-
-@pytest.mark.parametrize("name", sorted(ALIASES))
-def test_an_alias_at_an_old_path_imports_its_new_module_and_nothing_else(name: str) -> None:
-    # nothing of the layer above leaks into core through an alias: it holds no code of its own,
-    # what it does on import is token_service/_moved.py's (core: it imports no layer)
-    assert imported(PACKAGE / name) == {"__future__", "typing", "token_service._moved", ALIASES[name]}
 
 
 @pytest.mark.parametrize("path", CORE, ids=lambda path: path.name)

@@ -1,12 +1,12 @@
-"""Modules that moved in 0.2.0 still import at their old paths, warning, until 0.3.0.
+"""The paths modules had before they moved are gone: they never reached a release.
 
-``token_service.admin`` and ``token_service.reconcile`` went to ``token_service.ops``;
-``token_service.gunicorn_conf`` (``gunicorn -c python:token_service.gunicorn_conf``) to
-``token_service.server``; ``token_service.client.idempotency`` (the WSGI middleware) is
-``token_service.client.wsgi``, ``token_service.client.functions`` (``@idempotent``,
-``keyed_guard``) ``token_service.client.keyed``. Importing an old path raises a
-``DeprecationWarning`` naming the new one and hands back the new module itself; CHANGELOG.md
-names the version they go in.
+``token_service.admin`` and ``token_service.reconcile`` are ``token_service.ops``'s;
+``token_service.gunicorn_conf`` (``gunicorn -c python:token_service.gunicorn_conf``) is
+``token_service.server.gunicorn_conf``; ``token_service.client.idempotency`` (the WSGI
+middleware) is ``token_service.client.wsgi``, ``token_service.client.functions``
+(``@idempotent``, ``keyed_guard``) ``token_service.client.keyed``. They were aliases that
+warned during 0.2.0's development; importing one now fails, and CHANGELOG.md says so
+under "Removed", naming the new path.
 """
 
 from __future__ import annotations
@@ -27,111 +27,65 @@ MOVED = {
     "token_service.client.idempotency": "token_service.client.wsgi",
     "token_service.client.functions": "token_service.client.keyed",
 }
-GOES_IN = "0.3.0"
-
-
-@pytest.fixture
-def unimported(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The old paths not yet imported in this process (the first import is the one that warns)."""
-    for old in MOVED:
-        parent, name = old.rsplit(".", 1)
-        monkeypatch.delitem(sys.modules, old, raising=False)
-        monkeypatch.delattr(importlib.import_module(parent), name, raising=False)
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))
-@pytest.mark.usefixtures("unimported")
-def test_the_old_path_warns_naming_the_new_one_and_is_the_new_module(old: str) -> None:
-    new = MOVED[old]
-    with pytest.warns(DeprecationWarning, match=rf"{old} moved to {new}; the old path goes in {GOES_IN}"):
-        aliased = importlib.import_module(old)
-    assert aliased is importlib.import_module(new)
+def test_the_old_path_no_longer_imports(old: str) -> None:
+    sys.modules.pop(old, None)
+    with pytest.raises(ModuleNotFoundError, match=rf"No module named '{old}'"):
+        importlib.import_module(old)
 
 
-@pytest.mark.usefixtures("unimported")
-def test_from_imports_of_the_old_paths_get_the_same_objects() -> None:
-    from token_service.ops import admin, reconcile
-
-    with pytest.warns(DeprecationWarning, match="token_service.admin moved to token_service.ops.admin"):
-        from token_service.admin import check_ref
-    with pytest.warns(DeprecationWarning, match="token_service.reconcile moved"):
-        from token_service import reconcile as old_reconcile
-    assert check_ref is admin.check_ref
-    assert old_reconcile is reconcile
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_the_new_path_imports(old: str) -> None:
+    assert importlib.import_module(MOVED[old]).__name__ == MOVED[old]
 
 
-@pytest.mark.usefixtures("unimported")
-def test_the_wsgi_middleware_imports_from_its_old_path_as_the_same_class() -> None:
-    from token_service.client import wsgi
-
-    with pytest.warns(DeprecationWarning, match="client.idempotency moved to token_service.client.wsgi"):
-        from token_service.client.idempotency import IdempotencyMiddleware, default_store_status
-    assert IdempotencyMiddleware is wsgi.IdempotencyMiddleware
-    assert default_store_status is wsgi.default_store_status
+def test_no_file_is_left_at_an_old_path() -> None:
+    package = REPO_ROOT / "token_service"
+    left = [old for old in MOVED if (REPO_ROOT / (old.replace(".", "/") + ".py")).exists()]
+    assert left == []
+    assert not (package / "_moved.py").exists()
 
 
-@pytest.mark.usefixtures("unimported")
-def test_the_keyed_functions_import_from_their_old_path_as_the_same_objects() -> None:
-    from token_service.client import keyed
-
-    with pytest.warns(DeprecationWarning, match="client.functions moved to token_service.client.keyed"):
-        from token_service.client.functions import DEFAULT_KEY_TTL_SECONDS, idempotent, keyed_guard
-    assert idempotent is keyed.idempotent
-    assert keyed_guard is keyed.keyed_guard
-    assert DEFAULT_KEY_TTL_SECONDS == keyed.DEFAULT_KEY_TTL_SECONDS
-
-
-def test_the_warning_points_at_the_importing_line() -> None:
-    # stacklevel: a user's `python -W error` names their own import, not importlib's internals
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-W",
-            "error::DeprecationWarning",
-            "-c",
-            "import os\nimport token_service.reconcile",
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+def test_gunicorn_refuses_the_old_config_path_and_reads_the_new_one() -> None:
+    # what `gunicorn -c python:<module>` does with the module
+    script = (
+        "import sys\n"
+        "from gunicorn.config import Config\n"
+        "from gunicorn.app.base import Application\n"
+        "class App(Application):\n"
+        "    def init(self, *args): pass\n"
+        "    def load(self): pass\n"
+        "app = App.__new__(App)\n"
+        "app.cfg = Config()\n"
+        "app.load_config_from_module_name_or_filename('python:' + sys.argv[1])\n"
+        "print(app.cfg.worker_class_str)\n"
     )
-    assert done.returncode == 1
-    assert 'File "<string>", line 2' in done.stderr
-    assert "DeprecationWarning: token_service.reconcile moved to token_service.ops.reconcile" in done.stderr
+    runs = {
+        module: subprocess.run(
+            [sys.executable, "-c", script, module],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        for module in ("token_service.gunicorn_conf", "token_service.server.gunicorn_conf")
+    }
+    old, new = runs["token_service.gunicorn_conf"], runs["token_service.server.gunicorn_conf"]
+    assert old.returncode != 0
+    assert "No module named 'token_service.gunicorn_conf'" in old.stderr
+    assert new.returncode == 0, new.stderr
+    assert new.stdout.strip() == "gevent"
 
 
-def test_gunicorn_reads_the_settings_through_the_old_config_path() -> None:
-    # what `gunicorn -c python:token_service.gunicorn_conf` does with the module
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from gunicorn.config import Config\n"
-            "from gunicorn.app.base import Application\n"
-            "class App(Application):\n"
-            "    def init(self, *args): pass\n"
-            "    def load(self): pass\n"
-            "app = App.__new__(App)\n"
-            "app.cfg = Config()\n"
-            "app.load_config_from_module_name_or_filename('python:token_service.gunicorn_conf')\n"
-            "print(app.cfg.worker_class_str)\n",
-        ],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "gevent"
-
-
-def test_the_changelog_says_when_the_aliases_go() -> None:
+def test_the_changelog_says_they_are_removed_and_names_the_new_paths() -> None:
     changelog = (REPO_ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
-    released = changelog.split(f"## [{__version__}]", 1)[1].split("\n## [", 1)[0]
-    deprecated = released.split("### Deprecated", 1)[1].split("\n### ", 1)[0]
-    for old in MOVED:
-        assert f"`{old}`" in deprecated
-    assert f"removed in {GOES_IN}" in " ".join(deprecated.split())
+    unreleased = changelog.split(f"## [{__version__}]", 1)[1].split("\n## [", 1)[0]
+    assert "### Deprecated" not in unreleased
+    removed = " ".join(unreleased.split("### Removed", 1)[1].split("\n### ", 1)[0].split())
+    for old, new in MOVED.items():
+        assert f"`{old}`" in removed
+        assert f"`{new}`" in removed
+    assert "before the first release" in removed
