@@ -74,6 +74,17 @@ def test_blocks_run_elsewhere_name_a_test_that_reads_them() -> None:
         assert page in (REPO_ROOT / test).read_text(encoding="utf-8")
 
 
+def test_no_page_shows_a_file_by_an_include_line() -> None:
+    # `--8<-- "examples/…"` is what a reader sees where Markdown is shown as it is (the
+    # repository's web view, an editor): the integration pages write their examples out,
+    # and tests/integrations/test_docs.py holds each copy to its file. (README sections,
+    # `--8<-- "README.md:name"`, stay included: the README is the repository's front page.)
+    for page in pages():
+        text = (REPO_ROOT / page).read_text(encoding="utf-8")
+        included = re.findall(r'^-{1,}8<-{1,} "([^":]+)"$', text, re.MULTILINE)
+        assert included == [], f"{page} includes {included}: write the code out on the page"
+
+
 @pytest.mark.parametrize("page", ["docs/index.md", "docs/security.md"])
 def test_pages_with_no_code(page: str) -> None:
     assert code_blocks(page) == []

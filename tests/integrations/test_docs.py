@@ -5,8 +5,9 @@ here to a redis-server the test started). App blocks are written to a module
 in a temporary directory and served by the real server (uvicorn) or worker
 (celery) they are documented for; the client blocks then run against it, with
 the documented address pointed at that server. The FastAPI and Django pages show
-their example's files (``--8<--``): the test serves the example itself, with two
-workers as deployed.
+their example's files, written out on the page (a reader of the raw Markdown sees
+the code, not an include line): the test holds each copy to its file and serves
+the example itself, with two workers as deployed.
 """
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ def pay_many_at_once(url: str, payment: dict[str, object], count: int = 12) -> l
 
 def test_fastapi_page(redis_env: dict[str, str]) -> None:
     app_block, client_block = code_blocks(FASTAPI, "python")
-    assert app_block.code == (REPO_ROOT / "examples/fastapi_app/app.py").read_text()  # one source
+    assert app_block.code == (REPO_ROOT / "examples/fastapi_app/app.py").read_text(), (
+        "docs/integrations/fastapi.md and examples/fastapi_app/app.py differ: change both"
+    )
     # as deployed: more than one worker process
     server = AppServer.uvicorn("examples.fastapi_app.app:app", redis_env, "--workers", "2").start()
     try:
@@ -92,7 +95,9 @@ def test_fastapi_page(redis_env: dict[str, str]) -> None:
 def test_django_page(redis_env: dict[str, str]) -> None:
     settings_block, views_block, urls_block, client_block = code_blocks(DJANGO, "python")
     for block, example in [(settings_block, "settings"), (views_block, "views"), (urls_block, "urls")]:
-        assert block.code == (REPO_ROOT / f"examples/django_app/{example}.py").read_text()  # one source
+        assert block.code == (REPO_ROOT / f"examples/django_app/{example}.py").read_text(), (
+            f"docs/integrations/django.md and examples/django_app/{example}.py differ: change both"
+        )
     server = AppServer.gunicorn("examples.django_app.wsgi", redis_env, "--workers", "2")
     server.health_path = "/payments/list"
     server.start()
