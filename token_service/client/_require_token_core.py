@@ -64,6 +64,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import time
+import weakref
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
@@ -77,7 +80,7 @@ from collections.abc import (
 from dataclasses import dataclass
 from typing import Any
 
-from token_service.errors import InvalidRequest, OutcomeNotRecorded, TokenError
+from token_service.errors import InvalidRequest, OutcomeNotRecorded, TokenError, TokenInProgress
 from token_service.records import dump_json
 
 from ._idempotency_core import Recorder
@@ -92,7 +95,16 @@ from .guard import AsyncGuard, Guard, hooks_of
 
 log = logging.getLogger("token_service.client.require_token")
 
-__all__ = ["Replay", "Reply", "RequireToken", "ValueReply", "fingerprint_fields"]
+__all__ = ["DEFAULT_WAIT_SECONDS", "Replay", "Reply", "RequireToken", "ValueReply", "fingerprint_fields"]
+
+# How long a duplicate waits for the first request's response by default. A double click's
+# second request arrives while the first still runs, which usually takes milliseconds, at most
+# a payment provider's second or two: waiting that long answers it with the first response
+# (replayed) instead of a 409 the shopper's page must handle. A worker (a greenlet under gevent)
+# is held that long at most; wait_seconds=0 refuses at once.
+DEFAULT_WAIT_SECONDS = 2.0
+# the weight of the latest run in the typical run time (an exponential moving average)
+_LATEST_RUN_WEIGHT = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +177,10 @@ class RequireToken:
         # a body longer than max_result_bytes cannot fit once JSON-encoded: never held past it
         self.cap_bytes = max_result_bytes if max_body_bytes is None else min(max_body_bytes, max_result_bytes)
         self.guard_options = dict(guard_options or {})
+        # when each running guard of this decorator began (monotonic), and how long its runs
+        # typically take: what a duplicate refused 409 token_in_progress is told to wait
+        self._started: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        self._typical_seconds: float | None = None
 
     @classmethod
     def of(
@@ -203,8 +219,8 @@ class RequireToken:
             )
             fresh = guard.start()
         except TokenError as exc:
-            return refusal(exc)
-        return guard if fresh else Replay(guard.result)
+            return self._refusal(exc)
+        return self._running(guard) if fresh else Replay(guard.result)
 
     async def abegin(
         self, client: Any, token: str, subject: str | None, fingerprint: str | None
@@ -215,8 +231,39 @@ class RequireToken:
             )
             fresh = await guard.start()
         except TokenError as exc:
+            return self._refusal(exc)
+        return self._running(guard) if fresh else Replay(guard.result)
+
+    def _running(self, guard: Any) -> Any:
+        self._started[guard] = time.monotonic()
+        return guard
+
+    def _ran(self, guard: Any) -> None:
+        """A run settled: its time joins the typical one (a moving average; races lose a sample)."""
+        started = self._started.pop(guard, None)
+        if started is None:
+            return
+        took = time.monotonic() - started
+        typical = self._typical_seconds
+        self._typical_seconds = took if typical is None else typical + (took - typical) * _LATEST_RUN_WEIGHT
+
+    def _refusal(self, exc: TokenError) -> TokenError:
+        """The refusal to answer; a 409 token_in_progress with a Retry-After that estimates.
+
+        The store says how long the holder's lease has left, which is the longest the holder
+        can take, not how long it will: a double click got ``Retry-After: 30`` (the lease)
+        while the first request finished in milliseconds. The estimate is how long this
+        decorator's runs typically take, rounded up to whole seconds (at least 1, the header's
+        unit; 1 before any run has settled), never more than the lease has left.
+        """
+        if not isinstance(exc, TokenInProgress):
             return refusal(exc)
-        return guard if fresh else Replay(guard.result)
+        typical = self._typical_seconds
+        estimate = 1 if typical is None else max(1, math.ceil(typical))
+        seconds = min(exc.retry_after_seconds, estimate)
+        return TokenInProgress(
+            f"Another request holds this token; retry in {seconds} s.", retry_after_seconds=seconds
+        )
 
     # -- after the view ----------------------------------------------------------------------
 
@@ -257,6 +304,7 @@ class RequireToken:
 
         Returns the error to answer instead of the view's response when its outcome could not be
         recorded (:meth:`not_recorded`); None: the response goes out. Raises no store error."""
+        self._ran(guard)
         result = self.result(reply)
         if result is None:
             guard.abandon_quietly(None, retryable=True)  # a release not recorded: the lease frees it
@@ -270,6 +318,7 @@ class RequireToken:
         return None
 
     async def asettle(self, guard: AsyncGuard, reply: Reply | ValueReply | None) -> OutcomeNotRecorded | None:
+        self._ran(guard)
         result = self.result(reply)
         if result is None:
             await guard.abandon_quietly(None, retryable=True)

@@ -85,7 +85,7 @@ from ._idempotency_core import (
 )
 from ._idempotency_options import options_from_settings
 from ._idempotency_store import AsyncIdempotencyStore, IdempotencyStore
-from ._require_token_core import Replay, Reply, RequireToken, fingerprint_fields
+from ._require_token_core import DEFAULT_WAIT_SECONDS, Replay, Reply, RequireToken, fingerprint_fields
 from ._stored_response import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_REPLAY_HEADERS,
@@ -487,7 +487,7 @@ def require_token(
     replay_headers: Iterable[str] = DEFAULT_REPLAY_HEADERS,
     lease_seconds: int | None = None,
     terminal: Terminal = (),
-    wait_seconds: float = 0.0,
+    wait_seconds: float = DEFAULT_WAIT_SECONDS,
     store_status: StorePolicy = default_store_status,
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
     hooks: GuardHooks | None = None,

@@ -60,7 +60,14 @@ from ._client import AsyncTokenClient
 from ._extras import install, missing
 from ._fingerprint import body_fingerprint
 from ._idempotency_core import declared_length
-from ._require_token_core import Replay, Reply, RequireToken, ValueReply, fingerprint_fields
+from ._require_token_core import (
+    DEFAULT_WAIT_SECONDS,
+    Replay,
+    Reply,
+    RequireToken,
+    ValueReply,
+    fingerprint_fields,
+)
 from ._stored_response import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_REPLAY_HEADERS,
@@ -181,7 +188,7 @@ def require_token(
     replay_headers: Iterable[str] = DEFAULT_REPLAY_HEADERS,
     lease_seconds: int | None = None,
     terminal: Terminal = (),
-    wait_seconds: float = 0.0,
+    wait_seconds: float = DEFAULT_WAIT_SECONDS,
     store_status: StorePolicy = default_store_status,
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
     hooks: GuardHooks | None = None,

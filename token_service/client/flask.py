@@ -52,7 +52,7 @@ except ModuleNotFoundError as exc:
     # no extra of ours: the decorator runs in the user's Flask app, which brings Flask
     missing(exc, __name__, ("flask", "werkzeug"), "pip install 'flask>=3.0'")
 from ._fingerprint import body_fingerprint
-from ._require_token_core import Replay, Reply, RequireToken, fingerprint_fields
+from ._require_token_core import DEFAULT_WAIT_SECONDS, Replay, Reply, RequireToken, fingerprint_fields
 from ._stored_response import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_REPLAY_HEADERS,
@@ -165,7 +165,7 @@ def require_token(
     replay_headers: Iterable[str] = DEFAULT_REPLAY_HEADERS,
     lease_seconds: int | None = None,
     terminal: Terminal = (),
-    wait_seconds: float = 0.0,
+    wait_seconds: float = DEFAULT_WAIT_SECONDS,
     max_body_bytes: int = 8192,
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
     store_status: StorePolicy = default_store_status,
