@@ -60,6 +60,8 @@ SCOPE = "payment.create"
 TTL_SECONDS = 900
 ISSUE_ARGS = [SCOPE, "user-1", "", str(TTL_SECONDS * 1000), ""]
 CLIENT = "ts:c:bench"
+# the anonymous budget's record: named (the generate script takes it last), not asked for here
+BUDGET = "ts:c:budget"
 # redis-benchmark replaces __rand_int__ with 12 digits: "ts:t:" + 12 + 10 = 27 chars,
 # the length of a real record key ("ts:t:" + 22 digest characters); each row its own
 # last 10 characters, so that no row meets another's keys
@@ -164,9 +166,10 @@ def _rows(client: redis.Redis, keyspace: int) -> dict[str, list[str]]:
             *fresh,
             "evalsha",
             generate_sha,
-            "2",
+            "3",
             TOKEN_KEY.format(row="generate"),
             CLIENT,
+            BUDGET,
             *_generate_args(),
         ],
         GET_SET: [*filled, "evalsha", baseline_sha, "1", "bl:__rand_int__", SCOPE],
@@ -201,7 +204,7 @@ def _generate_args() -> list[str]:
 
 def _check_generate_admits(client: redis.Redis) -> None:
     """The generate row measures what it says: a call admitted, charged, counted and issued."""
-    reply = client.eval(admit_issue_source(), 2, "ts:t:check", CLIENT, *_generate_args())
+    reply = client.eval(admit_issue_source(), 3, "ts:t:check", CLIENT, BUDGET, *_generate_args())
     if reply != [b"issued"]:
         raise RuntimeError(f"the generate row would not measure an issued token: {reply!r}")
     client.delete("ts:t:check")

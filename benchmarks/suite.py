@@ -601,7 +601,16 @@ def redis_ceiling(servers: Servers, config: Config) -> list[dict[str, Any]]:
         ),
         (
             "EVALSHA admit+issue (generate with limits), 50 clients",
-            ["evalsha", admit_issue_sha, "2", "ts:t:__rand_int__", "ts:l:bench", *issue_args, *limit_args],
+            [
+                "evalsha",
+                admit_issue_sha,
+                "3",
+                "ts:t:__rand_int__",
+                "ts:{l}:bench",
+                "ts:{l}:anonymous",
+                *issue_args,
+                *limit_args,
+            ],
         ),
     ]
     results = []

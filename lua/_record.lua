@@ -4,13 +4,15 @@
 -- A token record is one Redis string: a state letter followed by fields joined
 -- by \31 (ASCII unit separator). Trailing empty fields are dropped, so an
 -- ISSUED record is just "I<scope>\31<subject>" — one small string key keeps an
--- outstanding token at ~165 bytes of Redis memory. Subjects and fingerprints
+-- outstanding token at 182 (smallest) to 1,414 (largest) bytes of Redis memory
+-- (docs/topologies.md, "Sizing Redis"). Subjects and fingerprints
 -- never contain control characters (validated by the callers) and JSON
 -- payloads escape them, so \31 can never appear inside a field.
 --
 --   field 1 scope          5 lease_id
---   field 2 subject        6 lease_expires_ms (PROCESSING); the client bucket the
---                            token is counted in (ISSUED under a cap, see admit.lua)
+--   field 2 subject        6 lease_expires_ms (PROCESSING); what counts the token
+--                            (ISSUED under a cap or the budget, see admit.lua): the
+--                            client's bucket, or "<client bucket>/<budget bucket>/<bytes>"
 --   field 3 fingerprint    7 token_expires_ms (PROCESSING: the token's own expiry)
 --   field 4 request_id     8 payload (SUCCEEDED: result JSON, FAILED: error JSON)
 --
@@ -96,9 +98,10 @@ local function separator_in(...)
 end
 
 -- An ISSUED record with field 6 set still counts toward its client's outstanding cap
--- (admit.lua): the first consume, begin or revoke takes it out of its bucket. KEYS[2],
--- when given, is the client's limit record (one round trip); without it (Redis Cluster:
--- another slot) the bucket is returned for the caller to release with release.lua.
+-- and the anonymous budget (admit.lua): the first consume, begin or revoke takes it out
+-- of their buckets. KEYS[2] and KEYS[3], when given, are the client's limit record and
+-- the budget's (one round trip); without them (Redis Cluster: another slot) the bucket
+-- is returned for the caller to release with release.lua.
 local function release_from(key, bucket)
   local limits = redis.call('GET', key)
   if not limits then return end  -- expired (every bucket ended) or evicted
@@ -115,11 +118,48 @@ local function release_from(key, bucket)
   redis.call('SET', key, limits, 'KEEPTTL')
 end
 
+-- The anonymous budget (admit.lua) takes the token's bytes and itself out of its bucket and
+-- out of the totals at its head ("<n>:<b>|<end>:<n>:<b>..."), so the totals stay the sum of
+-- the buckets.
+local function release_budget(key, bucket, bytes)
+  local budget = redis.call('GET', key)
+  if not budget then return end
+  local at = string.find(budget, '|' .. bucket .. ':', 1, true)
+  if not at then return end  -- the bucket ended and is gone
+  local counts_at = at + #bucket + 2
+  local n, b, after = string.match(budget, '^(%d+):(%d+)()', counts_at)
+  local tokens, total, head_end = string.match(budget, '^(%d+):(%d+)()')
+  if not (n and tokens) then return end
+  local entry = ''
+  if n + 0 > 1 then
+    if bytes > b + 0 then bytes = b + 0 end
+    entry = string.sub(budget, at, counts_at - 1) .. string.format('%d:%d', n - 1, b - bytes)
+  else
+    bytes = b + 0  -- the bucket's last token takes what is left of it
+  end
+  redis.call('SET', key, string.format('%d:%d', math.max(tokens - 1, 0), math.max(total - bytes, 0))
+    .. string.sub(budget, head_end, at - 1) .. entry .. string.sub(budget, after), 'KEEPTTL')
+end
+
+-- Field 6 of an ISSUED record: the client's bucket, or with the budget
+-- "<client bucket>/<budget bucket>/<bytes>" (the client's part '' without a cap).
+-- budget nil: its part is not released (a caller that does not name the budget's record).
+local function release_bucket(bucket, client, budget)
+  local slash = string.find(bucket, '/', 1, true)
+  if not slash then
+    release_from(client, bucket)
+    return
+  end
+  if slash > 1 then release_from(client, string.sub(bucket, 1, slash - 1)) end
+  local ends, bytes = string.match(bucket, '^(%d+)/(%d+)$', slash + 1)
+  if budget ~= nil and ends then release_budget(budget, ends, bytes + 0) end
+end
+
 local function release(state, fields)
   local bucket = fields[6]
   if state ~= 'I' or bucket == '' then return '' end
   if KEYS[2] == nil then return bucket end
-  release_from(KEYS[2], bucket)
+  release_bucket(bucket, KEYS[2], KEYS[3])
   return ''
 end
 

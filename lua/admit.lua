@@ -1,13 +1,19 @@
 -- admit: charge tokens to a client's issuance limits, before they are issued.
--- KEYS[1] the client's limit record (one small string per client, not per token)
+-- KEYS[1] the client's limit record (one small string per client, not per token);
+-- KEYS[2] the anonymous budget's record (one for all clients; only with ARGV[7..10])
 -- ARGV[1] count; ARGV[2] rate limit per period ('0' = none); ARGV[3] period_ms;
 -- ARGV[4] outstanding cap ('0' = none); ARGV[5] counted_ms: how long the tokens may
 -- count toward the cap (their TTL, at most the service's window);
--- ARGV[6] now_ms ('' = Redis TIME)
--- returns {'admitted', bucket} bucket: '' without a cap, else the bucket the tokens are
---         counted in; their records keep it (field 6), and release() (_record.lua)
---         takes a token back out of it when it is consumed, begun or revoked
+-- ARGV[6] now_ms ('' = Redis TIME);
+-- ARGV[7..10] (optional: absent or ARGV[9] '0', no budget) the budget's most tokens
+-- ('0' = none), its most bytes ('0' = none), the bytes each token is charged, and
+-- lives_ms: the tokens' TTL (they hold memory that long, whatever the cap's window)
+-- returns {'admitted', bucket} bucket: '' without a cap or budget, else what counts the
+--         tokens: the cap's bucket, and with a budget "<cap bucket>/<budget bucket>/<bytes>";
+--         their records keep it (field 6), and release() (_record.lua) takes a token back
+--         out of both when it is consumed, begun or revoked
 --       | {'rate_limited', retry_after_ms} | {'too_many_outstanding', retry_after_ms}
+--       | {'budget_exhausted', retry_after_ms, 'tokens'|'bytes'}
 --       | {'invalid_argument', message}
 --
 -- The record: "<tat>|<end>:<n>|<end>:<n>..." where <tat> is the rate limiter's
@@ -25,6 +31,15 @@
 -- of at least an eighth of counted_ms: a token counts at most max(5 s, a quarter of
 -- counted_ms) longer than counted_ms, and the record stays small: at most 9 live
 -- buckets per width, the widths nested so that tokens of different TTLs share ends.
+--
+-- The budget: "<n>:<b>|<end>:<n>:<b>|<end>:<n>:<b>..." the tokens and bytes counted in
+-- all, then each bucket's, in the order of their ends (the oldest first, so the ended
+-- ones are dropped from the front); a token counts until the end of its bucket, rounded
+-- as the cap's are from its whole TTL, or until it is consumed, begun or revoked. One
+-- key for every client: on Cluster it shares the client records' slot (the '{l}' in
+-- their keys), so this script names both. A refusal of the budget answers everyone
+-- alike until tokens leave it; it is checked after the client's own limits, so a client
+-- over its own limits is told so first.
 local BUCKET_SECONDS = 5
 
 -- count, period_ms and counted_ms: positive_int() (_record.lua) of each, as one pattern over
@@ -46,6 +61,17 @@ if limit == nil or cap == nil or limit < 0 or cap < 0 then
 end
 if limit > 0 and count > limit then return {'invalid_argument', 'count exceeds the rate limit'} end
 if cap > 0 and count > cap then return {'invalid_argument', 'count exceeds the outstanding cap'} end
+-- bytes per token; 0: no budget
+local charge = 0
+if ARGV[9] ~= nil and ARGV[9] ~= '0' then
+  local tokens_arg, bytes_arg, lives_arg = ARGV[7], ARGV[8], ARGV[10]
+  if not (lives_arg and #tokens_arg <= 15 and #bytes_arg <= 15 and #ARGV[9] <= 15 and #lives_arg <= 15
+      and string.find(tokens_arg .. ' ' .. bytes_arg .. ' ' .. ARGV[9] .. ' ' .. lives_arg,
+        '^%d+ %d+ [1-9]%d* [1-9]%d*$')) then
+    return {'invalid_argument', 'the budget, bytes per token and lives_ms must be integers (the last two positive)'}
+  end
+  charge = ARGV[9] + 0
+end
 local now = ARGV[6]  -- now_ms(ARGV[6]) (_record.lua), spelled out: one closure less per call
 if now ~= nil and now ~= '' then
   now = tonumber(now)
@@ -123,6 +149,40 @@ if cap > 0 and outstanding + count > cap then
   end
 end
 
+-- the budget: the ended buckets dropped, the tokens checked against its limits
+local budget_bucket, budget_tail, budget_tokens, budget_bytes, budget_lives
+if charge > 0 then
+  budget_lives = ARGV[10] + 0
+  local width = BUCKET_SECONDS
+  while width * 8000 < budget_lives do width = width * 2 end
+  budget_bucket = string.format('%d', math.ceil((now + budget_lives) / 1000 / width) * width)
+  budget_tokens, budget_bytes, budget_tail = 0, 0, ''
+  local stored = redis.call('GET', KEYS[2])
+  if stored then
+    local n, b, at = string.match(stored, '^(%d+):(%d+)()')
+    if n then
+      budget_tokens, budget_bytes, budget_tail = n + 0, b + 0, string.sub(stored, at)
+      while true do
+        local ends_s, en, eb, after = string.match(budget_tail, '^|(%d+):(%d+):(%d+)()')
+        if not ends_s or ends_s * 1000 > now then break end
+        budget_tokens, budget_bytes = budget_tokens - en, budget_bytes - eb
+        budget_tail = string.sub(budget_tail, after)
+      end
+    end
+  end
+  local most_tokens, most_bytes = ARGV[7] + 0, ARGV[8] + 0
+  local over = nil
+  if most_tokens > 0 and budget_tokens + count > most_tokens then
+    over = 'tokens'
+  elseif most_bytes > 0 and budget_bytes + count * charge > most_bytes then
+    over = 'bytes'
+  end
+  if over then
+    local first = string.match(budget_tail, '^|(%d+):')
+    return {'budget_exhausted', first and first * 1000 - now or 1000, over}
+  end
+end
+
 local head = ''
 local keep_until = now + 1
 if new_ahead then
@@ -143,5 +203,31 @@ if cap > 0 then
 else
   tail = ''  -- without a cap, no bucket is kept
 end
-redis.call('SET', KEYS[1], head .. tail, 'PX', string.format('%d', keep_until - now))
-return {'admitted', bucket}
+if head ~= '' or tail ~= '' then  -- (with neither limit, only the budget counts the tokens)
+  redis.call('SET', KEYS[1], head .. tail, 'PX', string.format('%d', keep_until - now))
+end
+if charge == 0 then return {'admitted', bucket} end
+
+-- the budget: these tokens added to their bucket (a new one in its place in the order)
+local added_bytes = count * charge
+local at = string.find(budget_tail, '|' .. budget_bucket .. ':', 1, true)
+if at then
+  local counts_at = at + #budget_bucket + 2
+  local n, b, after = string.match(budget_tail, '^(%d+):(%d+)()', counts_at)
+  budget_tail = string.sub(budget_tail, 1, counts_at - 1) .. string.format('%d:%d', n + count, b + added_bytes)
+    .. string.sub(budget_tail, after)
+else
+  local place = #budget_tail + 1
+  for start, ends_s in string.gmatch(budget_tail, '()|(%d+):') do
+    if ends_s + 0 > budget_bucket + 0 then
+      place = start
+      break
+    end
+  end
+  budget_tail = string.sub(budget_tail, 1, place - 1) .. '|' .. budget_bucket .. ':'
+    .. string.format('%d:%d', count, added_bytes) .. string.sub(budget_tail, place)
+end
+local last_ends = string.match(budget_tail, '|(%d+):%d+:%d+$')
+redis.call('SET', KEYS[2], string.format('%d:%d', budget_tokens + count, budget_bytes + added_bytes) .. budget_tail,
+  'PX', string.format('%d', last_ends * 1000 - now))
+return {'admitted', bucket .. '/' .. budget_bucket .. '/' .. ARGV[9]}

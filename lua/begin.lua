@@ -1,6 +1,7 @@
 -- begin: take a lease on a token for a two-phase operation.
 -- KEYS[1] token record key; KEYS[2] (optional) the limit record of the client the
--- token was issued to: the token stops counting toward its outstanding cap
+-- token was issued to, KEYS[3] (optional) the anonymous budget's: the token stops
+-- counting toward its outstanding cap and the budget
 -- ARGV[1] scope; ARGV[2] subject; ARGV[3] fingerprint; ARGV[4] request_id;
 -- ARGV[5] lease_ms (positive integer); ARGV[6] lease_id for a new lease;
 -- ARGV[7] now_ms ('' = Redis TIME);

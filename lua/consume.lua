@@ -1,6 +1,7 @@
 -- consume: one-shot use of a token.
 -- KEYS[1] token record key; KEYS[2] (optional) the limit record of the client the
--- token was issued to: the token stops counting toward its outstanding cap
+-- token was issued to, KEYS[3] (optional) the anonymous budget's: the token stops
+-- counting toward its outstanding cap and the budget
 -- ARGV[1] scope; ARGV[2] subject; ARGV[3] fingerprint; ARGV[4] request_id
 -- (a retry carrying the request id that won gets the win again);
 -- ARGV[5] now_ms ('' = Redis TIME)
@@ -33,7 +34,7 @@ if string.byte(value) == 73 and ARGV[4] ~= '' then  -- 'I'
   if bucket then
     redis.call('SET', KEYS[1], 'C' .. bound .. SEP .. ARGV[4], 'KEEPTTL')
     if bucket ~= '' and KEYS[2] ~= nil then
-      release_from(KEYS[2], bucket)
+      release_bucket(bucket, KEYS[2], KEYS[3])
       bucket = ''
     end
     return {'consumed', 0, bucket}

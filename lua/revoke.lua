@@ -1,6 +1,7 @@
 -- revoke: delete a token record, whatever its state.
 -- KEYS[1] token record key; KEYS[2] (optional) the limit record of the client the
--- token was issued to: the token stops counting toward its outstanding cap
+-- token was issued to, KEYS[3] (optional) the anonymous budget's: the token stops
+-- counting toward its outstanding cap and the budget
 -- returns {'revoked', bucket} (bucket: see release() in _record.lua)
 --       | {'token_invalid'} when there was nothing to revoke
 -- transitions: I->0 P->0 C->0 S->0 F->0 (lua/model/lease.pml; 0: no record)

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from tests.support.processes import RedisServer
-from tests.support.service import API_KEY
+from tests.support.service import API_KEY, NO_BUDGET
 from tests.support.skip_summary import pytest_terminal_summary  # noqa: F401 — the run's last line
 from token_service import create_app, tokens
 from token_service import store as store_module
@@ -224,12 +224,14 @@ def store(redis_client: Any) -> TokenStore:
 
 @pytest.fixture
 def app_config(redis_client: Any) -> dict[str, Any]:
-    # No issuance limits here: tests/edge/ covers them; the rest exercise the token logic.
+    # No issuance limits here (nor the anonymous budget): tests/edge/ covers them; the rest
+    # exercise the token logic.
     return {
         "api_keys": API_KEY,
         "redis_client": redis_client,
         "rate_limit": "off",
         "max_outstanding_per_subject": 0,
+        **NO_BUDGET,
     }
 
 

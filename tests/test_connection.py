@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.processes import RedisServer
-from tests.support.service import API_KEY, AUTH
+from tests.support.service import API_KEY, AUTH, NO_BUDGET
 from token_service import create_app
 
 pytestmark = pytest.mark.real
@@ -30,6 +30,7 @@ def test_unix_socket_url(socket_redis: tuple[RedisServer, Path]) -> None:
             "api_keys": API_KEY,
             "rate_limit": "off",
             "max_outstanding_per_subject": 0,
+            **NO_BUDGET,
         }
     ).test_client()
     token = client.post("/token/generate", json={"scope": "s"}).json["token"]
@@ -45,6 +46,7 @@ def test_redis_url_with_a_database_number(redis_server: RedisServer) -> None:
             "api_keys": API_KEY,
             "rate_limit": "off",
             "max_outstanding_per_subject": 0,
+            **NO_BUDGET,
         }
     ).test_client()
     client.post("/token/generate", json={"scope": "s"})

@@ -323,6 +323,11 @@ class Settings:
     # A client without a trusted subject is its address's network: one IPv6 host holds a whole /64.
     client_ipv4_prefix: int = field(default=32, metadata={"parse": _int(8, 32)})
     client_ipv6_prefix: int = field(default=64, metadata={"parse": _int(16, 128)})
+    # What anonymous issuance may hold across all clients (0: no such limit), and the share of
+    # Redis's maxmemory above which it is refused (0: off): room kept for consumes.
+    anonymous_max_outstanding: int = field(default=1_000_000, metadata={"parse": _int(0)})
+    anonymous_max_outstanding_bytes: int = field(default=256 * 1024 * 1024, metadata={"parse": _int(0)})
+    anonymous_max_memory_percent: int = field(default=90, metadata={"parse": _int(0, 100)})
     # consume and begin without a request_id are refused (a retry of them cannot be made safe)
     require_request_id: bool = field(default=False, metadata={"parse": _bool})
     trusted_proxy_hops: int = field(default=0, metadata={"parse": _int(0, 10)})

@@ -119,39 +119,43 @@ _ISSUE_REFUSAL = "local refused = issue_refusal()\nif refused then return refuse
 def admit_issue_source() -> str:
     """admit.lua then issue.lua as one script: a generate in one round trip instead of two.
 
-    KEYS[1..n-1] the token record keys, KEYS[n] the client's limit record;
-    ARGV[1..5] issue's (ARGV[5], the bucket, is left '' and filled in with
-    admit's reply), ARGV[6..11] admit's. Returns issue's refusal of its
+    KEYS[1..n-2] the token record keys, KEYS[n-1] the client's limit record,
+    KEYS[n] the anonymous budget's (always named; read only when admit's ARGV ask
+    for the budget); ARGV[1..5] issue's (ARGV[5], the bucket, is left '' and filled
+    in with admit's reply), ARGV[6..] admit's. Returns issue's refusal of its
     arguments (before admit charges anything), admit's refusal, or issue's
     reply. Only for standalone Redis (and Sentinel): on Cluster the client's
     key and the token keys live in different slots.
 
-    admit.lua becomes a function of the client's key that reads its arguments
-    where they are (``ARGV[n]`` → ``ARGV[n + 5]``: no new KEYS and ARGV tables
-    per call); issue.lua then runs as the script's tail, without its own check of
-    its arguments (done first, before admit; the bucket admit puts in ARGV[5] is
-    digits).
+    admit.lua becomes a function of the client's and the budget's keys that reads
+    its arguments where they are (``ARGV[n]`` → ``ARGV[n + 5]``: no new KEYS and ARGV
+    tables per call); issue.lua then runs as the script's tail, without its own check of
+    its arguments (done first, before admit; the bucket admit puts in ARGV[5] is digits and
+    slashes).
     """
     directory = lua_dir()
     admit = (directory / "admit.lua").read_text(encoding="utf-8")
     issue = (directory / "issue.lua").read_text(encoding="utf-8")
     code = _LUA_COMMENT.sub("", admit)
-    if re.search(r"\bKEYS\b(?!\[1\])|\bARGV\b(?!\[\d\])", code):
+    if re.search(r"\bKEYS\b(?!\[[12]\])|\bARGV\b(?!\[\d+\])", code):
         raise RuntimeError("admit.lua reads KEYS or ARGV other than by a literal index")
     admit = re.sub(r"\bKEYS\[1\]", "client", admit)
-    admit = re.sub(r"\bARGV\[(\d)\]", lambda m: f"ARGV[{int(m.group(1)) + 5}]", admit)
+    admit = re.sub(r"\bKEYS\[2\]", "budget", admit)
+    admit = re.sub(r"\bARGV\[(\d+)\]", lambda m: f"ARGV[{int(m.group(1)) + 5}]", admit)
     if issue.count(_ISSUE_REFUSAL) != 1:
         raise RuntimeError("issue.lua no longer starts by checking its arguments with issue_refusal()")
     issue = issue.replace(_ISSUE_REFUSAL, "")
     return "\n".join(
         [
             _helpers_for(admit + issue + "issue_refusal()"),
-            "local function admit_script(client)",
+            "local function admit_script(client, budget)",
             admit,
             "end",
             _ISSUE_REFUSAL,
-            "local admitted = admit_script(KEYS[#KEYS])",
+            "if #KEYS < 3 then return {'invalid_argument', 'KEYS: the tokens, the client, the budget'} end",
+            "local admitted = admit_script(KEYS[#KEYS - 1], KEYS[#KEYS])",
             "if admitted[1] ~= 'admitted' then return admitted end",
+            "KEYS[#KEYS] = nil",
             "KEYS[#KEYS] = nil",
             "ARGV[5] = admitted[2]",
             issue,

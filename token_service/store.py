@@ -47,7 +47,16 @@ from redis import exceptions as redis_errors
 from redis.crc import key_slot
 
 from token_service import defaults, records, store_errors
-from token_service.limits import IssuanceLimits, admit_reply, client_key_of, client_tag
+from token_service.limits import (
+    IssuanceLimits,
+    MemoryReading,
+    admit_reply,
+    budget_key,
+    client_key_of,
+    client_tag,
+    parse_budget_record,
+    token_bytes,
+)
 from token_service.records import IssueRequest, UseRequest
 from token_service.scripts import ADMIT_ISSUE, SCRIPT_NAMES, admit_issue_source, lua_source
 from token_service.tokens import (
@@ -144,6 +153,11 @@ def _other_slot(key: str) -> str:
     return next(other for n in range(16) if key_slot((other := f"{key}:{n}").encode()) != slot)
 
 
+def _memory(info: Any) -> tuple[int, int]:
+    """(used_memory, maxmemory) of one ``INFO memory`` reply (0: no maxmemory, or not said)."""
+    return int(info.get("used_memory", 0)), int(info.get("maxmemory", 0))
+
+
 def _raise_first_error(replies: Sequence[Any]) -> None:
     for reply in replies:
         if isinstance(reply, Exception):
@@ -160,6 +174,7 @@ class _StoreBase:
         observer: Observer | None = None,
     ) -> None:
         self.key_prefix = key_prefix
+        self._budget_key = budget_key(key_prefix)
         self.result_ttl_seconds = result_ttl_seconds
         self._cluster = False
         # Tests may control time for leases; in production Redis's clock decides.
@@ -189,7 +204,7 @@ class _StoreBase:
         if name not in _BUCKET_AT:
             return [key]
         client_key = None if self._cluster else client_key_of(self.key_prefix, token)
-        return [key, client_key] if client_key else [key]
+        return [key, client_key, self._budget_key] if client_key else [key]
 
 
 def _send_and_read(conn: Any, command: tuple[Any, ...]) -> Any:
@@ -390,7 +405,7 @@ class TokenStore(_StoreBase):
         if client_key is None:
             return
         try:
-            self._call("release", [client_key], [bucket])
+            self._call("release", [client_key, self._budget_key], [bucket])
         except Exception as exc:
             if _unavailable(exc) is None:
                 raise
@@ -447,47 +462,106 @@ class TokenStore(_StoreBase):
         _raise_first_error(replies)
         return replies
 
-    def admit(self, client_key: str, limits: IssuanceLimits, count: int, ttl_seconds: int) -> str:
-        """Charge ``count`` tokens to a client's limits, or raise RateLimited and charge nothing.
+    def admit(
+        self,
+        client_key: str,
+        limits: IssuanceLimits,
+        count: int,
+        ttl_seconds: int,
+        token_bytes: int = 0,
+        max_bytes: int | None = None,
+    ) -> str:
+        """Charge ``count`` tokens to a client's limits and the budget (``token_bytes`` each), or
+        raise RateLimited or IssuancePaused and charge nothing.
 
-        Returns the bucket the tokens are counted in ('' without a cap) for issue.
+        Returns the bucket the tokens are counted in ('' without a cap or budget) for issue.
+        ``max_bytes``: the budget's byte limit for this call (the memory reserve's).
         """
         if self._observe is not None:
-            return self._observed("admit", None, None, self._admit, client_key, limits, count, ttl_seconds)
-        return self._admit(client_key, limits, count, ttl_seconds)
+            return self._observed(
+                "admit",
+                None,
+                None,
+                self._admit,
+                client_key,
+                limits,
+                count,
+                ttl_seconds,
+                token_bytes,
+                max_bytes,
+            )
+        return self._admit(client_key, limits, count, ttl_seconds, token_bytes, max_bytes)
 
-    def _admit(self, client_key: str, limits: IssuanceLimits, count: int, ttl_seconds: int) -> str:
+    def _admit(
+        self,
+        client_key: str,
+        limits: IssuanceLimits,
+        count: int,
+        ttl_seconds: int,
+        token_bytes: int = 0,
+        max_bytes: int | None = None,
+    ) -> str:
         limits.check_count(count)
+        args = limits.args(count, ttl_seconds, self._limiter_now(), token_bytes, max_bytes)
+        keys = [client_key, self._budget_key] if len(args) > 6 else [client_key]
         with translate_errors():
-            reply = self._call("admit", [client_key], limits.args(count, ttl_seconds, self._limiter_now()))
+            reply = self._call("admit", keys, args)
         return admit_reply(reply)
 
     def admit_and_issue(
-        self, client_key: str, limits: IssuanceLimits, request: IssueRequest, count: int = 1
+        self,
+        client_key: str,
+        limits: IssuanceLimits,
+        request: IssueRequest,
+        count: int = 1,
+        max_bytes: int | None = None,
     ) -> list[str]:
         """``admit`` then ``issue``, in one script run (one round trip) where the keys allow it.
 
         The same checks and effects as the two calls: a refusal writes nothing
         and issues nothing. On Cluster it is the two calls (observed as this one).
+        ``max_bytes``: the budget's byte limit for this call (the memory reserve's).
         """
         if self._observe is not None:
             return self._observed(
-                ADMIT_ISSUE, request.scope, None, self._admit_and_issue, client_key, limits, request, count
+                ADMIT_ISSUE,
+                request.scope,
+                None,
+                self._admit_and_issue,
+                client_key,
+                limits,
+                request,
+                count,
+                max_bytes,
             )
-        return self._admit_and_issue(client_key, limits, request, count)
+        return self._admit_and_issue(client_key, limits, request, count, max_bytes)
 
     def _admit_and_issue(
-        self, client_key: str, limits: IssuanceLimits, request: IssueRequest, count: int
+        self,
+        client_key: str,
+        limits: IssuanceLimits,
+        request: IssueRequest,
+        count: int,
+        max_bytes: int | None,
     ) -> list[str]:
+        charge = (
+            token_bytes(self.key_prefix, request.scope, request.subject, request.fingerprint)
+            if limits.budget.kept
+            else 0
+        )
         if self._cluster:
-            bucket = self._admit(client_key, limits, count, request.ttl_seconds)
+            bucket = self._admit(client_key, limits, count, request.ttl_seconds, charge, max_bytes)
             return self._issue(request, count, client_key, bucket)
         limits.check_count(count)
         tokens, keys = new_tokens(
-            count, client_tag(client_key) if limits.max_outstanding > 0 else "", self.key_prefix
+            count, client_tag(client_key) if limits.counts_outstanding else "", self.key_prefix
         )
         keys.append(client_key)
-        args = [*request.args(), *limits.args(count, request.ttl_seconds, self._limiter_now())]
+        keys.append(self._budget_key)
+        args = [
+            *request.args(),
+            *limits.args(count, request.ttl_seconds, self._limiter_now(), charge, max_bytes),
+        ]
         with translate_errors():
             reply = self._call(ADMIT_ISSUE, keys, args)
         if records.text(reply[0]) not in ("issued", "collision"):
@@ -498,6 +572,30 @@ class TokenStore(_StoreBase):
             # (uncounted: they stop counting when their bucket ends)
             issued += self._issue(request, count - len(issued))
         return issued
+
+    def memory_reading(self) -> MemoryReading | None:
+        """(used_memory, maxmemory) of each Redis that holds tokens, and the bytes the anonymous
+        budget counts (for the issuance reserve, limits.MemoryReserve); None when Redis refuses
+        ``INFO`` (renamed, or denied by an ACL). One round trip; on Cluster, one per primary."""
+        with translate_errors():
+            try:
+                if self._cluster:
+                    client: Any = self.client
+                    infos = client.info("memory", target_nodes=client.PRIMARIES)
+                    # a reply per primary, by node name (one primary: its reply alone)
+                    nodes = [infos] if "used_memory" in infos else list(infos.values())
+                    counted = client.get(self._budget_key)
+                else:
+                    pipe = self.client.pipeline(transaction=False)
+                    pipe.info("memory")
+                    pipe.get(self._budget_key)
+                    info, counted = pipe.execute()
+                    nodes = [info]
+            except redis_errors.ResponseError as exc:
+                if _unavailable(exc) is not None:
+                    raise
+                return None
+        return [_memory(info) for info in nodes], parse_budget_record(counted)[1]
 
     def consume(self, use: UseRequest) -> records.Consumed:
         args = records.consume_args(use, self._now())
@@ -642,7 +740,7 @@ class AsyncTokenStore(_StoreBase):
         if client_key is None:
             return
         try:
-            await self._call("release", [client_key], [bucket])
+            await self._call("release", [client_key, self._budget_key], [bucket])
         except Exception as exc:
             if _unavailable(exc) is None:
                 raise

@@ -20,7 +20,7 @@ from tests.support.processes import RedisServer
 from tests.support.service import API_KEY, AUTH
 from token_service import create_app, store
 from token_service.client import Finished, TokenClient
-from token_service.limits import parse_limit_record
+from token_service.limits import parse_budget_record, parse_limit_record
 from token_service.records import IssueRequest, UseRequest
 from token_service.store import TokenStore
 from token_service.tokens import record_key
@@ -164,7 +164,15 @@ def test_generate_with_issuance_limits_on_is_one_evalsha(
     redis_server: RedisServer, real_redis: redis.Redis
 ) -> None:
     # the limiter is charged and the token issued in one script run (admit.lua + issue.lua)
-    app = create_app({"api_keys": API_KEY, "redis_url": redis_server.url, "rate_limit": "100/minute"})
+    # (the memory reserve off: its reading, once a second, is a round trip of its own)
+    app = create_app(
+        {
+            "api_keys": API_KEY,
+            "redis_url": redis_server.url,
+            "rate_limit": "100/minute",
+            "anonymous_max_memory_percent": "0",
+        }
+    )
     http = app.test_client()
     assert http.post("/token/generate", json={"scope": SCOPE}).status_code == 201  # warm
     warm = http.post("/token/generate", json={"scope": SCOPE}).get_json()["token"]
@@ -174,16 +182,18 @@ def test_generate_with_issuance_limits_on_is_one_evalsha(
     assert reply.status_code == 201
     assert command_names(seen) == ["EVALSHA"]
     token = reply.get_json()["token"]
-    client_records = [key for key in real_redis.scan_iter("ts:l:*")]
+    client_records = [key for key in real_redis.scan_iter("ts:{l}:*") if key != b"ts:{l}:anonymous"]
     assert len(client_records) == 1  # and the client was charged
     tat, buckets = parse_limit_record(real_redis.get(client_records[0]) or b"")
     assert tat is not None
-    # the record remembers the bucket its token is counted in (field 6)
+    # the record remembers the buckets its token is counted in (field 6): the client's, the budget's
     record = real_redis.get(TokenStore(real_redis).key(token))
     assert record is not None
-    bucket = record.split(b"\x1f")[-1]
-    assert record == b"Ipayment.create\x1fuser-3\x1f\x1f\x1f\x1f" + bucket
+    counted_in = record.split(b"\x1f")[-1]
+    assert record == b"Ipayment.create\x1fuser-3\x1f\x1f\x1f\x1f" + counted_in
+    bucket, _, budget_part = counted_in.partition(b"/")
     assert buckets == {int(bucket): 2}
+    assert parse_budget_record(real_redis.get("ts:{l}:anonymous")) == (2, 2 * int(budget_part.split(b"/")[1]))
 
     # consuming that token takes it out of its bucket in the same single EVALSHA
     consume = {"token": token, "scope": SCOPE, "subject": "user-3"}
@@ -191,6 +201,7 @@ def test_generate_with_issuance_limits_on_is_one_evalsha(
         assert http.post("/token/consume", json=consume, headers=AUTH).status_code == 200
     assert command_names(seen) == ["EVALSHA"]
     assert parse_limit_record(real_redis.get(client_records[0]) or b"")[1] == {int(bucket): 1}
+    assert parse_budget_record(real_redis.get("ts:{l}:anonymous"))[0] == 1
 
 
 def test_a_refused_generate_issues_nothing(redis_server: RedisServer, real_redis: redis.Redis) -> None:

@@ -17,10 +17,10 @@ from prometheus_client import REGISTRY
 from tests.support.service import AUTH, service_config
 from tests.support.topologies import Topology
 from token_service import create_app
-from token_service.connection import async_client_for
+from token_service.connection import async_client_for, client_for
 from token_service.limits import client_key
 from token_service.records import UseRequest
-from token_service.store import AsyncTokenStore
+from token_service.store import AsyncTokenStore, TokenStore
 
 pytestmark = pytest.mark.real
 SCOPE = "payment.create"
@@ -94,3 +94,45 @@ def test_tokens_issued_under_limits_are_counted(capped_app: Any, topology: Topol
     fill(http, "192.0.2.60")  # CAP tokens, then one generate refused by the cap
     assert _total("token_service_tokens_issued_total") == issued + CAP
     assert _total("token_service_rate_limited_total") == refused + 1
+
+
+@pytest.mark.parametrize("use", ["consume", "revoke", "begin"])
+def test_a_used_token_leaves_the_anonymous_budget(topology: Topology, use: str) -> None:
+    """The budget is one record for every client; on Cluster it shares the client records' slot,
+    so admit names both, and the release after a consume is one more call in that slot."""
+    # a key prefix per test: the budget is the deployment's, and these tests each fill it
+    app = create_app(
+        service_config(
+            topology.url,
+            key_prefix=f"b-{use}:",
+            rate_limit="1000/second",
+            anonymous_max_outstanding=str(CAP),
+        )
+    )
+    http = app.test_client()
+    tokens = [
+        http.post("/token/generate", json={"scope": SCOPE}, environ_base={"REMOTE_ADDR": f"192.0.2.{70 + i}"})
+        for i in range(CAP)
+    ]
+    assert [reply.status_code for reply in tokens] == [201] * CAP
+    stranger = {"REMOTE_ADDR": "198.51.100.70"}
+    refused = http.post("/token/generate", json={"scope": SCOPE}, environ_base=stranger)
+    assert (refused.status_code, refused.get_json()["code"]) == (503, "issuance_paused")
+    token = tokens[0].get_json()["token"]
+    body = {"token": token} if use == "revoke" else {"token": token, "scope": SCOPE}
+    assert http.post(f"/token/{use}", json=body, headers=AUTH).status_code == 200
+    assert http.post("/token/generate", json={"scope": SCOPE}, environ_base=stranger).status_code == 201
+    assert http.post("/token/generate", json={"scope": SCOPE}, environ_base=stranger).status_code == 503
+
+
+def test_the_memory_reading_covers_every_primary(topology: Topology) -> None:
+    client = client_for(topology.url, timeout_seconds=5)
+    try:
+        reading = TokenStore(client).memory_reading()
+    finally:
+        client.close()
+    assert reading is not None
+    nodes, counted = reading
+    assert len(nodes) == (3 if topology.url.startswith("redis+cluster") else 1)
+    assert all(used > 0 for used, _ in nodes)
+    assert counted >= 0

@@ -15,6 +15,12 @@ API_KEY = "test-service-key-0123456789"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 # Retries on, but quick: the tests that exercise them count attempts, not seconds.
 FAST_RETRY = RetryPolicy(attempts=3, backoff_seconds=0.01, max_backoff_seconds=0.05)
+# The settings that turn the anonymous budget and the memory reserve off (their tests turn them on)
+NO_BUDGET = {
+    "anonymous_max_outstanding": "0",
+    "anonymous_max_outstanding_bytes": "0",
+    "anonymous_max_memory_percent": "0",
+}
 
 
 def service_env(redis_url: str, **extra: str) -> dict[str, str]:

@@ -20,7 +20,7 @@ from marshmallow import Schema, ValidationError
 
 from token_service.config import Settings
 from token_service.errors import InvalidRequest, TokenInvalid
-from token_service.limits import IssuanceLimits, address_group, client_key
+from token_service.limits import Budget, IssuanceLimits, MemoryReserve, address_group, client_key
 from token_service.records import IssueRequest, UseRequest
 from token_service.server.schemas import BodySchema, ConsumeSchema, GenerateSchema
 from token_service.store import TokenStore
@@ -112,7 +112,19 @@ class HotOperations:
         self.ttl_limits = {"ttl_seconds": (1, settings.max_ttl_seconds)}
         self.generate_schema = GenerateSchema(limits=self.ttl_limits)
         self.consume_schema = ConsumeSchema()
-        self.limits = IssuanceLimits(settings.rate_limit, settings.max_outstanding_per_subject)
+        budget = Budget(
+            settings.anonymous_max_outstanding,
+            settings.anonymous_max_outstanding_bytes,
+            settings.anonymous_max_memory_percent,
+        )
+        self.limits = IssuanceLimits(settings.rate_limit, settings.max_outstanding_per_subject, budget)
+        # Redis's memory, read at most once a second by this process, lowers the budget's byte
+        # limit (not on the embedded store: it has no maxmemory, and no INFO)
+        self.reserve = (
+            MemoryReserve(store.memory_reading, settings.anonymous_max_memory_percent)
+            if settings.anonymous_max_memory_percent and not settings.embedded
+            else None
+        )
 
     def issue(
         self, data: dict[str, Any], count: int, gateway_subject: str | None, remote_addr: str | None
@@ -144,7 +156,7 @@ class HotOperations:
                 group = address_group(remote_addr, settings.client_ipv4_prefix, settings.client_ipv6_prefix)
                 identity = f"addr:{group}"
             key = client_key(settings.key_prefix, identity)
-            tokens = self.store.admit_and_issue(key, self.limits, issue_request, count)
+            tokens = self.store.admit_and_issue(key, self.limits, issue_request, count, self._byte_limit())
         else:
             tokens = self.store.issue(issue_request, count)
         shared = {
@@ -155,6 +167,16 @@ class HotOperations:
             "expires_at": rfc3339(time.time() + ttl_seconds),
         }
         return tokens, shared
+
+    def _byte_limit(self) -> int | None:
+        """The budget's byte limit for this call: the configured one, or less near maxmemory."""
+        if self.reserve is None:
+            return None
+        allowance = self.reserve.byte_limit()
+        configured = self.limits.budget.max_bytes
+        if allowance is None or (configured and configured <= allowance):
+            return None
+        return max(allowance, 1)  # 0 would mean "no limit": nothing is free
 
     def generate(
         self, body: dict[str, Any], gateway_subject: str | None, remote_addr: str | None
