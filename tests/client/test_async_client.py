@@ -12,23 +12,19 @@ from tests.support.processes import free_port
 from tests.support.sdk import Sdk
 from token_service.client import (
     AsyncTokenClient,
-    Completed,
-    Consumed,
-    FailRecorded,
-    Finished,
     InvalidRequest,
     LeaseLost,
     PayloadTooLarge,
     Replayed,
     RetryPolicy,
     ServiceUnavailable,
-    Started,
     TokenFailed,
     TokenInProgress,
     TokenInvalid,
     TokenMismatch,
     TokenUsed,
 )
+from token_service.client.advanced import Completed, Consumed, FailRecorded, Finished, Started
 
 SCOPE = "payment.create"
 

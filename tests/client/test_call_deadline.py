@@ -19,7 +19,8 @@ import pytest
 
 from tests.support.lying_server import LyingServer, canned, json_reply, trickle
 from tests.support.processes import free_port
-from token_service.client import AsyncTokenClient, Consumed, RetryPolicy, ServiceUnavailable, TokenClient
+from token_service.client import AsyncTokenClient, RetryPolicy, ServiceUnavailable, TokenClient
+from token_service.client.advanced import Consumed
 
 TOKEN = "t" * 43
 SCOPE = "payment.create"

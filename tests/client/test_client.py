@@ -8,20 +8,15 @@ import pytest
 
 from tests.support.sdk import Sdk
 from token_service.client import (
-    Completed,
-    Consumed,
-    FailRecorded,
-    Finished,
     InvalidRequest,
-    IssuedToken,
     LeaseLost,
-    Started,
     TokenFailed,
     TokenInProgress,
     TokenInvalid,
     TokenMismatch,
     TokenUsed,
 )
+from token_service.client.advanced import Completed, Consumed, FailRecorded, Finished, IssuedToken, Started
 from token_service.tokens import record_key
 
 SCOPE = "payment.create"

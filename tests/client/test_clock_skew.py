@@ -30,8 +30,9 @@ import pytest
 from tests.support.processes import RedisServer, serve_one_worker
 from tests.support.service import API_KEY, service_env
 from tests.support.skew import Skewed
-from token_service.client import DirectLimits, TokenClient, keyed_guard
+from token_service.client import TokenClient, keyed_guard
 from token_service.client._renewal import interval_for
+from token_service.client.advanced import DirectLimits
 from token_service.errors import TokenInProgress
 from token_service.records import UseRequest
 

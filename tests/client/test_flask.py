@@ -9,7 +9,8 @@ from flask import Flask, abort, request
 from werkzeug.exceptions import NotFound
 
 from tests.support.sdk import Sdk
-from token_service.client import Started, TokenClient
+from token_service.client import TokenClient
+from token_service.client.advanced import Started
 from token_service.client.flask import current_guard, require_token
 
 SCOPE = "payment.create"

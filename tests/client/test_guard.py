@@ -14,13 +14,13 @@ from token_service.client import (
     InvalidRequest,
     PayloadTooLarge,
     Replayed,
-    Started,
     TokenClient,
     TokenError,
     TokenFailed,
     TokenInProgress,
     TokenUsed,
 )
+from token_service.client.advanced import Started
 
 SCOPE = "order.place"
 

@@ -24,7 +24,6 @@ from token_service.client import (
     LeaseLost,
     Replayed,
     ServiceUnavailable,
-    Started,
     TokenClient,
     TokenFailed,
     TokenInProgress,
@@ -32,8 +31,8 @@ from token_service.client import (
     TokenMismatch,
     idempotent,
     keyed_guard,
-    operation_token,
 )
+from token_service.client.advanced import Started, operation_token
 from token_service.records import UseRequest
 from token_service.store import TokenStore
 

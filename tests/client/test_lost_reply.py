@@ -21,15 +21,8 @@ from redis.retry import Retry
 from tests.support.processes import Gunicorn, RedisServer
 from tests.support.service import API_KEY
 from tests.support.tcp_proxy import FaultProxy
-from token_service.client import (
-    AsyncTokenClient,
-    Consumed,
-    RetryPolicy,
-    ServiceUnavailable,
-    Started,
-    TokenClient,
-    TokenUsed,
-)
+from token_service.client import AsyncTokenClient, RetryPolicy, ServiceUnavailable, TokenClient, TokenUsed
+from token_service.client.advanced import Consumed, Started
 from token_service.scripts import lua_source
 from token_service.tokens import record_key
 

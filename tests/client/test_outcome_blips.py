@@ -45,9 +45,9 @@ from token_service.client import (
     TokenInProgress,
     idempotent,
     keyed_guard,
-    operation_token,
 )
 from token_service.client._direct import DirectTransport
+from token_service.client.advanced import operation_token
 from token_service.tokens import record_key, token_digest
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]

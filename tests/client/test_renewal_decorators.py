@@ -27,10 +27,10 @@ from token_service.client import (
     Replayed,
     TokenClient,
     TokenInProgress,
-    guarded,
     idempotent,
     keyed_guard,
 )
+from token_service.client.guard import guarded
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 

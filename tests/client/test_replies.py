@@ -26,7 +26,6 @@ from tests.support.lying_server import LyingServer, canned, flood, head, json_re
 from tests.support.processes import REPO_ROOT
 from token_service.client import (
     AsyncTokenClient,
-    Consumed,
     RetryPolicy,
     ServiceUnavailable,
     TokenClient,
@@ -34,6 +33,7 @@ from token_service.client import (
     UnexpectedReply,
 )
 from token_service.client._replies import OPERATIONS, cap_bytes
+from token_service.client.advanced import Consumed
 
 TOKEN = "tok-" + "s3cr3t" * 7  # must never appear in an error's message
 SCOPE = "payment.create"

@@ -22,16 +22,13 @@ from tests.support.processes import REPO_ROOT, free_port
 from tests.support.sdk import inproc_app
 from tests.support.service import API_KEY, FAST_RETRY
 from token_service.client import (
-    ERRORS_BY_CODE,
     AsyncTokenClient,
-    Consumed,
     InvalidRequest,
     LeaseLost,
     PayloadTooLarge,
     RateLimited,
     RetryPolicy,
     ServiceUnavailable,
-    Started,
     TokenClient,
     TokenError,
     TokenFailed,
@@ -42,7 +39,8 @@ from token_service.client import (
     Unauthorized,
     UnexpectedReply,
 )
-from token_service.errors import IssuancePaused
+from token_service.client.advanced import Consumed, Started
+from token_service.errors import ERRORS_BY_CODE, IssuancePaused
 
 TOKEN = "t" * 43
 
@@ -326,7 +324,7 @@ def test_the_sdk_imports_and_runs_without_flask() -> None:
         except ImportError:
             print("httpx only for HTTP")
         try:
-            from token_service.client import require_token
+            from token_service.client.flask import require_token
         except ImportError:
             print("flask-free")
         """

@@ -206,7 +206,7 @@ def test_a_class_defined_in_a_function_warns_once_and_gives_the_json_form(fake_r
     "Local", which the module's globals do not have. Plain JSON then, said once, not in silence."""
     import warnings
 
-    from token_service.client import UnresolvedResultType
+    from token_service.client.advanced import UnresolvedResultType
 
     @dataclass(frozen=True)
     class Local:

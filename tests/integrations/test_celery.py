@@ -23,7 +23,7 @@ import pytest
 
 from tests.support.processes import REPO_ROOT, RedisServer, children, wait_until
 from tests.support.skew import faketime_command, faketime_env
-from token_service.client import operation_token
+from token_service.client.advanced import operation_token
 from token_service.store import TokenStore
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]

@@ -25,7 +25,7 @@ import pytest
 from tests.integrations.test_celery import BROKER_URL, Worker
 from tests.support.processes import RedisServer, wait_until
 from tests.support.tcp_proxy import FaultProxy, Mode
-from token_service.client import operation_token
+from token_service.client.advanced import operation_token
 from token_service.tokens import token_digest
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]

@@ -19,7 +19,8 @@ import redis
 from tests.support.processes import RedisServer
 from tests.support.service import API_KEY, AUTH
 from token_service import create_app, store
-from token_service.client import Finished, TokenClient
+from token_service.client import TokenClient
+from token_service.client.advanced import Finished
 from token_service.limits import parse_budget_record, parse_limit_record
 from token_service.records import IssueRequest, UseRequest
 from token_service.store import TokenStore

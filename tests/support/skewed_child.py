@@ -27,7 +27,8 @@ def told() -> dict[str, Any]:
 
 
 def _client(args: dict[str, Any], *, asyncio_client: bool = False) -> Any:
-    from token_service.client import AsyncTokenClient, DirectLimits, TokenClient
+    from token_service.client import AsyncTokenClient, TokenClient
+    from token_service.client.advanced import DirectLimits
 
     kind = AsyncTokenClient if asyncio_client else TokenClient
     if args["transport"] == "http":

@@ -14,11 +14,8 @@ import pytest
 
 from token_service.client import (
     AsyncTokenClient,
-    Consumed,
-    Finished,
     Replayed,
     ServiceUnavailable,
-    Started,
     TokenClient,
     TokenInProgress,
     TokenInvalid,
@@ -26,6 +23,7 @@ from token_service.client import (
     idempotent,
     keyed_guard,
 )
+from token_service.client.advanced import Consumed, Finished, Started
 from token_service.errors import LeaseLost
 from token_service.testing import InMemoryStore, StoreClock, StoreFaults
 

@@ -32,7 +32,6 @@ from typing import Any, Unpack
 from token_service import defaults
 from token_service.client._fingerprint import RequestFacts
 from token_service.client._idempotency_core import (
-    REPLAYED_HEADER,
     Answer,
     Attempt,
     IdempotencyCore,
@@ -44,13 +43,7 @@ from token_service.client._idempotency_store import AsyncIdempotencyStore
 from token_service.client._stored_response import default_store_status
 from token_service.errors import OutcomeNotRecorded
 
-__all__ = [
-    "REPLAYED_HEADER",
-    "IdempotencyMiddleware",
-    "IdempotencyOptions",
-    "default_identity",
-    "default_store_status",
-]
+__all__ = ["IdempotencyMiddleware", "IdempotencyOptions", "default_store_status"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -89,7 +89,7 @@ try:
 except ModuleNotFoundError as exc:
     missing(exc, __name__, ("fastapi", "starlette", "anyio"), install("fastapi"))
 
-__all__ = ["DEFAULT_REPLAY_HEADERS", "problem_response", "require_token"]
+__all__ = ["problem_response", "require_token"]
 
 # The hidden parameters the decorator adds to the endpoint's signature (FastAPI injects them).
 _REQUEST = "token_service_request"

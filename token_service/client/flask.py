@@ -56,26 +56,13 @@ from ._require_token_core import DEFAULT_WAIT_SECONDS, Replay, Reply, RequireTok
 from ._stored_response import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_REPLAY_HEADERS,
-    OMITTED_HEADER,
-    REPLAYED_HEADER,
     StoredResponse,
     StorePolicy,
     default_store_status,
 )
 from .guard import Guard, GuardHookArgs, GuardHooks, Terminal
 
-__all__ = [
-    "DEFAULT_MAX_RESULT_BYTES",
-    "DEFAULT_REPLAY_HEADERS",
-    "OMITTED_HEADER",
-    "REPLAYED_HEADER",
-    "current_guard",
-    "default_store_status",
-    "problem_response",
-    "replay_response",
-    "require_token",
-    "stored_response",
-]
+__all__ = ["current_guard", "default_store_status", "problem_response", "require_token"]
 
 
 def problem_response(error: TokenError) -> Response:

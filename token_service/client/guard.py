@@ -86,6 +86,8 @@ from ._typed_results import dump_result, load_result, return_type
 
 log = logging.getLogger(__name__)
 
+__all__ = ["AsyncGuard", "Guard", "GuardHooks", "Replayed", "describe_error"]
+
 T = TypeVar("T")
 ClientT = TypeVar("ClientT")  # what a guard calls: GuardClient, or AsyncGuardClient
 # Which exceptions are terminal failures: a tuple of classes or a predicate.

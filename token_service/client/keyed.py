@@ -55,7 +55,7 @@ from .guard import AsyncGuard, Guard, GuardHookArgs, GuardHooks, Terminal, as_js
 if TYPE_CHECKING:
     from token_service.store import AsyncTokenStore, TokenStore
 
-__all__ = ["DEFAULT_KEY_TTL_SECONDS", "idempotent", "keyed_guard", "operation_token"]
+__all__ = ["idempotent", "keyed_guard", "operation_token"]
 
 # the name it had as client/functions.py, so logging configs that name it still reach it
 log = logging.getLogger("token_service.client.functions")

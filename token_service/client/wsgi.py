@@ -56,14 +56,11 @@ from typing import TYPE_CHECKING, Any, Unpack
 from token_service import defaults
 from token_service.client._fingerprint import RequestFacts
 from token_service.client._idempotency_core import (
-    MAX_KEY_CHARS,
-    REPLAYED_HEADER,
     Answer,
     Attempt,
     IdempotencyCore,
     Recorder,
     declared_length,
-    parse_key,
     status_line,
 )
 from token_service.client._idempotency_options import IdempotencyOptionArgs, IdempotencyOptions
@@ -73,15 +70,7 @@ from token_service.client._stored_response import default_store_status
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
-__all__ = [
-    "MAX_KEY_CHARS",
-    "REPLAYED_HEADER",
-    "IdempotencyMiddleware",
-    "IdempotencyOptions",
-    "default_identity",
-    "default_store_status",
-    "parse_key",
-]
+__all__ = ["IdempotencyMiddleware", "IdempotencyOptions", "default_store_status"]
 
 
 def default_identity(environ: WSGIEnvironment) -> str:
