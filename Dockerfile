@@ -37,7 +37,7 @@ RUN /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /tmp/dis
  && built="$(basename "$1" | cut -d- -f2)" \
  && if [ -n "$VERSION" ] && [ "$VERSION" != "$built" ]; then \
       echo "VERSION=$VERSION, but the wheel is version $built" >&2; exit 1; fi \
- && pip --python /opt/venv/bin/python install --no-index "$1[server]" \
+ && pip --python /opt/venv/bin/python install --no-index "$1[server,granian]" \
  && pip --python /opt/venv/bin/python check
 
 # --- runtime: slim, no compiler, no build tools, no source tree, no root ---

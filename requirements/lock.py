@@ -4,7 +4,7 @@
     python requirements/lock.py check   # `make install`: refuse a lock older than pyproject.toml
 
 ``dev.lock`` is the development install (the ``dev`` extra: everything the
-tests need), ``server.lock`` the image's (the ``server`` extra), ``build.lock``
+tests need), ``server.lock`` the image's (the ``server`` and ``granian`` extras), ``build.lock``
 the build backend the image builds the wheel with (pyproject.toml's
 ``[build-system] requires``, at the versions dev.lock has, so the image's
 wheel is built by the backend the tests build it with). uv resolves them
@@ -30,9 +30,14 @@ import tomllib
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# lock file → the extra it installs (None: the build backend, [build-system] requires); dev.lock
-# comes first: build.lock is resolved within its versions
-LOCKS: dict[str, str | None] = {"dev.lock": "dev", "server.lock": "server", "build.lock": None}
+# lock file → the extras it installs (None: the build backend, [build-system] requires); dev.lock
+# comes first: build.lock is resolved within its versions. The image's lock carries granian too, so
+# one setting (TOKEN_SERVICE_SERVER=granian) selects it there.
+LOCKS: dict[str, tuple[str, ...] | None] = {
+    "dev.lock": ("dev",),
+    "server.lock": ("server", "granian"),
+    "build.lock": None,
+}
 STAMP = "# pyproject.toml digest: "
 
 
@@ -72,13 +77,16 @@ def check(project_dir: Path, locks_dir: Path) -> int:
 def write(project_dir: Path, locks_dir: Path) -> int:
     wanted = digest(project_dir)
     pyproject = tomllib.loads((project_dir / "pyproject.toml").read_text(encoding="utf-8"))
-    for name, extra in LOCKS.items():
+    for name, extras in LOCKS.items():
         lock = locks_dir / name
-        if extra is None:  # the build backend: its requirements on stdin, within dev.lock's versions
+        if extras is None:  # the build backend: its requirements on stdin, within dev.lock's versions
             source = ["-", "--constraint", os.path.relpath(locks_dir / "dev.lock", project_dir)]
             stdin = "\n".join(pyproject["build-system"]["requires"]) + "\n"
         else:
-            source, stdin = [str(project_dir / "pyproject.toml"), "--extra", extra], ""
+            source = [str(project_dir / "pyproject.toml")]
+            for extra in extras:
+                source += ["--extra", extra]
+            stdin = ""
         subprocess.run(
             [
                 sys.executable,
