@@ -68,3 +68,32 @@ def test_every_documented_name_is_there() -> None:
         if not hasattr(importlib.import_module(module), name)
     ]
     assert missing == []
+
+
+PACKAGE = REPO_ROOT / "token_service"
+
+
+def _module_name(path: object) -> str:
+    relative = path.relative_to(REPO_ROOT).with_suffix("")  # type: ignore[attr-defined]
+    parts = list(relative.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = sorted(_module_name(path) for path in PACKAGE.rglob("*.py"))
+
+
+def test_every_module_of_the_package_declares_its_names() -> None:
+    # a static check, so a module that needs an extra to import is read too
+    without = [
+        name
+        for name, path in zip(MODULES, sorted(PACKAGE.rglob("*.py"), key=_module_name), strict=True)
+        if not re.search(r"^__all__(: list\[str\])? = ", path.read_text(encoding="utf-8"), re.M)
+    ]
+    assert without == []
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_every_name_in_a_modules_all_exists(module: str) -> None:
+    loaded = importlib.import_module(module)
+    assert [name for name in loaded.__all__ if not hasattr(loaded, name)] == []
+    assert len(set(loaded.__all__)) == len(loaded.__all__)

@@ -20,6 +20,22 @@ from urllib.parse import parse_qs, unquote, urlsplit
 from token_service import defaults
 from token_service.tokens import SCOPE_RE
 
+__all__ = [
+    "DEVELOPMENT_API_KEY",
+    "DEVELOPMENT_WARNING",
+    "MAX_METRIC_SCOPES",
+    "PREFIX",
+    "ConfigError",
+    "RateLimit",
+    "RedisTarget",
+    "Settings",
+    "masked_url",
+    "parse_redis_url",
+    "unknown_variables",
+    "variable_names",
+    "written",
+]
+
 PREFIX = "TOKEN_SERVICE_"
 _DAY_SECONDS = 86400
 _YEAR_SECONDS = 365 * _DAY_SECONDS

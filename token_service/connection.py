@@ -42,6 +42,23 @@ from redis.retry import Retry
 from token_service import deadline
 from token_service.config import RedisTarget, Settings, parse_redis_url
 
+__all__ = [
+    "BACKOFF_CAP_SECONDS",
+    "EMBEDDED_WARNING",
+    "MAX_CONNECTIONS",
+    "DeadlineConnection",
+    "DeadlineSSLConnection",
+    "DeadlineSentinelConnection",
+    "DeadlineSentinelSSLConnection",
+    "DeadlineSpent",
+    "DeadlineUnixConnection",
+    "async_client_for",
+    "client_for",
+    "embedded_client",
+    "redis_client",
+    "request_budget_seconds",
+]
+
 log = logging.getLogger(__name__)
 
 EMBEDDED_WARNING = (

@@ -7,6 +7,17 @@ them where no setting reaches, so both sides of a deployment agree.
 
 from __future__ import annotations
 
+__all__ = [
+    "DEFAULT_LEASE_SECONDS",
+    "DEFAULT_TTL_SECONDS",
+    "KEY_PREFIX",
+    "MAX_BATCH",
+    "MAX_LEASE_SECONDS",
+    "MAX_RESULT_BYTES",
+    "MAX_TTL_SECONDS",
+    "RESULT_TTL_SECONDS",
+]
+
 KEY_PREFIX = "ts:"  # of every Redis key (TOKEN_SERVICE_KEY_PREFIX)
 DEFAULT_TTL_SECONDS = 300  # a token's life when the request gives none
 MAX_TTL_SECONDS = 86400

@@ -63,6 +63,40 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+__all__ = [
+    "ERRORS_BY_CODE",
+    "FingerprintMismatch",
+    "IdempotencyIdentityRequired",
+    "IdempotencyKeyInUse",
+    "IdempotencyKeyMismatch",
+    "IdempotencyKeyRepeated",
+    "IllegalTransition",
+    "InvalidRequest",
+    "IssuancePaused",
+    "LeaseLost",
+    "NotInProgress",
+    "OutcomeNotRecorded",
+    "OutstandingCapReached",
+    "PayloadTooLarge",
+    "RateLimited",
+    "RecordError",
+    "RecordFailed",
+    "RecordInProgress",
+    "RecordNotFound",
+    "RequestTimeout",
+    "RowNotFound",
+    "ServiceUnavailable",
+    "StaleVersion",
+    "TokenError",
+    "TokenFailed",
+    "TokenInProgress",
+    "TokenInvalid",
+    "TokenMismatch",
+    "TokenUsed",
+    "Unauthorized",
+    "UnexpectedReply",
+]
+
 
 class TokenError(Exception):
     """Base class of every error token-service reports.

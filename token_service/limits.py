@@ -49,6 +49,27 @@ from token_service.errors import (
 from token_service.records import raise_for, text
 from token_service.tokens import TOKEN_CHARS
 
+__all__ = [
+    "CLIENT_ID_CHARS",
+    "MAX_BUDGET_RETRY_SECONDS",
+    "MAX_COUNTED_SECONDS",
+    "NO_BUDGET",
+    "Budget",
+    "IssuanceLimits",
+    "MemoryReading",
+    "MemoryReserve",
+    "address_group",
+    "admit_reply",
+    "budget_key",
+    "client_key",
+    "client_key_of",
+    "client_tag",
+    "memory_allowance",
+    "parse_budget_record",
+    "parse_limit_record",
+    "token_bytes",
+]
+
 # A token counts toward the outstanding cap for at most this long, whatever its TTL:
 # the bound on how long a client can be refused by the cap (plus its bucket's rounding,
 # at most a quarter of it). A 24 h token held unused stops counting after about an hour.

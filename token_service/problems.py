@@ -13,6 +13,8 @@ from typing import Any
 
 from token_service.errors import TokenError, Unauthorized
 
+__all__ = ["CONTENT_TYPE", "PROBLEM_TYPE_BASE", "internal_error", "problem", "problem_for"]
+
 PROBLEM_TYPE_BASE = "https://token-service.dev/problems/"
 CONTENT_TYPE = "application/problem+json"
 

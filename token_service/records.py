@@ -30,6 +30,37 @@ from token_service.errors import (
 )
 from token_service.tokens import new_request_id
 
+__all__ = [
+    "MAX_PAYLOAD_DEPTH",
+    "Completed",
+    "Consumed",
+    "FailRecorded",
+    "Finished",
+    "Inspection",
+    "IssueRequest",
+    "Renewed",
+    "Reply",
+    "Started",
+    "UseRequest",
+    "begin_args",
+    "begin_reply",
+    "check_payload",
+    "complete_args",
+    "complete_reply",
+    "consume_args",
+    "consume_reply",
+    "dump_json",
+    "fail_args",
+    "fail_reply",
+    "inspect_reply",
+    "opt",
+    "raise_for",
+    "renew_args",
+    "renew_reply",
+    "revoke_reply",
+    "text",
+]
+
 Reply = list[Any]
 
 

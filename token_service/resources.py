@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+__all__ = ["ROOT", "shipped"]
+
 _PACKAGE = Path(__file__).resolve().parent
 ROOT = _PACKAGE if (_PACKAGE / "openapi.yaml").is_file() else _PACKAGE.parent
 

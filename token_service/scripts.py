@@ -23,6 +23,8 @@ from pathlib import Path
 
 from token_service.resources import shipped
 
+__all__ = ["ADMIT_ISSUE", "SCRIPT_NAMES", "admit_issue_source", "lua_dir", "lua_source"]
+
 # The token operations' scripts (lua/<name>.lua), one per store operation
 SCRIPT_NAMES = (
     "issue",

@@ -67,6 +67,8 @@ from token_service.tokens import (
     token_digest,
 )
 
+__all__ = ["READY_PROBE_MS", "AsyncTokenStore", "Observer", "TokenStore", "translate_errors"]
+
 log = logging.getLogger(__name__)
 
 # Where consume, begin and revoke put the bucket a token still has to be released from

@@ -16,6 +16,25 @@ import hashlib
 import re
 import secrets
 
+__all__ = [
+    "MAX_TOKEN_CHARS",
+    "NO_CONTROL_RE",
+    "SCOPE_RE",
+    "SCOPE_RULE",
+    "TOKEN_BYTES",
+    "TOKEN_CHARS",
+    "digest_key",
+    "is_plain_text",
+    "is_well_formed",
+    "new_lease_id",
+    "new_request_id",
+    "new_token",
+    "new_tokens",
+    "record_key",
+    "token_digest",
+    "whole_number",
+]
+
 TOKEN_BYTES = 32
 # secrets.token_urlsafe(TOKEN_BYTES): a token issued under an outstanding cap has its
 # client's id after these (token_service.limits)

@@ -38,6 +38,8 @@ from .guard import AsyncGuard, Guard, GuardOptions, guarded
 if TYPE_CHECKING:
     import httpx
 
+__all__ = ["DEFAULT_TIMEOUT_SECONDS", "AsyncTokenClient", "TokenClient"]
+
 T = TypeVar("T")
 DEFAULT_TIMEOUT_SECONDS = 5.0
 

@@ -31,6 +31,8 @@ from token_service.store import AsyncTokenStore, TokenStore
 from . import _validate as check
 from ._types import IssuedToken, TokenInfo
 
+__all__ = ["AsyncDirectTransport", "DirectLimits", "DirectTransport", "redis_from_url"]
+
 
 @dataclass(frozen=True, slots=True)
 class DirectLimits:

@@ -32,6 +32,8 @@ from . import _replies as replies
 if TYPE_CHECKING:
     from token_service.records import UseRequest
 
+__all__ = ["AsyncHttpTransport", "HttpTransport"]
+
 T = TypeVar("T")
 
 # Failures after which nothing is known about what the service did: retry with the same request id.

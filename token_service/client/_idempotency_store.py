@@ -26,6 +26,17 @@ from token_service.errors import InvalidRequest
 from token_service.scripts import lua_source
 from token_service.store import translate_errors
 
+__all__ = [
+    "SCRIPT_NAMES",
+    "AsyncIdempotencyStore",
+    "Claimed",
+    "IdempotencyStore",
+    "InProgress",
+    "Mismatch",
+    "Outcome",
+    "digest",
+]
+
 SCRIPT_NAMES = ("idempotency_begin", "idempotency_renew", "idempotency_store", "idempotency_release")
 _SEP = "\x1f"
 

@@ -62,6 +62,27 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from token_service.errors import LeaseLost, TokenError, TokenInvalid
 
+__all__ = [
+    "FIRST_SETTLE_PAUSE_SECONDS",
+    "LOST",
+    "MAX_SETTLE_MARGIN_SECONDS",
+    "MAX_SETTLE_PAUSE_SECONDS",
+    "MIN_INTERVAL_SECONDS",
+    "SCHEDULER",
+    "SCHEDULER_THREAD_NAME",
+    "THREAD_NAME",
+    "AsyncLeaseRenewer",
+    "AsyncRenewable",
+    "AsyncRenewal",
+    "LeaseRenewer",
+    "Renewable",
+    "Renewal",
+    "RenewalScheduler",
+    "interval_for",
+    "renew_on_loop",
+    "settle_pause",
+]
+
 log = logging.getLogger(__name__)
 
 # Refusals that mean the lease is gone for good.

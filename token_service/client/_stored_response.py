@@ -33,6 +33,21 @@ from typing import Any
 from token_service import defaults
 from token_service.errors import ServiceUnavailable, TokenError, Unauthorized
 
+__all__ = [
+    "CREDENTIAL_REFUSALS",
+    "DEFAULT_MAX_RESULT_BYTES",
+    "DEFAULT_REPLAY_HEADERS",
+    "OMITTED_HEADER",
+    "REPLAYED_HEADER",
+    "TRANSIENT_4XX",
+    "UNAUTHENTICATED",
+    "Headers",
+    "StorePolicy",
+    "StoredResponse",
+    "default_store_status",
+    "refusal",
+]
+
 log = logging.getLogger("token_service.client")
 
 REPLAYED_HEADER = "Idempotent-Replayed"

@@ -40,6 +40,15 @@ import importlib.util
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
+__all__ = [
+    "DEFAULT_TELEMETRY",
+    "DURABLE_SPAN_NAME",
+    "IDEMPOTENCY_SPAN_NAME",
+    "SPAN_NAME",
+    "GuardSpan",
+    "Telemetry",
+]
+
 SPAN_NAME = "token_service.guard"
 IDEMPOTENCY_SPAN_NAME = "token_service.idempotency_key"
 DURABLE_SPAN_NAME = "token_service.durable"

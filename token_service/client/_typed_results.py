@@ -39,6 +39,8 @@ from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal
 from typing import Any
 
+__all__ = ["UnresolvedResultType", "dump_result", "load_result", "return_type"]
+
 _SCALARS = (str, int, float, bool, type(None))
 
 

@@ -15,6 +15,8 @@ from token_service.errors import InvalidRequest, TokenInvalid
 from token_service.records import check_payload
 from token_service.tokens import SCOPE_RE, SCOPE_RULE, is_plain_text, is_well_formed
 
+__all__ = ["bounded", "every", "payload", "scope", "text", "token"]
+
 # Scopes already found valid: an application uses a handful, on every call. Bounded, so
 # a caller inventing scopes cannot grow it; only exact str values are remembered (a str
 # subclass could compare equal to a valid scope and still not be one).

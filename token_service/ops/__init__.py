@@ -12,3 +12,5 @@ definition, the SDK's, shipped in the same package, and are no public API for
 users. tests/test_layout.py lists what of the SDK's private modules ``ops/``
 may import, so a new one is a choice.
 """
+
+__all__: list[str] = []

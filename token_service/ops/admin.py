@@ -46,6 +46,29 @@ from token_service.scripts import lua_source
 from token_service.store import translate_errors
 from token_service.tokens import is_plain_text, new_lease_id
 
+__all__ = [
+    "BODY_PREVIEW_BYTES",
+    "DEFAULT_COUNT",
+    "FULL_REF_CHARS",
+    "IDEMPOTENCY",
+    "IDEMPOTENCY_STATES",
+    "KINDS",
+    "MAX_COUNT",
+    "REF_RE",
+    "STATES",
+    "TOKEN",
+    "TOKEN_STATES",
+    "Admin",
+    "Filter",
+    "Page",
+    "Record",
+    "audit",
+    "check_ref",
+    "parse_idempotency_record",
+    "parse_token_record",
+    "shown_ref",
+]
+
 audit_log = logging.getLogger("token_service.audit")
 
 TOKEN = "token"  # noqa: S105 - a record kind, not a secret

@@ -35,6 +35,18 @@ if TYPE_CHECKING:
     import sqlalchemy as sa
     from sqlalchemy.engine import Connection, Engine
 
+__all__ = [
+    "DEFAULT_LEASE_SECONDS",
+    "Complete",
+    "Decision",
+    "Fail",
+    "Reconciled",
+    "Release",
+    "Stuck",
+    "reconcile",
+    "reconcile_durable",
+]
+
 audit_log = logging.getLogger("token_service.audit")
 log = logging.getLogger(__name__)
 

@@ -1,1 +1,3 @@
 """The HTTP service (the ``[server]`` extra): Flask app, hot path, CLI, gunicorn settings, telemetry."""
+
+__all__: list[str] = []

@@ -26,6 +26,8 @@ import mmap
 from collections.abc import Iterable
 from typing import Any
 
+__all__ = ["DEFER_SECONDS", "FREE", "SLOTS", "Table", "install"]
+
 SLOTS = 64  # workers beyond that accept as gunicorn does
 DEFER_SECONDS = 0.002
 FREE = 1 << 62  # a slot no accepting worker holds: never the least busy

@@ -24,6 +24,8 @@ from token_service.server.auth import check_service_key
 from token_service.server.responses import json_response
 from token_service.tokens import is_plain_text, whole_number
 
+__all__ = ["MAX_IDENTITY_CHARS", "make_blueprint"]
+
 MAX_IDENTITY_CHARS = 4096
 # the admin routes' endpoints and the action their audit lines name
 _ACTIONS = {

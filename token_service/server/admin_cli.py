@@ -21,6 +21,19 @@ from typing import Any
 from token_service.errors import TokenError
 from token_service.tokens import whole_number
 
+__all__ = [
+    "PAGE_RECORDS",
+    "add_parser",
+    "dashed_refs_last",
+    "find",
+    "list_records",
+    "reconcile",
+    "release",
+    "revoke",
+    "run",
+    "show",
+]
+
 _KINDS = ("token", "idempotency")
 PAGE_RECORDS = 100
 _DASHED_REF = re.compile(r"-[A-Za-z0-9_-]{5,}")

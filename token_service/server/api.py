@@ -36,6 +36,8 @@ from token_service.server.schemas import (
 )
 from token_service.store import TokenStore
 
+__all__ = ["Reply", "json_body", "make_blueprint"]
+
 
 def json_body() -> dict[str, Any]:
     if not request.is_json:

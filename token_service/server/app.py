@@ -30,6 +30,8 @@ from token_service.server.metric_files import multiprocess_dir
 from token_service.server.responses import register_error_handlers
 from token_service.store import TokenStore
 
+__all__ = ["NO_KEYS_WARNING", "create_app", "load_settings"]
+
 log = logging.getLogger(__name__)
 
 NO_KEYS_WARNING = (

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 from token_service.errors import Unauthorized
 
+__all__ = ["check_service_key"]
+
 
 def check_service_key(digests: Sequence[str], header: str | None) -> None:
     """Raise Unauthorized unless ``header`` (the Authorization header, if any) holds a configured key."""

@@ -33,6 +33,18 @@ from token_service.errors import InvalidRequest, PayloadTooLarge, RequestTimeout
 if TYPE_CHECKING:
     from _typeshed.wsgi import WSGIEnvironment
 
+__all__ = [
+    "BODY_STATE",
+    "ENDED_EARLY",
+    "FAILED",
+    "READ",
+    "TOO_LARGE",
+    "GuardedInput",
+    "guard",
+    "has_body",
+    "read_body",
+]
+
 TOO_LARGE = "The request body is over the configured limit."
 ENDED_EARLY = "The request body ended early."
 # What became of the body, in the environ: READ whole, or FAILED (refused, cut off, late).

@@ -14,6 +14,20 @@ from collections.abc import Sequence
 from token_service import __version__
 from token_service.config import ConfigError, Settings, unknown_variables
 
+__all__ = [
+    "DESCRIPTION",
+    "NO_KEYS_WARNING",
+    "busy_port_message",
+    "check",
+    "db_cleanup",
+    "duration_seconds",
+    "free_port_near",
+    "main",
+    "port_in_use",
+    "positive_int",
+    "serve",
+]
+
 NO_KEYS_WARNING = (
     "WARNING: TOKEN_SERVICE_API_KEYS is empty: every backend call (consume, begin, complete, fail, "
     "inspect, revoke) will be refused with 401 unauthorized. Set at least one service key."

@@ -48,6 +48,15 @@ from token_service.server import body
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
+__all__ = [
+    "FinishBody",
+    "HeadWithBody",
+    "RedactGunicornErrors",
+    "error_kind",
+    "install",
+    "redact_invalid_request",
+]
+
 log = logging.getLogger(__name__)
 
 # Set by FinishBody during a request, read by the worker once the reply is written (same greenlet).

@@ -22,6 +22,8 @@ from flask_cors import CORS
 from token_service.config import Settings
 from token_service.server.routes import ROUTES
 
+__all__ = ["ALLOWED_HEADERS", "BROWSER_PATHS", "EXPOSED_HEADERS", "install"]
+
 BROWSER_PATHS = tuple(re.compile(re.escape(route.path) + r"\Z") for route in ROUTES if route.browser)
 # What the frontend helper sends: JSON bodies, its request id, and the token
 # header it attaches to the application's own requests.

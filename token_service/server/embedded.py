@@ -20,6 +20,16 @@ import tempfile
 from pathlib import Path
 from types import FrameType
 
+__all__ = [
+    "APP_LOAD_ERROR",
+    "MESSAGE",
+    "SecondWorker",
+    "claim",
+    "guard_one_worker",
+    "lock_path",
+    "under_gunicorn",
+]
+
 MESSAGE = (
     "token-service: the embedded in-memory store lives in one process and another gunicorn "
     "worker of this server already serves it: run one worker (--workers 1, or `token-service "

@@ -21,6 +21,8 @@ from flask import Blueprint, Response, request
 from token_service.resources import shipped
 from token_service.server.routes import TOKEN_CLIENT_JS
 
+__all__ = ["CACHE_CONTROL", "HELPER", "asset", "asset_path", "asset_response", "make_blueprint"]
+
 CACHE_CONTROL = "public, max-age=300, must-revalidate"
 HELPER = "token-client.js"
 

@@ -77,6 +77,29 @@ from token_service.server import accepts
 from token_service.server.gunicorn_logger import GunicornLogger
 from token_service.server.logs import logging_config
 
+__all__ = [
+    "accesslog",
+    "child_exit",
+    "control_socket_disable",
+    "errorlog",
+    "graceful_timeout",
+    "http_parser",
+    "keepalive",
+    "logconfig_dict",
+    "logger_class",
+    "loglevel",
+    "on_exit",
+    "on_starting",
+    "post_fork",
+    "pre_fork",
+    "timeout",
+    "when_ready",
+    "worker_class",
+    "worker_connections",
+    "worker_tmp_dir",
+    "workers",
+]
+
 try:
     _settings = Settings.from_env(os.environ)
 except ConfigError as _exc:

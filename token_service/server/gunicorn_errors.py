@@ -18,6 +18,8 @@ from typing import Any
 from token_service import problems
 from token_service.tokens import new_request_id
 
+__all__ = ["install", "write_problem"]
+
 # gunicorn's detail quotes what it could not parse: kept short
 _MAX_DETAIL_CHARS = 200
 

@@ -7,6 +7,8 @@ from typing import Any
 
 from gunicorn.glogging import Logger
 
+__all__ = ["GunicornLogger"]
+
 
 class GunicornLogger(Logger):  # type: ignore[misc]
     """gunicorn's logger, minus the access-log work when its access logger writes nothing.

@@ -14,6 +14,8 @@ from token_service.resources import shipped
 from token_service.server.responses import json_response
 from token_service.store import TokenStore
 
+__all__ = ["make_blueprint", "openapi_path"]
+
 
 def openapi_path() -> Path:
     """The HTTP contract (``openapi.yaml``, in the installed package or the checkout)."""

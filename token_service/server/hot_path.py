@@ -38,6 +38,8 @@ from token_service.server.routes import TOKEN_ROUTES, Route
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
+__all__ = ["HotPath", "Operation", "install"]
+
 # Status lines as Werkzeug writes them ("201 CREATED"), built once.
 _STATUS_LINES = {code: f"{code} {name.upper()}" for code, name in HTTP_STATUS_CODES.items()}
 _JSON_TYPES = frozenset(

@@ -20,6 +20,15 @@ from pythonjsonlogger.json import JsonFormatter as _LibraryJsonFormatter
 
 from token_service.server import request_context
 
+__all__ = [
+    "JSON_FORMAT",
+    "ConsoleFormatter",
+    "JsonFormatter",
+    "RequestIdFilter",
+    "console_value",
+    "logging_config",
+]
+
 JSON_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 

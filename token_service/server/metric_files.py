@@ -30,6 +30,19 @@ from pathlib import Path
 
 from prometheus_client.mmap_dict import MmapedDict
 
+__all__ = [
+    "FORWARDED_FLAG_FILE",
+    "LOCK_FILE",
+    "OTHER_SCOPE",
+    "SCOPES_FILE",
+    "ScopeLabels",
+    "SharedScopeLabels",
+    "fold_dead_worker",
+    "multiprocess_dir",
+    "reading",
+    "scope_labels",
+]
+
 OTHER_SCOPE = "_other"
 SCOPES_FILE = "scopes.list"
 LOCK_FILE = "metrics.lock"

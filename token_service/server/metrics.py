@@ -41,6 +41,26 @@ from token_service.scripts import ADMIT_ISSUE
 from token_service.server import request_context
 from token_service.server.metric_files import OTHER_SCOPE, multiprocess_dir, reading, scope_labels
 
+__all__ = [
+    "LATENCY",
+    "LIMITS",
+    "MAX_SCOPES",
+    "NO_SCOPE",
+    "OUTCOMES",
+    "OUTCOME_CODES",
+    "RATE_LIMITED",
+    "REDIS_ERRORS",
+    "REPLAYED_OPERATIONS",
+    "REPLAYS",
+    "REQUESTS",
+    "SCOPED_OPERATIONS",
+    "TOKENS_ISSUED",
+    "TOKEN_REF_CHARS",
+    "StoreMetrics",
+    "make_blueprint",
+    "zero_series",
+]
+
 MAX_SCOPES = MAX_METRIC_SCOPES
 # The whole digest: it is the record key's last part (<prefix>t:<token_ref>), so an operator
 # finds the record with one GET (token-service admin show <token_ref>). It reveals nothing:

@@ -26,6 +26,15 @@ from token_service.server.schemas import BodySchema, ConsumeSchema, GenerateSche
 from token_service.store import TokenStore
 from token_service.tokens import NO_CONTROL_RE, is_well_formed
 
+__all__ = [
+    "HotOperations",
+    "load_body",
+    "parse_json_object",
+    "raise_request_id_required",
+    "rfc3339",
+    "well_formed_token",
+]
+
 
 def rfc3339(epoch_seconds: float) -> str:
     return datetime.fromtimestamp(epoch_seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")

@@ -25,6 +25,8 @@ from token_service.server.metric_files import FORWARDED_FLAG_FILE
 if TYPE_CHECKING:
     from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
+__all__ = ["FORWARDED_WARNING", "DetectingFlask", "ForwardedForDetector"]
+
 log = logging.getLogger(__name__)
 
 FORWARDED_WARNING = (

@@ -11,6 +11,8 @@ from __future__ import annotations
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+__all__ = ["RequestInfo", "current", "note_token_ref", "request_id", "token_ref"]
+
 
 @dataclass(slots=True)
 class RequestInfo:

@@ -19,6 +19,16 @@ from token_service.server import request_context
 from token_service.server.metrics import REDIS_ERRORS
 from token_service.server.telemetry import current_route
 
+__all__ = [
+    "JSON_ENCODER",
+    "NO_STORE",
+    "error_reply",
+    "json_response",
+    "json_text_response",
+    "problem",
+    "register_error_handlers",
+]
+
 log = logging.getLogger(__name__)
 
 # Token values travel in these bodies: no cache may keep them.

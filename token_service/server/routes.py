@@ -11,6 +11,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+__all__ = [
+    "BEGIN",
+    "COMPLETE",
+    "CONSUME",
+    "FAIL",
+    "GENERATE",
+    "GENERATE_BATCH",
+    "INSPECT",
+    "RENEW",
+    "REVOKE",
+    "ROUTES",
+    "TOKEN_CLIENT_JS",
+    "TOKEN_ROUTES",
+    "Route",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class Route:

@@ -17,6 +17,20 @@ from token_service import defaults
 # the field rules are shared with the SDK's direct transport, which has no marshmallow
 from token_service.tokens import NO_CONTROL_RE, SCOPE_RE, SCOPE_RULE
 
+__all__ = [
+    "BeginSchema",
+    "BodySchema",
+    "CompleteSchema",
+    "ConsumeSchema",
+    "FailSchema",
+    "GenerateBatchSchema",
+    "GenerateSchema",
+    "JsonInteger",
+    "RenewSchema",
+    "StrictBoolean",
+    "TokenOnlySchema",
+]
+
 
 def _text(max_chars: int, **kwargs: Any) -> fields.String:
     return fields.String(

@@ -23,6 +23,17 @@ from token_service.server.metrics import LATENCY, REQUESTS
 from token_service.server.request_context import RequestInfo
 from token_service.tokens import new_request_id
 
+__all__ = [
+    "MAX_CLIENT_CHARS",
+    "REQUEST_ID_HEADER",
+    "UNMATCHED",
+    "close_request",
+    "current_route",
+    "install",
+    "open_request",
+    "record",
+]
+
 REQUEST_ID_HEADER = "X-Request-ID"
 _SANE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
 UNMATCHED = "unmatched"

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+__all__ = ["FrozenConfig", "install"]
+
 
 class FrozenConfig:
     """A gunicorn ``Config`` whose every attribute is looked up once (then kept in this object)."""

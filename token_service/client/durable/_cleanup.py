@@ -20,6 +20,8 @@ from sqlalchemy.engine import Engine
 from token_service.client.durable._guard import Clock, database_now
 from token_service.client.durable._schema import IDEMPOTENCY_RECORDS
 
+__all__ = ["delete_expired"]
+
 
 def delete_expired(
     engine: Engine,

@@ -69,6 +69,25 @@ from token_service.errors import (
 )
 from token_service.tokens import is_well_formed, token_digest
 
+__all__ = [
+    "DEFAULT_LEASE_SECONDS",
+    "DEFAULT_RECORD_TTL_SECONDS",
+    "Claim",
+    "Clock",
+    "Outcome",
+    "Replay",
+    "claim",
+    "complete",
+    "database_now",
+    "fail",
+    "is_retryable",
+    "retry_transaction",
+    "run_once",
+    "run_once_for_token",
+    "token_record_key",
+    "utc_now",
+]
+
 # Longer than the longest token TTL (MAX_TTL_SECONDS, 86400 by default) on
 # purpose: the record must outlive every token that could still be presented.
 DEFAULT_RECORD_TTL_SECONDS = 7 * 86400

@@ -22,6 +22,23 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.schema import CreateIndex, CreateTable
 
+__all__ = [
+    "DEFAULT_TABLE_NAME",
+    "DIALECTS",
+    "FAILED",
+    "IDEMPOTENCY_RECORDS",
+    "MAX_FINGERPRINT_CHARS",
+    "MAX_KEY_CHARS",
+    "PROCESSING",
+    "STATUSES",
+    "SUCCEEDED",
+    "check_fingerprint",
+    "check_key",
+    "create_records_table",
+    "ddl",
+    "records_table",
+]
+
 PROCESSING = "PROCESSING"
 SUCCEEDED = "SUCCEEDED"
 FAILED = "FAILED"

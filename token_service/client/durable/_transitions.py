@@ -16,6 +16,8 @@ from sqlalchemy.engine import Connection
 
 from token_service.errors import IllegalTransition, RowNotFound, StaleVersion
 
+__all__ = ["StateMachine", "update_versioned"]
+
 
 class StateMachine:
     """A declared transition table over one status column of one table.
