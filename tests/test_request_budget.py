@@ -66,7 +66,7 @@ def idle_past_health_checks(client: Any) -> None:
     is preceded by redis-py's health check (a PING, retried as commands are)."""
     store = client.application.extensions["token_service"]["store"]
     pool = store.client.connection_pool
-    connections = [conn for _, conn in store._parked] + list(pool._available_connections)
+    connections = [conn for _, conn in store._parked] + pool.idle_connections()
     assert connections, "the first request left a connection to reuse"
     for conn in connections:
         conn.next_health_check = -1.0

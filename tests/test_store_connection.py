@@ -213,7 +213,7 @@ def test_calls_in_flight_at_once_each_park_their_connection(
         assert store.consume(UseRequest(token, SCOPE)).replayed is False
     assert checkouts == []
     assert len(store._parked) == 2
-    assert len(client.connection_pool._in_use_connections) == 2
+    assert client.connection_pool.in_use_count() == 2
     client.close()
 
 
@@ -233,7 +233,7 @@ def test_parked_connections_are_bounded(redis_server: RedisServer, monkeypatch: 
     monkeypatch.setattr(store_module, "_send_and_read", meanwhile)
     assert store.consume(UseRequest(tokens[0], SCOPE)).replayed is False
     assert len(store._parked) == store_module._MAX_PARKED
-    assert len(client.connection_pool._in_use_connections) == store_module._MAX_PARKED
+    assert client.connection_pool.in_use_count() == store_module._MAX_PARKED
     client.close()
 
 
@@ -356,10 +356,10 @@ def test_a_dropped_store_hands_its_parked_connection_back(redis_server: RedisSer
     store = TokenStore(client)
     warm(store)
     pool = client.connection_pool
-    assert len(pool._in_use_connections) == 1  # the parked one
+    assert pool.in_use_count() == 1  # the parked one
     del store
     gc.collect()
-    assert len(pool._in_use_connections) == 0
+    assert pool.in_use_count() == 0
     client.close()
 
 

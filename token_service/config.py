@@ -355,6 +355,12 @@ class Settings:
     send_timeout_seconds: float = field(default=15.0, metadata={"parse": _float(0.1)})
     max_result_bytes: int = field(default=defaults.MAX_RESULT_BYTES, metadata={"parse": _int(2)})
     redis_timeout_seconds: float = field(default=2.0, metadata={"parse": _float(0.01)})
+    # Connections to Redis one worker opens at most (per node of a cluster), and how long one
+    # stays open unused (token_service.connection.BoundedPool).
+    redis_max_connections: int = field(
+        default=defaults.REDIS_MAX_CONNECTIONS, metadata={"parse": _int(1, 10000)}
+    )
+    redis_idle_seconds: float = field(default=defaults.REDIS_IDLE_SECONDS, metadata={"parse": _float(0.1)})
     cors_max_age_seconds: int = field(default=600, metadata={"parse": _int(0, 86400)})
     log_level: str = field(default="INFO", metadata={"parse": _log_level})
     # Scopes with a metric label of their own from the start (others: once a consume or begin,

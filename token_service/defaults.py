@@ -26,3 +26,8 @@ DEFAULT_LEASE_SECONDS = 30  # a begin's lease when the request gives none
 MAX_LEASE_SECONDS = 3600
 MAX_RESULT_BYTES = 16384  # a stored result or error, as JSON
 MAX_BATCH = 1000  # tokens in one /token/generate/batch
+# Connections to Redis one client opens at most (a service worker's, an SDK client's: per node
+# of a cluster), and how long one stays open unused (TOKEN_SERVICE_REDIS_MAX_CONNECTIONS,
+# TOKEN_SERVICE_REDIS_IDLE_SECONDS)
+REDIS_MAX_CONNECTIONS = 64
+REDIS_IDLE_SECONDS = 60.0

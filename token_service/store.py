@@ -262,12 +262,22 @@ class TokenStore(_StoreBase):
         # A plain client with a plain pool: EVALSHA on a pooled connection directly (see _evalsha).
         plain = type(client) is redis.Redis and client.connection is None
         self._pool = client.connection_pool if plain else None
-        self._parking = plain and type(client.connection_pool) is redis.ConnectionPool
+        pool = client.connection_pool if plain else None
+        # a pool that closes idle connections (connection.BoundedPool) asks for the parked ones
+        reaps = hasattr(pool, "add_idle_hook")
+        self._parking = plain and (type(pool) is redis.ConnectionPool or reaps)
         # at most _MAX_PARKED (fork generation, connection): one per call in flight at once
         self._parked: list[tuple[int, Any]] = []
         if self._parking:
             # a store dropped while it holds a connection hands it back to the pool
-            weakref.finalize(self, _unpark, client.connection_pool, self._parked)
+            weakref.finalize(self, _unpark, pool, self._parked)
+            if reaps:
+                pool.add_idle_hook(self._hand_back_parked)  # type: ignore[union-attr]
+
+    def _hand_back_parked(self) -> None:
+        """Every parked connection back to the pool (its idle reaper's round): a busy store
+        takes one out again on its next call, an idle one's is closed with the pool's."""
+        _unpark(self.client.connection_pool, self._parked)
 
     def _evalsha(self, sha: str, keys: Sequence[str], args: Sequence[str]) -> Any:
         """``client.evalsha(sha, ...)``, through redis-py's connection layer without its command layer.

@@ -172,10 +172,15 @@ class _ClientBase:
         result_ttl_seconds: int,
         timeout: float,
         limits: DirectLimits | None,
+        max_connections: int = defaults.REDIS_MAX_CONNECTIONS,
     ) -> Any:
         """The direct transport: a client passed in is used as it is and not closed with ours."""
         owns = isinstance(url_or_client, str)
-        client = redis_from_url(url_or_client, timeout, asyncio=cls._is_async) if owns else url_or_client
+        client = (
+            redis_from_url(url_or_client, timeout, asyncio=cls._is_async, max_connections=max_connections)
+            if owns
+            else url_or_client
+        )
         limits = limits or DirectLimits()
         if cls._is_async:
             store = AsyncTokenStore(client, key_prefix=key_prefix, result_ttl_seconds=result_ttl_seconds)
@@ -228,6 +233,7 @@ class TokenClient(_ClientBase):
         retry: RetryPolicy | int | None = None,
         limits: DirectLimits | None = None,
         telemetry: Telemetry | None = None,
+        max_connections: int = defaults.REDIS_MAX_CONNECTIONS,
     ) -> TokenClient:
         """Run the service's Lua scripts on the shared Redis directly (no HTTP hop).
 
@@ -237,8 +243,13 @@ class TokenClient(_ClientBase):
         end within it (a :class:`ServiceUnavailable` then). A client passed in is
         used as it is (its own timeouts and retry settings included: the budget
         then only stops further attempts) and not closed by :meth:`close`.
+        ``max_connections`` bounds the connections a URL's client opens (per
+        node): on one server a call beyond them waits for one within its
+        ``timeout``, and (sync) connections unused for a minute are closed.
         """
-        backend = cls._over_redis(url_or_client, key_prefix, result_ttl_seconds, timeout, limits)
+        backend = cls._over_redis(
+            url_or_client, key_prefix, result_ttl_seconds, timeout, limits, max_connections
+        )
         return cls(retry=retry, telemetry=telemetry, _backend=backend, _call_timeout_seconds=timeout)
 
     # -- plumbing -----------------------------------------------------------
@@ -405,10 +416,13 @@ class AsyncTokenClient(_ClientBase):
         retry: RetryPolicy | int | None = None,
         limits: DirectLimits | None = None,
         telemetry: Telemetry | None = None,
+        max_connections: int = defaults.REDIS_MAX_CONNECTIONS,
     ) -> AsyncTokenClient:
         """As :meth:`TokenClient.from_redis`; ``timeout`` bounds each whole call, a client
         passed in included (``asyncio.timeout``)."""
-        backend = cls._over_redis(url_or_client, key_prefix, result_ttl_seconds, timeout, limits)
+        backend = cls._over_redis(
+            url_or_client, key_prefix, result_ttl_seconds, timeout, limits, max_connections
+        )
         return cls(retry=retry, telemetry=telemetry, _backend=backend, _call_timeout_seconds=timeout)
 
     async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:

@@ -46,11 +46,14 @@ class DirectLimits:
     max_batch: int = defaults.MAX_BATCH
 
 
-def redis_from_url(url: str, timeout: float, *, asyncio: bool = False) -> Any:
-    """The client the service itself would build for this URL: one server, Sentinel or Cluster."""
+def redis_from_url(
+    url: str, timeout: float, *, asyncio: bool = False, max_connections: int = defaults.REDIS_MAX_CONNECTIONS
+) -> Any:
+    """The client the service itself would build for this URL: one server, Sentinel or Cluster,
+    with at most ``max_connections`` connections (per node)."""
     if asyncio:
-        return async_client_for(url, timeout)
-    return client_for(url, timeout)
+        return async_client_for(url, timeout, max_connections=max_connections)
+    return client_for(url, timeout, max_connections=max_connections)
 
 
 def _issued(request: IssueRequest, tokens: list[str]) -> list[IssuedToken]:
