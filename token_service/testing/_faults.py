@@ -20,14 +20,24 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from token_service.client import Guard, keyed_guard
+from token_service.client import Guard, TokenClient, keyed_guard
 
-if TYPE_CHECKING:
-    from ._store import InMemoryStore
+from ._clock import StoreClock
 
 __all__ = ["InFlight", "StoreFaults"]
+
+
+class _Store(Protocol):
+    """What the faults use of the kit's store (``_store.InMemoryStore``), named here so that
+    this module does not import that one, which imports this one."""
+
+    clock: StoreClock
+    _server: Any
+
+    def client(self, **options: Any) -> TokenClient: ...
+
 
 # A lease a test's holder takes when it names none: the API's default
 DEFAULT_LEASE_SECONDS = 30
@@ -39,7 +49,7 @@ class InFlight:
     """An operation another holder is running now, on the store of the test (no renewal: it is
     elsewhere). Duplicates meanwhile get ``TokenInProgress``."""
 
-    def __init__(self, store: InMemoryStore, guard: Guard, lease_seconds: int) -> None:
+    def __init__(self, store: _Store, guard: Guard, lease_seconds: int) -> None:
         self._store = store
         self._guard = guard
         self.lease_seconds = lease_seconds
@@ -78,7 +88,7 @@ class InFlight:
 class StoreFaults:
     """What can go wrong around the store, switched on by a test (``token_faults``)."""
 
-    def __init__(self, store: InMemoryStore) -> None:
+    def __init__(self, store: _Store) -> None:
         self._store = store
         self._lock = threading.Lock()
         self._down = 0
