@@ -290,6 +290,17 @@ def _log_format(raw: str) -> str:
     return text
 
 
+# The HTTP server `token-service serve` runs the app under (token_service/server/cli.py).
+SERVERS = ("gunicorn", "granian")
+
+
+def _server(raw: str) -> str:
+    text = raw.strip().lower()
+    if text not in SERVERS:
+        raise ValueError(f"must be one of {', '.join(SERVERS)}, got {raw!r}")
+    return text
+
+
 _ENVIRONMENTS = ("production", "development")
 
 
@@ -374,6 +385,8 @@ class Settings:
     drain_seconds: int = field(default=0, metadata={"parse": _int(0, 300)})
     # While this file exists /readyz answers 503 (set by the gunicorn config; operators may touch it).
     drain_file: str = field(default="", metadata={"parse": str.strip})
+    # The server `token-service serve` runs: gunicorn (gevent workers) or granian (the granian extra).
+    server: str = field(default="gunicorn", metadata={"parse": _server})
     # Not from the environment: tests and embedders may hand a client in.
     redis_client: Any = field(default=None, metadata={"env": False})
 

@@ -1,4 +1,5 @@
-"""The service under gunicorn with several workers: metrics, JSON logs, draining, config errors."""
+"""The service under gunicorn and granian with several workers: metrics, JSON logs, draining, config
+errors."""
 
 from __future__ import annotations
 
@@ -16,7 +17,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.processes import REPO_ROOT, Gunicorn, RedisServer, children, free_port, wait_until
+from tests.support.processes import (
+    REPO_ROOT,
+    SERVERS,
+    Gunicorn,
+    RedisServer,
+    free_port,
+    wait_until,
+)
 from tests.support.service import API_KEY
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -37,12 +45,14 @@ def counter(metrics_text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-@pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Gunicorn, Path]]:
+@pytest.fixture(scope="module", params=sorted(SERVERS))
+def service(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Gunicorn, Path]]:
     redis_server = RedisServer().start()
     metrics_dir = tmp_path_factory.mktemp("metrics")
     (metrics_dir / "counter_999999.db").write_bytes(b"stale samples of an earlier run")
-    server = Gunicorn(
+    server = SERVERS[request.param](
         {
             "TOKEN_SERVICE_REDIS_URL": redis_server.url,
             "TOKEN_SERVICE_API_KEYS": API_KEY,
@@ -106,10 +116,10 @@ def test_metrics_count_every_request_once_across_workers(service: tuple[Gunicorn
         assert counter(text, "token_service_http_request_duration_seconds_count", **latency) == ROUNDS
 
     # a worker killed outright: its counts stay, its replacement counts on
-    victim = min(children(server.process.pid))
+    victim = min(server.worker_pids())
     os.kill(victim, signal.SIGKILL)
     wait_until(
-        lambda: len(children(server.process.pid) - {victim}) == 2,  # type: ignore[union-attr]
+        lambda: len(server.worker_pids() - {victim}) == 2,  # type: ignore[union-attr]
         what="a replacement worker",
     )
     drive(server.url, 5)
@@ -132,7 +142,8 @@ def test_log_lines_are_json_with_request_ids_and_no_tokens(service: tuple[Gunico
     lines, records = wait_until(logged, what="every request's access line")
     access = [r for r in records if r.get("logger") == "token_service.access"]
     assert all({"method", "route", "status", "duration_ms"} <= set(r) for r in access)
-    assert any(r.get("logger") == "gunicorn.error" for r in records)  # gunicorn speaks JSON too
+    # the server's own messages are JSON too
+    assert any(r.get("logger") in ("gunicorn.error", "_granian") for r in records)
     log_text = "\n".join(lines)
     for token in tokens:
         assert token not in log_text
@@ -142,9 +153,10 @@ def test_log_lines_are_json_with_request_ids_and_no_tokens(service: tuple[Gunico
 DRAIN_SECONDS = 8
 
 
-def test_readiness_fails_while_draining_then_the_server_stops() -> None:
+@pytest.mark.parametrize("kind", sorted(SERVERS))
+def test_readiness_fails_while_draining_then_the_server_stops(kind: str) -> None:
     redis_server = RedisServer().start()
-    server = Gunicorn(
+    server = SERVERS[kind](
         {
             "TOKEN_SERVICE_REDIS_URL": redis_server.url,
             "TOKEN_SERVICE_API_KEYS": API_KEY,

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.processes import Gunicorn, RedisServer
+from tests.support.processes import SERVERS, Gunicorn, RedisServer
 from tests.support.raw_http import Reply, chunked, connect, exchange, read_reply, request_bytes
 from tests.support.service import API_KEY, AUTH
 from token_service.records import IssueRequest
@@ -35,10 +35,10 @@ ROUTES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def service() -> Iterator[tuple[Gunicorn, RedisServer]]:
+@pytest.fixture(scope="module", params=sorted(SERVERS))
+def service(request: pytest.FixtureRequest) -> Iterator[tuple[Gunicorn, RedisServer]]:
     redis_server = RedisServer().start()
-    server = Gunicorn(
+    server = SERVERS[request.param](
         {
             "TOKEN_SERVICE_REDIS_URL": redis_server.url,
             "TOKEN_SERVICE_API_KEYS": API_KEY,
@@ -51,6 +51,44 @@ def service() -> Iterator[tuple[Gunicorn, RedisServer]]:
     yield server, redis_server
     server.stop()
     redis_server.stop()
+
+
+# What granian 2.8.9 (``--server granian``) does not hold of what gunicorn holds here, measured on this
+# suite (docs/deployment.md, "Choosing a server"): each case runs, strictly expected to fail, so a
+# granian release that holds it shows up as XPASS and the entry goes.
+_NO_BODY_DEADLINE = (
+    "granian: a body that stalls holds its request (and one of the worker's blocking threads) with no "
+    "deadline: wsgi.input is granian's, without the socket the app's TOKEN_SERVICE_BODY_TIMEOUT_SECONDS "
+    "sets a timeout on; granian has no body-read timeout of its own"
+)
+_OWN_400 = "granian: its own refusals are a bare 400 without a body, not problem+json"
+GRANIAN_NOT_HELD = {
+    "test_a_body_that_does_not_arrive_in_time_is_408_problem_json": _NO_BODY_DEADLINE,
+    "test_after_a_408_the_connection_carries_no_other_request": _NO_BODY_DEADLINE,
+    "bad-request-line": _OWN_400,
+    "unsupported-coding": _OWN_400,
+    "two-lengths": _OWN_400,
+    "obs-fold": _OWN_400,
+    "header-too-large": "granian: a 9000-byte header is served (200): its limit is the 408 KiB read buffer",
+    "request-line-too-long": "granian: a 9000-byte request line is served (404): no limit of its own",
+    "bare-lf": "granian: a bare LF as a line end is accepted (200), which gunicorn's parser refuses",
+    "test_after_a_chunked_413_the_connection_carries_no_other_request": (
+        "granian: the 413 the app answers to a chunked body over the limit does not close the connection"
+    ),
+}
+
+
+@pytest.fixture(autouse=True)
+def _granian_not_held(request: pytest.FixtureRequest) -> None:
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is None or callspec.params.get("service") != "granian":
+        return
+    name = request.node.originalname
+    reason = GRANIAN_NOT_HELD.get(name) or next(
+        (why for case, why in GRANIAN_NOT_HELD.items() if case in callspec.id.split("-", 1)[-1:]), None
+    )
+    if reason:
+        request.node.add_marker(pytest.mark.xfail(strict=True, reason=reason))
 
 
 def address(server: Gunicorn) -> tuple[str, int]:
@@ -187,7 +225,9 @@ def test_connections_are_kept_alive(service: tuple[Gunicorn, RedisServer]) -> No
             sock.sendall(request_bytes("GET", "/healthz"))
             reply = read_reply(sock)
             assert reply.status == 200
-            assert reply.headers["connection"] == "keep-alive"
+            # HTTP/1.1 keeps a connection alive unless a side says close: gunicorn says keep-alive,
+            # granian says nothing; twenty replies on the one socket are what holds
+            assert reply.headers.get("connection", "keep-alive") == "keep-alive"
 
 
 def answers_after(sock: socket.socket, seconds: float = 3.0) -> bytes:

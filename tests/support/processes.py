@@ -332,6 +332,11 @@ class Gunicorn:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def worker_pids(self) -> set[int]:
+        """The pids of the worker processes serving requests."""
+        assert self.process is not None
+        return children(self.process.pid)
+
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -340,6 +345,40 @@ class Gunicorn:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+class Granian(Gunicorn):
+    """The service under granian (``token-service serve --server granian``), on a free port.
+
+    The same settings, log and stop as :class:`Gunicorn`; ``extra_args`` are ``serve``'s, not
+    gunicorn's. ``process`` is the ``serve`` process, which drains and then stops granian.
+    """
+
+    def start(self) -> Granian:
+        def launch(port: int) -> subprocess.Popen[bytes]:
+            self.port = port
+            args = [sys.executable, "-m", "token_service.server.cli", "serve", "--server", "granian"]
+            args += ["--host", "127.0.0.1", "--port", str(port), "--workers", str(self.workers)]
+            args += self.extra_args
+            with self.log_path.open("wb") as log:
+                return subprocess.Popen(
+                    args, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO_ROOT
+                )
+
+        try:
+            self.process, self.port = start_serving(launch, answers_healthz(), "granian")
+        except (PortTaken, RuntimeError, TimeoutError) as exc:
+            raise type(exc)(f"{exc}: {self.log()}") from exc
+        return self
+
+    def worker_pids(self) -> set[int]:
+        # serve -> granian's main process -> its workers
+        assert self.process is not None
+        return {pid for main in children(self.process.pid) for pid in children(main)}
+
+
+# The servers `token-service serve` runs; the edge tests that hold for both are parametrized over it.
+SERVERS: dict[str, type[Gunicorn]] = {"gunicorn": Gunicorn, "granian": Granian}
 
 
 @contextmanager

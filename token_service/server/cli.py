@@ -1,4 +1,4 @@
-"""The ``token-service`` command: ``serve`` runs gunicorn, ``check`` validates config and Redis,
+"""The ``token-service`` command: ``serve`` runs gunicorn (or granian), ``check`` validates config and Redis,
 ``db-cleanup`` deletes expired idempotency records from a business database, ``admin``
 finds, shows, revokes, releases and lists records and reconciles stuck operations."""
 
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from token_service import __version__
-from token_service.config import ConfigError, Settings, unknown_variables
+from token_service.config import SERVERS, ConfigError, Settings, unknown_variables
 
 __all__ = [
     "DESCRIPTION",
@@ -116,6 +116,10 @@ def serve(args: argparse.Namespace) -> int:
         )
     if settings.embedded:
         workers = 1
+    if (args.server or settings.server) == "granian":
+        from token_service.server import granian_serve
+
+        return granian_serve.serve(settings, args.host, args.port, workers)
     argv = [
         "gunicorn",
         "--config",
@@ -238,7 +242,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="token-service", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve_cmd = commands.add_parser("serve", help="run the HTTP service under gunicorn")
+    serve_cmd = commands.add_parser("serve", help="run the HTTP service under gunicorn or granian")
+    serve_cmd.add_argument(
+        "--server",
+        choices=SERVERS,
+        default=None,
+        help="the HTTP server (default: TOKEN_SERVICE_SERVER, else gunicorn; granian: the granian extra)",
+    )
     serve_cmd.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     serve_cmd.add_argument("--port", type=int, default=8000, help="port to bind (default: 8000)")
     serve_cmd.add_argument(
