@@ -63,7 +63,24 @@ BUDGETS = {
     "idempotent_replay_latency": 0.35,  # at most
     "guard_first_throughput": 1.2,  # guard / Powertools, at least
     "guard_replay_throughput": 4.0,  # at least
+    # issue 32: redis-server's CPU per keyed first execution, @idempotent / Powertools, at most
+    "idempotent_first_redis_cpu": 1.25,
 }
+
+
+def _cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU so far (/proc/<pid>/stat), network work included."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _commandstats(client: Any) -> dict[str, tuple[int, float]]:
+    """Calls and µs per call of each command since the last CONFIG RESETSTAT."""
+    return {
+        name.removeprefix("cmdstat_"): (int(stat["calls"]), float(stat["usec_per_call"]))
+        for name, stat in client.info("commandstats").items()
+        if not name.startswith(("cmdstat_config", "cmdstat_info"))
+    }
 
 
 def _shipped(order_id: str) -> dict[str, Any]:
@@ -162,6 +179,9 @@ def run(rounds: int, calls: int) -> dict[str, Any]:
                 call(key)
         per_round: list[dict[str, dict[str, float]]] = []
         names = list(contenders)
+        admin = server.client()
+        redis_pid = server.pids()[0]
+        stats: dict[str, dict[str, dict[str, tuple[int, float]]]] = {}  # the last round's
         for number in range(rounds):
             shift = number % len(names)
             order = names[shift:] + names[:shift]  # each goes first, second, third... in turn
@@ -169,13 +189,23 @@ def run(rounds: int, calls: int) -> dict[str, Any]:
             for name in order:
                 call, _ = contenders[name]
                 keys = _keys(name, number, calls, guard)
+                admin.config_resetstat()
+                cpu_before = _cpu_seconds(redis_pid)
                 first_us, first_per_s = _measure(call, keys)
+                first_cpu_us = (_cpu_seconds(redis_pid) - cpu_before) / calls * 1e6
+                stats.setdefault(name, {})["first"] = _commandstats(admin)
+                admin.config_resetstat()
+                cpu_before = _cpu_seconds(redis_pid)
                 replay_us, replay_per_s = _measure(call, keys)
+                replay_cpu_us = (_cpu_seconds(redis_pid) - cpu_before) / calls * 1e6
+                stats[name]["replay"] = _commandstats(admin)
                 measured[name] = {
                     "first_us": first_us,
                     "replay_us": replay_us,
                     "first_per_s": first_per_s,
                     "replay_per_s": replay_per_s,
+                    "first_redis_cpu_us": first_cpu_us,
+                    "replay_redis_cpu_us": replay_cpu_us,
                 }
             per_round.append(measured)
         phases: dict[str, Any] = {}
@@ -188,6 +218,17 @@ def run(rounds: int, calls: int) -> dict[str, Any]:
                 ratios = [r[name][f"{phase}_us"] / r["powertools"][f"{phase}_us"] for r in per_round]
                 summary[f"{name}_ratio"] = statistics.median(ratios)
                 summary[f"{name}_ratio_range"] = [min(ratios), max(ratios)]
+            for name in names:
+                summary[f"{name}_redis_cpu_us"] = statistics.median(
+                    r[name][f"{phase}_redis_cpu_us"] for r in per_round
+                )
+            # Redis CPU over the phase (the clock tick is 10 ms: enough calls per round make it fine)
+            ratios = [
+                r["ours"][f"{phase}_redis_cpu_us"] / max(r["powertools"][f"{phase}_redis_cpu_us"], 1e-9)
+                for r in per_round
+            ]
+            summary["ours_redis_cpu_ratio"] = statistics.median(ratios)
+            summary["ours_redis_cpu_ratio_range"] = [min(ratios), max(ratios)]
             # throughput: above 1 is faster
             ratios = [r["guard"][f"{phase}_per_s"] / r["powertools"][f"{phase}_per_s"] for r in per_round]
             summary["guard_throughput_ratio"] = statistics.median(ratios)
@@ -201,6 +242,7 @@ def run(rounds: int, calls: int) -> dict[str, Any]:
             "rounds": rounds,
             "calls": calls,
             "phases": phases,
+            "commandstats": stats,
             "budgets": budgets(phases),
             "versions": {
                 "python": platform.python_version(),
@@ -230,6 +272,13 @@ def budgets(phases: dict[str, Any]) -> list[dict[str, Any]]:
             "ours_ratio",
             "<=",
             BUDGETS["idempotent_replay_latency"],
+        ),
+        (
+            "`@idempotent` first execution, redis-server CPU vs Powertools",
+            "first",
+            "ours_redis_cpu_ratio",
+            "<=",
+            BUDGETS["idempotent_first_redis_cpu"],
         ),
         (
             "token guard first execution, throughput vs Powertools",
@@ -274,6 +323,24 @@ def section(result: dict[str, Any], instructions: dict[str, Any] | None = None) 
         f"| {b['budget']} | {b['measured']:.2f}x | {b['target']} | {'yes' if b['met'] else '**NO**'} |"
         for b in result["budgets"]
     ]
+    cpu_rows = []
+    for label, phase in (("first execution", "first"), ("replay", "replay")):
+        p = result["phases"][phase]
+        low, high = p["ours_redis_cpu_ratio_range"]
+        cpu_rows.append(
+            f"| {label} | {p['ours_redis_cpu_us']:.1f} | {p['guard_redis_cpu_us']:.1f} | "
+            f"{p['powertools_redis_cpu_us']:.1f} | {p['ours_redis_cpu_ratio']:.2f}x ({low:.2f}-{high:.2f}) |"
+        )
+    stat_rows = [
+        f"| {name}, {phase} | "
+        + ", ".join(
+            f"{command} {calls / result['calls']:.0f}x {usec:.2f} µs"
+            for command, (calls, usec) in found.items()
+        )
+        + " |"
+        for name, phases in result.get("commandstats", {}).items()
+        for phase, found in phases.items()
+    ]
     lines = [
         SECTION_START,
         "## Any function: `@idempotent` and the token guard vs Powertools' `idempotent_function`",
@@ -295,7 +362,21 @@ def section(result: dict[str, Any], instructions: dict[str, Any] | None = None) 
         "|---|---|---|---|---|---|---|---|",
         *rows,
         "",
-        "Budgets (issue 24), from this run:",
+        "redis-server's CPU (user + system, from /proc, network work included) per call over each",
+        "phase, median over rounds (µs), and `@idempotent / Powertools` paired per round (range):",
+        "",
+        "| phase | `@idempotent` | guard | Powertools | `@idempotent` / Powertools |",
+        "|---|---|---|---|---|",
+        *cpu_rows,
+        "",
+        "`INFO commandstats` of the last round, per call of the contender (commands per call, µs",
+        "per command; a script's µs include the commands it runs):",
+        "",
+        "| contender, phase | commands |",
+        "|---|---|",
+        *stat_rows,
+        "",
+        "Budgets (issues 24 and 32), from this run:",
         "",
         "| budget | measured | target | met |",
         "|---|---|---|---|",

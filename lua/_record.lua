@@ -2,27 +2,64 @@
 -- (EVAL scripts cannot share functions any other way on Redis 6/7 and Cluster).
 --
 -- A token record is one Redis string: a state letter followed by fields joined
--- by \31 (ASCII unit separator). Trailing empty fields are dropped, so an
--- ISSUED record is just "I<scope>\31<subject>" — one small string key keeps an
--- outstanding token at 182 (smallest) to 1,414 (largest) bytes of Redis memory
--- (docs/topologies.md, "Sizing Redis"). Subjects and fingerprints
--- never contain control characters (validated by the callers) and JSON
+-- by \31 (ASCII unit separator). Subjects, fingerprints, request ids and lease
+-- ids never contain control characters (validated once, in Python, by
+-- token_service/records.py, which builds every script's arguments) and JSON
 -- payloads escape them, so \31 can never appear inside a field.
 --
---   field 1 scope          5 lease_id
---   field 2 subject        6 lease_expires_ms (PROCESSING); what counts the token
---                            (ISSUED under a cap or the budget, see admit.lua): the
---                            client's bucket, or "<client bucket>/<budget bucket>/<bytes>"
---   field 3 fingerprint    7 token_expires_ms (PROCESSING: the token's own expiry)
---   field 4 request_id     8 payload (SUCCEEDED: result JSON, FAILED: error JSON)
+-- Two layouts. ISSUED and CONSUMED (no lease): the letter, then scope, subject,
+-- fingerprint, request_id, lease_id, bucket, trailing empty fields dropped, so an
+-- ISSUED record is just "I<scope>\31<subject>" (182 to 1,414 bytes of Redis memory,
+-- docs/topologies.md, "Sizing Redis"):
+--
+--   field 1 scope          4 request_id   (CONSUMED: the winner's)
+--   field 2 subject        5 lease_id     (ISSUED: the lease that released it)
+--   field 3 fingerprint    6 what counts the token (ISSUED under a cap or the budget, see
+--                            admit.lua): the client's bucket, or
+--                            "<client bucket>/<budget bucket>/<bytes>"
+--
+-- PROCESSING, SUCCEEDED and FAILED (the leased states): the lease header first, so
+-- renew, complete and fail compare a prefix and slice instead of parsing:
+--
+--   <letter> \30 lease_id \31 lease_expires_ms \31 token_expires_ms \31 request_id
+--            \31 scope \31 subject \31 fingerprint [\31 payload]
+--
+-- lease_expires_ms and token_expires_ms are '' when the lease is the key's own
+-- expiry: a keyed operation's claim is one plain SET NX GET PX lease_ms (store.py),
+-- and its record vanishes when its lease runs out. SUCCEEDED and FAILED empty both
+-- and end with the payload (result/error JSON), opaque and never split. A record
+-- of the leased states without the \30 is one written before 0.2.0 (the first
+-- layout's field order, fields 4-8 request_id, lease_id, lease_expires_ms,
+-- token_expires_ms, payload): parse() reads it, every script takes it as it is
+-- and writes the new layout (docs/deployment.md, "Upgrading").
 --
 -- States: I ISSUED, P PROCESSING, C CONSUMED, S SUCCEEDED, F FAILED.
 local SEP = '\31'
+local HEADED = '\30'  -- after the letter of a leased record in the second layout
 local NFIELDS = 8
 
 local function parse(value)
   local fields = {}
   local start = 2
+  if string.byte(value, 2) == 30 then
+    -- the leased layout: lease_id, lease_expires, token_expires, request_id, scope,
+    -- subject, fingerprint, payload -> the fields 5, 6, 7, 4, 1, 2, 3, 8 of the other
+    local order = {5, 6, 7, 4, 1, 2, 3}
+    start = 3
+    for i = 1, 7 do
+      local stop = string.find(value, SEP, start, true)
+      if not stop then
+        fields[order[i]] = string.sub(value, start)
+        for j = i + 1, 7 do fields[order[j]] = '' end
+        fields[8] = ''
+        return string.sub(value, 1, 1), fields
+      end
+      fields[order[i]] = string.sub(value, start, stop - 1)
+      start = stop + 1
+    end
+    fields[8] = string.sub(value, start)
+    return string.sub(value, 1, 1), fields
+  end
   for i = 1, NFIELDS - 1 do
     local stop = string.find(value, SEP, start, true)
     if not stop then
@@ -39,6 +76,13 @@ local function parse(value)
 end
 
 local function record(state, fields)
+  if state == 'P' or state == 'S' or state == 'F' then
+    -- the leased layout (see the top): the lease header first, the payload last
+    local leased = state .. HEADED .. fields[5] .. SEP .. (fields[6] or '') .. SEP .. (fields[7] or '')
+      .. SEP .. fields[4] .. SEP .. fields[1] .. SEP .. fields[2] .. SEP .. fields[3]
+    if state == 'P' then return leased end
+    return leased .. SEP .. fields[8]
+  end
   local last = 0
   for i = NFIELDS, 1, -1 do
     local field = fields[i]
@@ -59,6 +103,17 @@ local function now_ms(arg)
   if arg ~= nil and arg ~= '' then return tonumber(arg) end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- When a PROCESSING record's lease ends, on the Redis clock: its field 6, or for a keyed
+-- claim (field 6 '') the key's own expiry, which is the lease. Returns the lease's end and
+-- the token's (a keyed claim's token ends with its lease: the key is gone after it).
+local function lease_end(fields, now)
+  if fields[6] == '' then
+    local left_ms = redis.call('PTTL', KEYS[1])
+    return now + left_ms, now + left_ms
+  end
+  return tonumber(fields[6]), tonumber(fields[7])
 end
 
 -- Which binding differs, or nil. Binding is exact: a token issued for a

@@ -5,8 +5,7 @@
 -- ARGV[1] scope; ARGV[2] subject; ARGV[3] fingerprint; ARGV[4] request_id;
 -- ARGV[5] lease_ms (positive integer); ARGV[6] lease_id for a new lease;
 -- ARGV[7] now_ms ('' = Redis TIME);
--- ARGV[8] claim_ms (optional): a keyed operation, which no token was issued for. An absent
--- record is then taken as ISSUED, bound to ARGV[1..3] and living claim_ms (positive integer)
+-- ARGV[8] claim_ms (optional): a keyed operation (no token issued): an absent record is claimed
 -- returns {'started', lease_id, lease_expires_ms, replayed 0|1, bucket, lease_left_ms} (bucket:
 --         see release() in _record.lua; lease_left_ms: how long the lease runs from this
 --         script's now, a duration the caller measures on its own monotonic clock:
@@ -16,6 +15,11 @@
 --       | {'token_in_progress', retry_after_ms} | {'token_failed', error_json}
 --       | {'invalid_argument', message}
 -- transitions: I->P P->P P->0 0->P (lua/model/lease.pml; 0: no record, claimed with claim_ms)
+-- A keyed claim (claim_ms) is bound to ARGV[1..3]; its lease is the key's own expiry
+-- (lease_ms), as store.py's plain SET NX GET claim writes it: this script is that claim's rare
+-- path (a released record, a retry of a claim whose reply was lost, another holder's lease,
+-- a record of the first layout). With now_ms given (a test's clock) the lease and the claim's
+-- end (now + claim_ms) are written in the record, as a token's are.
 if not positive_int(ARGV[5]) then return bad('lease_ms must be a positive integer') end
 if ARGV[6] == nil or ARGV[6] == '' then return bad('lease_id is required') end
 local claim = ARGV[8] ~= nil and ARGV[8] ~= ''
@@ -43,16 +47,16 @@ end
 local now = now_ms(ARGV[7])
 local token_expires
 if state == 'P' then
-  local lease_expires = tonumber(f[6])
+  local lease_expires
+  lease_expires, token_expires = lease_end(f, now)
   if lease_expires > now then
     -- a retry of the begin that took this lease gets the same lease back
     if ARGV[4] ~= '' and f[4] == ARGV[4] then
-      return {'started', f[5], f[6], 1, '', string.format('%d', lease_expires - now)}
+      return {'started', f[5], string.format('%d', lease_expires), 1, '', string.format('%d', lease_expires - now)}
     end
     return {'token_in_progress', lease_expires - now}
   end
   -- the holder crashed: take over, fencing it out by the new lease id
-  token_expires = tonumber(f[7])
   if token_expires <= now then
     if not claim then
       redis.call('DEL', KEYS[1])
@@ -60,7 +64,7 @@ if state == 'P' then
     end
     token_expires = now + tonumber(ARGV[8])  -- a keyed operation is claimed afresh
   end
-elseif claimed_now then
+elseif claim then
   token_expires = now + tonumber(ARGV[8])
 else
   token_expires = now + redis.call('PTTL', KEYS[1])
@@ -68,6 +72,12 @@ end
 
 local lease_ms = tonumber(ARGV[5])
 local lease_expires = now + lease_ms
+if claim and ARGV[7] == '' then
+  -- a keyed operation: the lease is the key's own expiry (the record dies with it). (With
+  -- "now" given, a test's clock, the lease is written in the record as a token's is.)
+  redis.call('SET', KEYS[1], record('P', {f[1], f[2], f[3], ARGV[4], ARGV[6], '', ''}), 'PX', lease_ms)
+  return {'started', ARGV[6], string.format('%d', lease_expires), 0, release(state, f), ARGV[5]}
+end
 local processing = record('P', {f[1], f[2], f[3], ARGV[4], ARGV[6],
   string.format('%d', lease_expires), string.format('%d', token_expires)})
 -- keep the record for the lease even past the token's expiry, so the holder can finish

@@ -58,10 +58,9 @@ end
 local consumed = record('C', {f[1], f[2], f[3], ARGV[4]})
 if state == 'P' then
   local now = now_ms(ARGV[5])
-  local lease_expires = tonumber(f[6])
+  local lease_expires, token_expires = lease_end(f, now)
   if lease_expires > now then return {'token_in_progress', lease_expires - now} end
   -- the holder's lease ran out: the token is usable again until its own expiry
-  local token_expires = tonumber(f[7])
   if token_expires <= now then
     redis.call('DEL', KEYS[1])
     return {'token_invalid'}

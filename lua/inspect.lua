@@ -14,9 +14,9 @@ local names = {I = 'ISSUED', P = 'PROCESSING', C = 'CONSUMED', S = 'SUCCEEDED', 
 local lease = ''
 if state == 'P' then
   local now = now_ms(ARGV[1])
-  local token_expires = tonumber(f[7])
-  if tonumber(f[6]) > now then
-    lease = f[6]
+  local lease_expires, token_expires = lease_end(f, now)
+  if lease_expires > now then
+    lease = string.format('%d', lease_expires)
   elseif token_expires > now then
     -- an expired lease makes the token usable again: report what a begin would see
     state = 'I'

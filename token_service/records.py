@@ -10,12 +10,19 @@ The values the operations pass down (:class:`IssueRequest`, :class:`UseRequest`)
 and get back (:class:`Consumed`, :class:`Started`, …) live here, beside the
 codec, not in the I/O module: :mod:`token_service.store` imports this module,
 never the reverse (``tests/test_layout.py`` holds the import graph free of cycles).
+
+The record itself (its two layouts are drawn in ``lua/_record.lua``) is read by
+:func:`read_record`, the one Python reader of it, and a keyed operation's
+PROCESSING record is written by :func:`claim_value` for the plain
+``SET NX GET PX`` claim (:meth:`token_service.store.TokenStore.begin`), whose
+returned record :func:`claim_reply` decides on, or hands to ``begin.lua``.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -255,6 +262,101 @@ def raise_for(reply: Reply) -> None:
         raise InvalidRequest(f"Rejected by the store: {text(reply[1])}.")
 
 
+# The record's separators (lua/_record.lua): between fields, and after the letter of a
+# leased record (PROCESSING, SUCCEEDED, FAILED) in the lease-header layout.
+SEP = "\x1f"
+HEADED = "\x1e"
+STATES = {"I": "ISSUED", "P": "PROCESSING", "C": "CONSUMED", "S": "SUCCEEDED", "F": "FAILED"}
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """A token record's fields, as lua/_record.lua lays them out (either layout).
+
+    ``lease_expires_ms`` and ``token_expires_ms`` are on Redis's clock, None when
+    not in the record (a keyed claim's lease is its key's own expiry);
+    ``bucket`` is the client bucket an ISSUED token is counted in ('' for none).
+    """
+
+    state: str  # the letter: I, P, C, S, F (anything else: not a token record)
+    scope: str
+    subject: str
+    fingerprint: str
+    request_id: str
+    lease_id: str
+    lease_expires_ms: int | None
+    token_expires_ms: int | None
+    bucket: str
+    payload: str
+
+
+def read_record(value: str | bytes) -> StoredRecord:
+    """The fields of a stored token record (``lua/_record.lua``'s ``parse``, in Python)."""
+    raw = text(value)
+    letter = raw[:1]
+    if raw[1:2] == HEADED:
+        parts = raw[2:].split(SEP, 7)
+        parts += [""] * (8 - len(parts))
+        lease_id, lease_expires, token_expires, request_id, scope, subject, fingerprint, payload = parts
+        bucket = ""
+    else:
+        parts = raw[1:].split(SEP, 7)
+        parts += [""] * (8 - len(parts))
+        scope, subject, fingerprint, request_id, lease_id, sixth, token_expires, payload = parts
+        # field 6: a first-layout PROCESSING record's lease end, an ISSUED one's bucket
+        lease_expires, bucket = (sixth, "") if letter == "P" else ("", sixth)
+    return StoredRecord(
+        state=letter,
+        scope=scope,
+        subject=subject,
+        fingerprint=fingerprint,
+        request_id=request_id,
+        lease_id=lease_id,
+        lease_expires_ms=int(lease_expires) if lease_expires.isdigit() else None,
+        token_expires_ms=int(token_expires) if token_expires.isdigit() else None,
+        bucket=bucket,
+        payload=payload,
+    )
+
+
+def claim_value(use: UseRequest, lease_id: str, request_id: str) -> str:
+    """A keyed operation's PROCESSING record for the plain claim (``SET key value NX GET PX lease``).
+
+    The lease-header layout with both expiries empty: the lease is the key's own
+    expiry. Its fields were checked by the caller (no control characters: the
+    keyed transport's checks, which the API's schemas would make).
+    """
+    binding = f"{use.scope}{SEP}{use.subject or ''}{SEP}{use.fingerprint or ''}"
+    return f"P{HEADED}{lease_id}{SEP}{SEP}{SEP}{request_id}{SEP}{binding}"
+
+
+def claim_reply(
+    previous: Any, use: UseRequest, lease_id: str, lease_seconds: int
+) -> Started | Finished | None:
+    """What the plain claim's reply decides: the claim (nothing was there), a stored outcome,
+    or None: begin.lua decides (a released record, another holder, a lost reply's own claim,
+    a record of the first layout), as one compare-and-change."""
+    if previous is None:
+        # Display only, as the service's lease_expires_at: this host's clock, not Redis's.
+        expires_ms = int(time.time() * 1000) + lease_seconds * 1000
+        return Started(lease_id, expires_ms, False, float(lease_seconds))
+    raw = text(previous)
+    if raw[1:2] != HEADED or raw[:1] not in ("S", "F"):
+        return None
+    found = read_record(raw)
+    for name, stored, asked in (
+        ("scope", found.scope, use.scope),
+        ("subject", found.subject, use.subject or ""),
+        ("fingerprint", found.fingerprint, use.fingerprint or ""),
+    ):
+        if stored != asked:
+            raise_for(["token_mismatch", name])
+    if found.state == "S":
+        return Finished(result=_load_json(found.payload))
+    raise_for(["token_failed", found.payload])
+    return None  # unreachable: raise_for raised
+
+
 def consume_args(use: UseRequest, now_ms: str) -> list[str]:
     """consume.lua's ARGV for ``use`` (without a request id, a new one: no retry can match it)."""
     return [
@@ -311,8 +413,16 @@ def begin_reply(reply: Reply) -> Started | Finished:
     )
 
 
+def _lease(lease_id: str) -> str:
+    """A lease id as renew, complete and fail compare it with the record's lease header: the
+    scripts take it as a prefix and trust it to hold no separator, so it is checked here."""
+    if not lease_id or SEP in lease_id or HEADED in lease_id:
+        raise InvalidRequest("Rejected by the store: a lease_id is required, without control characters.")
+    return lease_id
+
+
 def renew_args(lease_id: str, lease_seconds: int, now_ms: str) -> list[str]:
-    return [lease_id, str(lease_seconds * 1000), now_ms]
+    return [_lease(lease_id), str(lease_seconds * 1000), now_ms]
 
 
 def renew_reply(reply: Reply) -> Renewed:
@@ -321,7 +431,7 @@ def renew_reply(reply: Reply) -> Renewed:
 
 
 def complete_args(lease_id: str, result: Any, result_ttl_seconds: int, now_ms: str) -> list[str]:
-    return [lease_id, dump_json(result), str(result_ttl_seconds * 1000), now_ms]
+    return [_lease(lease_id), dump_json(result), str(result_ttl_seconds * 1000), now_ms]
 
 
 def complete_reply(reply: Reply) -> Completed:
@@ -330,7 +440,13 @@ def complete_reply(reply: Reply) -> Completed:
 
 
 def fail_args(lease_id: str, retryable: bool, error: Any, result_ttl_seconds: int, now_ms: str) -> list[str]:
-    return [lease_id, "1" if retryable else "0", dump_json(error), str(result_ttl_seconds * 1000), now_ms]
+    return [
+        _lease(lease_id),
+        "1" if retryable else "0",
+        dump_json(error),
+        str(result_ttl_seconds * 1000),
+        now_ms,
+    ]
 
 
 def fail_reply(reply: Reply) -> FailRecorded:

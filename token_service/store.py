@@ -62,6 +62,7 @@ from token_service.scripts import ADMIT_ISSUE, SCRIPT_NAMES, admit_issue_source,
 from token_service.tokens import (
     digest_key,
     new_lease_id,
+    new_request_id,
     new_tokens,
     record_key,
     token_digest,
@@ -149,6 +150,11 @@ def _bucket(name: str, reply: Any) -> str:
     return records.text(reply[at])
 
 
+def _claim_unsupported(exc: BaseException) -> bool:
+    """Redis 6.2 refuses SET with both NX and GET (a syntax error); 7.0 takes it."""
+    return isinstance(exc, redis_errors.ResponseError) and "syntax" in str(exc).lower()
+
+
 def _other_slot(key: str) -> str:
     """A key whose Cluster hash slot is not ``key``'s (readiness's probe of a cluster node)."""
     slot = key_slot(key.encode())
@@ -182,6 +188,10 @@ class _StoreBase:
         # Tests may control time for leases; in production Redis's clock decides.
         self._clock_ms = clock_ms
         self._observe = observer
+        # A keyed begin is one plain SET NX GET (Redis >= 7.0), not begin.lua. A store whose
+        # time a test controls claims in begin.lua, which takes "now" as an argument: a key's
+        # own expiry runs on real time.
+        self._plain_claim = clock_ms is None
 
     def _now(self) -> str:
         return str(self._clock_ms()) if self._clock_ms else ""
@@ -301,12 +311,13 @@ class TokenStore(_StoreBase):
         Sentinel, a blocking pool, a single-connection client, fakeredis) take
         ``execute_command``, or at least the pool's checkout every call.
         """
+        return self._execute(("EVALSHA", sha, len(keys), *keys, *args))
+
+    def _execute(self, command: tuple[Any, ...]) -> Any:
+        """One command, as :meth:`_evalsha` sends it (the plain keyed claim's SET too)."""
         pool = self._pool
         if pool is None:
-            return self.client.execute_command(  # type: ignore[no-untyped-call]
-                "EVALSHA", sha, len(keys), *keys, *args
-            )
-        command = ("EVALSHA", sha, len(keys), *keys, *args)
+            return self.client.execute_command(*command)  # type: ignore[no-untyped-call]
         parked = self._parked
         try:
             generation, conn = parked.pop()  # atomic: two threads never take the same one
@@ -628,10 +639,45 @@ class TokenStore(_StoreBase):
         record is claimed, ISSUED for that long and bound to the request's scope and
         fingerprint (``use.token`` is the operation's name; it has no subject).
         """
+        if claim_ttl_seconds is not None and self._plain_claim:
+            if self._observe is not None:
+                digest = token_digest(use.token)
+                return self._observed(
+                    "begin", use.scope, digest, self._claim, use, lease_seconds, claim_ttl_seconds, digest
+                )
+            return self._claim(use, lease_seconds, claim_ttl_seconds)
         args = records.begin_args(use, lease_seconds, new_lease_id(), self._now(), claim_ttl_seconds)
         if self._observe is not None:
             return self._observed_run("begin", use.token, args, records.begin_reply, use.scope)
         return self._run("begin", use.token, args, records.begin_reply)
+
+    def _claim(
+        self, use: UseRequest, lease_seconds: int, claim_ttl_seconds: int, digest: str | None = None
+    ) -> records.Started | records.Finished:
+        """A keyed begin: one ``SET key <PROCESSING> NX GET PX lease`` (redis-py's Lock shape: the
+        lease is the key's own expiry), the usual first claim and the usual replay; what the
+        record it found does not decide alone goes to begin.lua (a compare-and-change)."""
+        lease_id = new_lease_id()
+        request_id = use.request_id or new_request_id()
+        key = self.key(use.token) if digest is None else digest_key(self.key_prefix, digest)
+        value = records.claim_value(use, lease_id, request_id)
+        try:
+            previous = self._execute(("SET", key, value, "NX", "GET", "PX", lease_seconds * 1000))
+        except Exception as exc:
+            if _claim_unsupported(exc):
+                # Redis < 7.0 refuses NX with GET: begin.lua claims instead, from now on
+                self._plain_claim = False
+                return self.begin(use, lease_seconds, claim_ttl_seconds)
+            unavailable = _unavailable(exc)
+            if unavailable is None:
+                raise
+            raise unavailable from exc
+        decided = records.claim_reply(previous, use, lease_id, lease_seconds)
+        if decided is not None:
+            return decided
+        use = UseRequest(use.token, use.scope, use.subject, use.fingerprint, request_id)
+        args = records.begin_args(use, lease_seconds, lease_id, self._now(), claim_ttl_seconds)
+        return self._run("begin", use.token, args, records.begin_reply, digest)
 
     def renew(
         self, token: str, lease_id: str, lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS
@@ -642,14 +688,27 @@ class TokenStore(_StoreBase):
             return self._observed_run("renew", token, args, records.renew_reply)
         return self._run("renew", token, args, records.renew_reply)
 
-    def complete(self, token: str, lease_id: str, result: Any) -> records.Completed:
-        args = records.complete_args(lease_id, result, self.result_ttl_seconds, self._now())
+    def complete(
+        self, token: str, lease_id: str, result: Any, keep_seconds: int | None = None
+    ) -> records.Completed:
+        """Store the result, kept ``keep_seconds`` (default result_ttl_seconds) or the token's life."""
+        keep = self.result_ttl_seconds if keep_seconds is None else keep_seconds
+        args = records.complete_args(lease_id, result, keep, self._now())
         if self._observe is not None:
             return self._observed_run("complete", token, args, records.complete_reply)
         return self._run("complete", token, args, records.complete_reply)
 
-    def fail(self, token: str, lease_id: str, *, retryable: bool, error: Any = None) -> records.FailRecorded:
-        args = records.fail_args(lease_id, retryable, error, self.result_ttl_seconds, self._now())
+    def fail(
+        self,
+        token: str,
+        lease_id: str,
+        *,
+        retryable: bool,
+        error: Any = None,
+        keep_seconds: int | None = None,
+    ) -> records.FailRecorded:
+        keep = self.result_ttl_seconds if keep_seconds is None else keep_seconds
+        args = records.fail_args(lease_id, retryable, error, keep, self._now())
         if self._observe is not None:
             return self._observed_run("fail", token, args, records.fail_reply)
         return self._run("fail", token, args, records.fail_reply)
@@ -812,10 +871,44 @@ class AsyncTokenStore(_StoreBase):
         lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS,
         claim_ttl_seconds: int | None = None,
     ) -> records.Started | records.Finished:
+        if claim_ttl_seconds is not None and self._plain_claim:
+            if self._observe is not None:
+                digest = token_digest(use.token)
+                return await self._observed(
+                    "begin", use.scope, digest, self._claim, use, lease_seconds, claim_ttl_seconds, digest
+                )
+            return await self._claim(use, lease_seconds, claim_ttl_seconds)
         args = records.begin_args(use, lease_seconds, new_lease_id(), self._now(), claim_ttl_seconds)
         if self._observe is not None:
             return await self._observed_run("begin", use.token, args, records.begin_reply, use.scope)
         return await self._run("begin", use.token, args, records.begin_reply)
+
+    async def _claim(
+        self, use: UseRequest, lease_seconds: int, claim_ttl_seconds: int, digest: str | None = None
+    ) -> records.Started | records.Finished:
+        """As TokenStore._claim."""
+        lease_id = new_lease_id()
+        request_id = use.request_id or new_request_id()
+        key = self.key(use.token) if digest is None else digest_key(self.key_prefix, digest)
+        value = records.claim_value(use, lease_id, request_id)
+        try:
+            previous = await self.client.execute_command(  # type: ignore[no-untyped-call]
+                "SET", key, value, "NX", "GET", "PX", lease_seconds * 1000
+            )
+        except Exception as exc:
+            if _claim_unsupported(exc):
+                self._plain_claim = False
+                return await self.begin(use, lease_seconds, claim_ttl_seconds)
+            unavailable = _unavailable(exc)
+            if unavailable is None:
+                raise
+            raise unavailable from exc
+        decided = records.claim_reply(previous, use, lease_id, lease_seconds)
+        if decided is not None:
+            return decided
+        use = UseRequest(use.token, use.scope, use.subject, use.fingerprint, request_id)
+        args = records.begin_args(use, lease_seconds, lease_id, self._now(), claim_ttl_seconds)
+        return await self._run("begin", use.token, args, records.begin_reply, digest)
 
     async def renew(
         self, token: str, lease_id: str, lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS
@@ -825,16 +918,27 @@ class AsyncTokenStore(_StoreBase):
             return await self._observed_run("renew", token, args, records.renew_reply)
         return await self._run("renew", token, args, records.renew_reply)
 
-    async def complete(self, token: str, lease_id: str, result: Any) -> records.Completed:
-        args = records.complete_args(lease_id, result, self.result_ttl_seconds, self._now())
+    async def complete(
+        self, token: str, lease_id: str, result: Any, keep_seconds: int | None = None
+    ) -> records.Completed:
+        """Store the result, kept ``keep_seconds`` (default result_ttl_seconds) or the token's life."""
+        keep = self.result_ttl_seconds if keep_seconds is None else keep_seconds
+        args = records.complete_args(lease_id, result, keep, self._now())
         if self._observe is not None:
             return await self._observed_run("complete", token, args, records.complete_reply)
         return await self._run("complete", token, args, records.complete_reply)
 
     async def fail(
-        self, token: str, lease_id: str, *, retryable: bool, error: Any = None
+        self,
+        token: str,
+        lease_id: str,
+        *,
+        retryable: bool,
+        error: Any = None,
+        keep_seconds: int | None = None,
     ) -> records.FailRecorded:
-        args = records.fail_args(lease_id, retryable, error, self.result_ttl_seconds, self._now())
+        keep = self.result_ttl_seconds if keep_seconds is None else keep_seconds
+        args = records.fail_args(lease_id, retryable, error, keep, self._now())
         if self._observe is not None:
             return await self._observed_run("fail", token, args, records.fail_reply)
         return await self._run("fail", token, args, records.fail_reply)

@@ -3,8 +3,10 @@
  * and the clients that drive it, for the Spin model checker (docs/architecture.md, "The
  * protocol, model-checked"; tests/model/ runs it in `make test`).
  *
- * One record, as in Redis: its state letter and the fields the protocol decides on. Each
- * script is one `atomic` step (a Lua script runs alone in Redis). Time is not counted: a
+ * One record, as in Redis: its state letter and the fields the protocol decides on (the byte
+ * layouts, lua/_record.lua's, are below the model: a field is a field). Each script is one
+ * `atomic` step (a Lua script runs alone in Redis), and so is the keyed claim's one plain
+ * command (store.py: SET key <PROCESSING> NX GET PX lease_ms, CLAIM below). Time is not counted: a
  * lease runs out, a token's own expiry passes and a finished record's TTL ends as events
  * that can happen between any two steps, whatever the renewer does; once passed, an expiry
  * stays passed (Redis TIME never goes back).
@@ -13,8 +15,10 @@
  * record is in, and tests/model/test_drift.py reads the MOVE lines as this model's transition
  * table and compares it with the `-- transitions:` line of each script (0: no record).
  *
- *   -DKEYED      a keyed operation (@idempotent, keyed_guard): begin claims an absent record
- *                (claim_ms); no consumer; finished records are kept for the whole check
+ *   -DKEYED      a keyed operation (@idempotent, keyed_guard): the plain claim, then begin.lua
+ *                when the record it found does not decide alone; begin claims an absent record
+ *                (claim_ms); the lease is the key's own expiry (the record vanishes with it);
+ *                no consumer; finished records are kept for the whole check
  *   -DSTEP       the scripts only, without the clients (tests/model/test_conformance.py)
  *   -DMUTANT=n   a deliberately broken protocol, which the check must refute:
  *                1 complete without the lease-id check, 2 begin takes over a live lease,
@@ -35,7 +39,7 @@
 #define F 70 /* FAILED */
 
 /* who moves the record: a script of lua/, or the clock (a key's PX running out) */
-mtype = { ISSUE, CONSUME, BEGIN, RENEW, COMPLETE, FAIL, REVOKE, EXPIRE }
+mtype = { ISSUE, CONSUME, BEGIN, CLAIM, RENEW, COMPLETE, FAIL, REVOKE, EXPIRE }
 
 /* the scripts' replies */
 mtype:reply = {
@@ -178,6 +182,21 @@ inline lua_begin(g, r, out) {
   settle(false)
 }
 
+/* store.py's keyed claim (TokenStore._claim): one SET NX GET PX lease_ms. An absent record is
+ * claimed (the lease: the key's own expiry); the record found is returned unchanged, and the
+ * client decides a finished one (records.claim_reply: the result, the failure) and hands any
+ * other to begin.lua, a step of its own: the record may change in between. */
+inline plain_claim(g, r, out, decided) {
+  decided = true;
+  if
+  :: st == NONE -> MOVE(CLAIM, NONE, P); tok_live = true; grant(g, r, out)
+  :: st == S -> r = R_SUCCEEDED
+  :: st == F -> r = R_FAILED
+  :: else -> decided = false
+  fi;
+  settle(false)
+}
+
 /* lua/renew.lua by guard g with lease id l */
 inline lua_renew(g, l, r) {
   if
@@ -281,10 +300,20 @@ proctype Guard(byte g; byte tries) {
   mtype outcome = COMPLETE; /* what its body came to: COMPLETE, or FAIL */
   bool retryable = false;   /* ... after an exception not declared terminal */
   mtype:reply first = R_NONE;
+  bool decided = false;
 
 again:
+#ifdef KEYED
+  atomic { plain_claim(g, r, mine, decided) };
+  if
+  :: !decided -> atomic { lua_begin(g, r, mine) }
+  :: else
+  fi;
+#else
+  atomic { lua_begin(g, r, mine) };
+#endif
   atomic {
-    lua_begin(g, r, mine); begins++;
+    begins++;
     printf("guard %d: begin -> %e (lease %d)\n", g, r, mine);
     if
     :: begins < tries -> goto again  /* its reply was lost, or a poll while in progress */
@@ -377,6 +406,16 @@ end:
        settle(true)
      }
   :: atomic { st == P && !lease_live && !tok_live -> MOVE(EXPIRE, P, NONE); clear() }
+#ifdef KEYED
+  /* a keyed claim's record is its lease: the key's PX ends both at once */
+  :: atomic {
+       st == P && lease_live ->
+       lease_live = false;
+       printf("clock: lease %d runs out with its key\n", lease);
+       MOVE(EXPIRE, P, NONE); clear();
+       settle(true)
+     }
+#endif
 #ifndef KEYED
   :: atomic { st == S && !tok_live -> MOVE(EXPIRE, S, NONE); clear() }
   :: atomic { st == F && !tok_live -> MOVE(EXPIRE, F, NONE); clear() }

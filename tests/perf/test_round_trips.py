@@ -231,3 +231,32 @@ def test_the_one_script_generate_checks_issue_arguments_as_issue_lua_does(real_r
     # counted in their client's bucket (field 6)
     records = [real_redis.get(token_store.key(t)) or b"" for t in tokens]
     assert {record.rsplit(b"\x1f", 1)[0] for record in records} == {b"Ipayment.create\x1fuser-1\x1f\x1f\x1f"}
+
+
+def test_idempotent_first_execution_is_a_set_and_an_evalsha_and_its_replay_one_set(
+    redis_server: RedisServer, real_redis: redis.Redis
+) -> None:
+    # issue 32: a keyed first claim is one plain SET NX GET PX (no script), its replay the same
+    # one command (the SET finds the SUCCEEDED record and returns it untouched)
+    from token_service.client import idempotent
+
+    sdk = TokenClient.from_redis(redis_server.url)
+    runs: list[str] = []
+
+    @idempotent(sdk, "order.ship", key="order_id", renew=False)
+    def ship(order_id: str) -> dict[str, str]:
+        runs.append(order_id)
+        return {"shipped": order_id}
+
+    try:
+        ship("o-warm")  # connection open, scripts cached
+        with commands_sent(redis_server) as first:
+            assert ship("o-1") == {"shipped": "o-1"}
+        with commands_sent(redis_server) as replay:
+            assert ship("o-1") == {"shipped": "o-1"}
+    finally:
+        sdk.close()
+    assert runs == ["o-warm", "o-1"]
+    assert command_names(first) == ["SET", "EVALSHA"]
+    assert " NX GET PX " in first[0]
+    assert command_names(replay) == ["SET"]

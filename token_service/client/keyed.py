@@ -16,7 +16,8 @@ callable given the function's arguments. The block form is
 
 It is the two-phase guard (:class:`~token_service.client.guard.Guard`) on a
 record derived from ``(scope, key)`` instead of an issued token: ``begin``
-treats an absent record as ISSUED (``lua/begin.lua``'s ``claim_ms``), and
+claims an absent record with one plain ``SET NX GET PX`` (the lease is the key's
+own expiry; ``lua/begin.lua``'s ``claim_ms`` decides the rare cases), and
 everything after is the token state machine — a lease while the function runs
 (taken over when its holder dies), release on an exception (retryable),
 terminal failures recorded (``terminal=``: duplicates get
@@ -133,6 +134,12 @@ class _Keyed:
         check.payload(name, value, self.direct.limits.max_result_bytes)
         return _operation(token), self.direct.lease_id(lease_id)
 
+    def keep_seconds(self) -> int:
+        """How long an outcome (or a released key) is kept: the key's ttl_seconds, at least the
+        store's result_ttl_seconds (the claim's lease is its key's expiry: no claim time is left
+        in the record to count from)."""
+        return max(self.ttl_seconds, self.direct.store.result_ttl_seconds)
+
 
 class _KeyedTransport(_Keyed):
     """What :class:`Guard` calls on a client, for ``op:`` records, on the direct transport's store."""
@@ -149,11 +156,14 @@ class _KeyedTransport(_Keyed):
         return self.store.renew(record, lease, self.direct.lease_seconds(lease_seconds))
 
     def complete(self, token: str, lease_id: str, result: Any) -> Completed:
-        return self.store.complete(*self.result_args(token, lease_id, "result", result), result)
+        record, lease = self.result_args(token, lease_id, "result", result)
+        return self.store.complete(record, lease, result, self.keep_seconds())
 
     def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded:
         record, lease = self.result_args(token, lease_id, "error", error)
-        return self.store.fail(record, lease, retryable=retryable, error=error)
+        return self.store.fail(
+            record, lease, retryable=retryable, error=error, keep_seconds=self.keep_seconds()
+        )
 
     def inspect(self, token: str) -> TokenInfo:
         return _info(self.store.inspect(_operation(token)))
@@ -184,11 +194,14 @@ class _AsyncKeyedTransport(_Keyed):
         return await self.store.renew(record, lease, self.direct.lease_seconds(lease_seconds))
 
     async def complete(self, token: str, lease_id: str, result: Any) -> Completed:
-        return await self.store.complete(*self.result_args(token, lease_id, "result", result), result)
+        record, lease = self.result_args(token, lease_id, "result", result)
+        return await self.store.complete(record, lease, result, self.keep_seconds())
 
     async def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded:
         record, lease = self.result_args(token, lease_id, "error", error)
-        return await self.store.fail(record, lease, retryable=retryable, error=error)
+        return await self.store.fail(
+            record, lease, retryable=retryable, error=error, keep_seconds=self.keep_seconds()
+        )
 
     async def inspect(self, token: str) -> TokenInfo:
         return _info(await self.store.inspect(_operation(token)))

@@ -41,7 +41,7 @@ from token_service import defaults, records
 from token_service.client._idempotency_store import digest as idempotency_digest
 from token_service.client._stored_response import StoredResponse
 from token_service.errors import InvalidRequest, NotInProgress, RecordNotFound
-from token_service.records import UseRequest
+from token_service.records import UseRequest, read_record
 from token_service.scripts import lua_source
 from token_service.store import translate_errors
 from token_service.tokens import is_plain_text, new_lease_id
@@ -83,7 +83,6 @@ FULL_REF_CHARS = 22
 DEFAULT_COUNT = 1000
 MAX_COUNT = 10000
 BODY_PREVIEW_BYTES = 4096
-_SEP = "\x1f"
 _SCRIPTS = ("admin_read", "begin", "complete", "fail", "revoke", "idempotency_release")
 
 
@@ -186,15 +185,17 @@ def _load_json(raw: str) -> Any:
 
 
 def parse_token_record(key: str, ref: str, value: str, pttl: int, now: int) -> Record:
-    state_letter, rest = value[:1], value[1:]
-    fields = rest.split(_SEP, 7)
-    fields += [""] * (8 - len(fields))
-    scope, subject, fingerprint, request_id, lease_id, lease_expires, token_expires, payload = fields
+    found = read_record(value)  # the one reader of the record, either layout
+    state_letter = found.state
     state = TOKEN_STATES.get(state_letter, f"UNKNOWN({state_letter})")
     lease_left = token_left = None
     if state_letter == "P":
-        lease_left = int(lease_expires or 0) - now
-        token_left = int(token_expires or 0) - now
+        if found.lease_expires_ms is None:
+            # a keyed claim: its lease is the key's own expiry, and so is its life
+            lease_left = token_left = pttl
+        else:
+            lease_left = found.lease_expires_ms - now
+            token_left = (found.token_expires_ms or 0) - now
     return Record(
         kind=TOKEN,
         ref=ref,
@@ -202,15 +203,15 @@ def parse_token_record(key: str, ref: str, value: str, pttl: int, now: int) -> R
         state=state,
         now_ms=now,
         expires_in_ms=pttl if pttl >= 0 else None,
-        scope=scope,
-        subject=subject or None,
-        fingerprint=fingerprint or None,
-        request_id=request_id or None,
+        scope=found.scope,
+        subject=found.subject or None,
+        fingerprint=found.fingerprint or None,
+        request_id=found.request_id or None,
         lease_expires_in_ms=lease_left,
         token_expires_in_ms=token_left,
-        result=_load_json(payload) if state_letter == "S" else None,
-        error=_load_json(payload) if state_letter == "F" else None,
-        _lease_id=lease_id,
+        result=_load_json(found.payload) if state_letter == "S" else None,
+        error=_load_json(found.payload) if state_letter == "F" else None,
+        _lease_id=found.lease_id,
     )
 
 

@@ -1,0 +1,74 @@
+-- begin: take a lease on a token for a two-phase operation.
+-- KEYS[1] token record key; KEYS[2] (optional) the limit record of the client the
+-- token was issued to: the token stops counting toward its outstanding cap
+-- ARGV[1] scope; ARGV[2] subject; ARGV[3] fingerprint; ARGV[4] request_id;
+-- ARGV[5] lease_ms (positive integer); ARGV[6] lease_id for a new lease;
+-- ARGV[7] now_ms ('' = Redis TIME);
+-- ARGV[8] claim_ms (optional): a keyed operation, which no token was issued for. An absent
+-- record is then taken as ISSUED, bound to ARGV[1..3] and living claim_ms (positive integer)
+-- returns {'started', lease_id, lease_expires_ms, replayed 0|1, bucket, lease_left_ms} (bucket:
+--         see release() in _record.lua; lease_left_ms: how long the lease runs from this
+--         script's now, a duration the caller measures on its own monotonic clock:
+--         lease_expires_ms is Redis's clock and means nothing against the caller's)
+--       | {'succeeded', result_json} (a finished operation: replay its result)
+--       | {'token_invalid'} | {'token_mismatch', field} | {'token_used'}
+--       | {'token_in_progress', retry_after_ms} | {'token_failed', error_json}
+--       | {'invalid_argument', message}
+-- transitions: I->P P->P P->0 0->P (lua/model/lease.pml; 0: no record, claimed with claim_ms)
+if not positive_int(ARGV[5]) then return bad('lease_ms must be a positive integer') end
+if ARGV[6] == nil or ARGV[6] == '' then return bad('lease_id is required') end
+local claim = ARGV[8] ~= nil and ARGV[8] ~= ''
+if claim and not positive_int(ARGV[8]) then return bad('claim_ms must be a positive integer') end
+local refused = separator_in(1, 2, 3, 4, 6)
+if refused then return refused end
+local value = redis.call('GET', KEYS[1])
+local claimed_now = not value
+if claimed_now then
+  if not claim then return {'token_invalid'} end
+  value = record('I', {ARGV[1], ARGV[2], ARGV[3]})
+end
+local state, f = parse(value)
+local differs = mismatch(f, ARGV[1], ARGV[2], ARGV[3])
+if differs then return {'token_mismatch', differs} end
+
+if state == 'S' then
+  return {'succeeded', f[8]}
+elseif state == 'F' then
+  return {'token_failed', f[8]}
+elseif state == 'C' then
+  return {'token_used'}
+end
+
+local now = now_ms(ARGV[7])
+local token_expires
+if state == 'P' then
+  local lease_expires = tonumber(f[6])
+  if lease_expires > now then
+    -- a retry of the begin that took this lease gets the same lease back
+    if ARGV[4] ~= '' and f[4] == ARGV[4] then
+      return {'started', f[5], f[6], 1, '', string.format('%d', lease_expires - now)}
+    end
+    return {'token_in_progress', lease_expires - now}
+  end
+  -- the holder crashed: take over, fencing it out by the new lease id
+  token_expires = tonumber(f[7])
+  if token_expires <= now then
+    if not claim then
+      redis.call('DEL', KEYS[1])
+      return {'token_invalid'}
+    end
+    token_expires = now + tonumber(ARGV[8])  -- a keyed operation is claimed afresh
+  end
+elseif claimed_now then
+  token_expires = now + tonumber(ARGV[8])
+else
+  token_expires = now + redis.call('PTTL', KEYS[1])
+end
+
+local lease_ms = tonumber(ARGV[5])
+local lease_expires = now + lease_ms
+local processing = record('P', {f[1], f[2], f[3], ARGV[4], ARGV[6],
+  string.format('%d', lease_expires), string.format('%d', token_expires)})
+-- keep the record for the lease even past the token's expiry, so the holder can finish
+redis.call('SET', KEYS[1], processing, 'PX', math.max(token_expires - now, lease_ms))
+return {'started', ARGV[6], string.format('%d', lease_expires), 0, release(state, f), ARGV[5]}
