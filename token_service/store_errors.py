@@ -56,15 +56,21 @@ _SCRIPT_FAULT_PREFIXES = (
     "Error compiling script",
     "Wrong number of args calling Redis command from script",
 )
-# redis-py's refusals of what our code asked of it, before anything reached Redis.
-_OUR_FAULTS: tuple[type[Exception], ...] = (
-    redis_errors.DataError,
-    redis_errors.NoScriptError,  # the store reloads its scripts: one escaping is a bug there
-    redis_errors.CrossSlotTransactionError,
-    redis_errors.InvalidPipelineStack,
-    redis_errors.WatchError,
-    redis_errors.PubSubError,
-    redis_errors.LockError,
+# redis-py's refusals of what our code asked of it, before anything reached Redis. Looked up by
+# name: the floor (redis-py 5.3) has no CrossSlotTransactionError or InvalidPipelineStack, which
+# later releases raise for the same mistakes.
+_OUR_FAULTS: tuple[type[Exception], ...] = tuple(
+    getattr(redis_errors, name)
+    for name in (
+        "DataError",
+        "NoScriptError",  # the store reloads its scripts: one escaping is a bug there
+        "CrossSlotTransactionError",
+        "InvalidPipelineStack",
+        "WatchError",
+        "PubSubError",
+        "LockError",
+    )
+    if hasattr(redis_errors, name)
 )
 
 # The code of a reply whose class redis-py names (it strips the code off the message).
