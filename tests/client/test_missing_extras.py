@@ -70,8 +70,8 @@ def extra(name: str) -> str:
             "token_service.client.flask needs 'flask', which is not installed: pip install 'flask>=3.0'",
         ),
         (
-            "flask",  # the package's lazy name for the Flask decorator
-            "from token_service.client import require_token",
+            "flask",  # the decorator by the name the Flask page teaches
+            "from token_service.client.flask import require_token",
             "token_service.client.flask needs 'flask', which is not installed: pip install 'flask>=3.0'",
         ),
         (
