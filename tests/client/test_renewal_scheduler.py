@@ -212,3 +212,29 @@ async def test_async_guards_renew_on_their_loop(redis_server: RedisServer) -> No
 
 async def _one() -> int:
     return 1
+
+
+def test_stopping_a_renewal_whose_thread_is_not_started_yet_returns() -> None:
+    """The scheduler hands a renewal its thread before starting it (so that thread sees
+    ``stopped``): a guard settling in that instant stopped with "cannot join thread before it is
+    started" (a clean-clone run at load 8, tests/client/test_clock_skew.py)."""
+    ran: list[bool] = []
+
+    class Target:
+        def _renew_lease(self) -> None:
+            ran.append(True)
+
+        def _lost(self, exc: Any) -> None: ...
+        def _renew_failed(self, exc: Any) -> None: ...
+
+    target = Target()
+    renewal = _renewal.Renewal(target, interval_seconds=60, weak=False)
+    scheduler = RenewalScheduler()
+    thread = threading.Thread(target=scheduler._renew, args=(renewal,), daemon=True)
+    renewal._thread = thread  # as RenewalScheduler._start does, before thread.start()
+    renewal.stop(timeout_seconds=0)
+    assert renewal.stopped
+    thread.start()  # the thread the scheduler then starts renews nothing
+    thread.join(30)
+    assert not thread.is_alive()
+    assert ran == []

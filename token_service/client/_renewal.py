@@ -181,8 +181,15 @@ class Renewal:
         # stopped: either this sees the thread and waits for it, or that thread sees stopped.
         self.stopped = True
         thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
+        if thread is None or thread is threading.current_thread():
+            return
+        try:
             thread.join(timeout_seconds)
+        except RuntimeError:
+            # made but not started yet (the scheduler sets _thread first): once it runs it reads
+            # stopped, set above, and renews nothing, so there is nothing to wait for
+            if thread.ident is not None:
+                raise
 
 
 class RenewalScheduler:
