@@ -15,6 +15,8 @@ then a focused set of tests runs on them in a subprocess:
   under uvicorn and FastAPI's ``require_token``;
 - ``celery``: tasks once per key in real workers on RabbitMQ;
 - ``django``: ``@require_token`` and the middleware under gunicorn and uvicorn.
+- ``granian``: the service under ``token-service serve --server granian`` (metrics across
+  workers, JSON logs, drain).
 
 The floors of redis-py and of gunicorn and gevent have their own tests
 (tests/test_redis_py_minimum.py, tests/edge/test_gunicorn_floor.py). The ``bench`` and ``dev``
@@ -88,6 +90,14 @@ CASES = {
             # a redelivery, a retry while the key is held
             "tests/integrations/test_celery.py::test_the_same_task_id_sent_twice_runs_once",
             "tests/integrations/test_celery.py::test_a_duplicate_retries_while_the_key_is_held_then_gets_the_holders_result",
+        ),
+    ),
+    "granian": Case(
+        ("granian",),
+        (
+            "tests/edge/test_gunicorn.py::test_metrics_count_every_request_once_across_workers[granian]",
+            "tests/edge/test_gunicorn.py::test_log_lines_are_json_with_request_ids_and_no_tokens[granian]",
+            "tests/edge/test_gunicorn.py::test_readiness_fails_while_draining_then_the_server_stops[granian]",
         ),
     ),
     "django": Case(
