@@ -30,6 +30,39 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 BROKER_URL = os.environ.get("TS_TEST_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 
+@contextlib.contextmanager
+def published(env: dict[str, str], names: Sequence[str], queue: str) -> Iterator[None]:
+    """The test process publishes with the workers' app: ``names`` of ``env`` set in its own
+    environment (tests.integrations.celery_tasks reads them on import), put back afterwards,
+    and the test's queue deleted."""
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({name: env[name] for name in saved})
+    sys.modules.pop("tests.integrations.celery_tasks", None)
+    yield
+    from tests.integrations import celery_tasks
+
+    with celery_tasks.app.connection_for_write() as connection:
+        connection.default_channel.queue_delete(queue)
+    sys.modules.pop("tests.integrations.celery_tasks", None)
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def reachable_tasks() -> Any:
+    """tests.integrations.celery_tasks, once its broker answers (a test fails, naming it, if not)."""
+    from tests.integrations import celery_tasks
+
+    with celery_tasks.app.connection_for_write() as connection:
+        try:
+            connection.ensure_connection(max_retries=1)
+        except Exception as exc:
+            pytest.fail(f"RabbitMQ is not reachable at {BROKER_URL}: {exc}", pytrace=False)
+    return celery_tasks
+
+
 class Worker:
     """``celery worker`` for tests/integrations/celery_tasks.py, in its own process."""
 
@@ -125,34 +158,13 @@ def celery_env(redis_server: RedisServer) -> Iterator[dict[str, str]]:
         "TS_TEST_REDIS_URL": redis_server.url,
         "TS_TEST_QUEUE": queue,
     }
-    saved = {
-        name: os.environ.get(name) for name in ("TS_TEST_BROKER_URL", "TS_TEST_REDIS_URL", "TS_TEST_QUEUE")
-    }
-    os.environ.update({name: env[name] for name in saved})  # the test process publishes with the same app
-    sys.modules.pop("tests.integrations.celery_tasks", None)
-    yield env
-    from tests.integrations import celery_tasks
-
-    with celery_tasks.app.connection_for_write() as connection:
-        connection.default_channel.queue_delete(queue)
-    sys.modules.pop("tests.integrations.celery_tasks", None)
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    with published(env, ("TS_TEST_BROKER_URL", "TS_TEST_REDIS_URL", "TS_TEST_QUEUE"), queue):
+        yield env
 
 
 @pytest.fixture(scope="module")
 def tasks(celery_env: dict[str, str]) -> Any:
-    from tests.integrations import celery_tasks
-
-    with celery_tasks.app.connection_for_write() as connection:
-        try:
-            connection.ensure_connection(max_retries=1)
-        except Exception as exc:
-            pytest.fail(f"RabbitMQ is not reachable at {BROKER_URL}: {exc}", pytrace=False)
-    return celery_tasks
+    return reachable_tasks()
 
 
 @pytest.fixture

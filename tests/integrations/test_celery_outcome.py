@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import os
 import secrets
-import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.integrations.test_celery import BROKER_URL, Worker
+from tests.integrations.test_celery import BROKER_URL, Worker, published, reachable_tasks
 from tests.support.processes import RedisServer, wait_until
 from tests.support.tcp_proxy import FaultProxy, Mode
 from token_service.client.advanced import operation_token
@@ -49,32 +48,13 @@ def celery_env(redis_server: RedisServer, proxy: FaultProxy) -> Iterator[dict[st
         "TS_TEST_QUEUE": queue,
         "TS_TEST_PROXIED_REDIS_URL": f"redis://127.0.0.1:{proxy.port}/0",
     }
-    saved = {name: os.environ.get(name) for name in _NAMES}
-    os.environ.update({name: env[name] for name in _NAMES})  # the test publishes with the same app
-    sys.modules.pop("tests.integrations.celery_tasks", None)
-    yield env
-    from tests.integrations import celery_tasks
-
-    with celery_tasks.app.connection_for_write() as connection:
-        connection.default_channel.queue_delete(queue)
-    sys.modules.pop("tests.integrations.celery_tasks", None)
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
+    with published(env, _NAMES, queue):
+        yield env
 
 
 @pytest.fixture(scope="module")
 def tasks(celery_env: dict[str, str]) -> Any:
-    from tests.integrations import celery_tasks
-
-    with celery_tasks.app.connection_for_write() as connection:
-        try:
-            connection.ensure_connection(max_retries=1)
-        except Exception as exc:
-            pytest.fail(f"RabbitMQ is not reachable at {BROKER_URL}: {exc}", pytrace=False)
-    return celery_tasks
+    return reachable_tasks()
 
 
 @pytest.fixture(scope="module")
