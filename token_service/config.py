@@ -270,45 +270,21 @@ def _scopes(raw: str) -> tuple[str, ...]:
     return scopes
 
 
-_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+def _one_of(*choices: str) -> Callable[[str], str]:
+    """The parser of a setting that is one of ``choices``: any case in, the choice's own case out."""
+    by_folded = {choice.lower(): choice for choice in choices}
 
+    def parse(raw: str) -> str:
+        choice = by_folded.get(raw.strip().lower())
+        if choice is None:
+            raise ValueError(f"must be one of {', '.join(choices)}, got {raw!r}")
+        return choice
 
-def _log_level(raw: str) -> str:
-    level = raw.strip().upper()
-    if level not in _LOG_LEVELS:
-        raise ValueError(f"must be one of {', '.join(_LOG_LEVELS)}, got {raw!r}")
-    return level
-
-
-_LOG_FORMATS = ("json", "console")
-
-
-def _log_format(raw: str) -> str:
-    text = raw.strip().lower()
-    if text not in _LOG_FORMATS:
-        raise ValueError(f"must be one of {', '.join(_LOG_FORMATS)}, got {raw!r}")
-    return text
+    return parse
 
 
 # The HTTP server `token-service serve` runs the app under (token_service/server/cli.py).
 SERVERS = ("gunicorn", "granian")
-
-
-def _server(raw: str) -> str:
-    text = raw.strip().lower()
-    if text not in SERVERS:
-        raise ValueError(f"must be one of {', '.join(SERVERS)}, got {raw!r}")
-    return text
-
-
-_ENVIRONMENTS = ("production", "development")
-
-
-def _environment(raw: str) -> str:
-    text = raw.strip().lower()
-    if text not in _ENVIRONMENTS:
-        raise ValueError(f"must be one of {', '.join(_ENVIRONMENTS)}, got {raw!r}")
-    return text
 
 
 def _bool(raw: str) -> bool:
@@ -373,20 +349,20 @@ class Settings:
     )
     redis_idle_seconds: float = field(default=defaults.REDIS_IDLE_SECONDS, metadata={"parse": _float(0.1)})
     cors_max_age_seconds: int = field(default=600, metadata={"parse": _int(0, 86400)})
-    log_level: str = field(default="INFO", metadata={"parse": _log_level})
+    log_level: str = field(default="INFO", metadata={"parse": _one_of("DEBUG", "INFO", "WARNING", "ERROR")})
     # Scopes with a metric label of their own from the start (others: once a consume or begin,
     # which need a service key, names them; never an anonymous generate).
     metric_scopes: tuple[str, ...] = field(default=(), metadata={"parse": _scopes})
     # json in production (what log collectors parse); console for a person at a terminal (make run)
-    log_format: str = field(default="json", metadata={"parse": _log_format})
+    log_format: str = field(default="json", metadata={"parse": _one_of("json", "console")})
     # development: the development key is accepted on a real Redis too (with a loud warning)
-    environment: str = field(default="production", metadata={"parse": _environment})
+    environment: str = field(default="production", metadata={"parse": _one_of("production", "development")})
     # Graceful shutdown: on SIGTERM /readyz fails for this long before gunicorn stops taking requests.
     drain_seconds: int = field(default=0, metadata={"parse": _int(0, 300)})
     # While this file exists /readyz answers 503 (set by the gunicorn config; operators may touch it).
     drain_file: str = field(default="", metadata={"parse": str.strip})
     # The server `token-service serve` runs: gunicorn (gevent workers) or granian (the granian extra).
-    server: str = field(default="gunicorn", metadata={"parse": _server})
+    server: str = field(default="gunicorn", metadata={"parse": _one_of(*SERVERS)})
     # Not from the environment: tests and embedders may hand a client in.
     redis_client: Any = field(default=None, metadata={"env": False})
 

@@ -111,6 +111,17 @@ class TokenError(Exception):
     title: ClassVar[str] = "Token service error"
     token_ref: str | None = None
 
+    def __init_subclass__(
+        cls, *, code: str | None = None, status: int | None = None, title: str | None = None
+    ) -> None:
+        """Each error's code, status and title are said in its class line (``class
+        TokenUsed(TokenError, code="token_used", status=409, title=...)``); what a subclass
+        leaves out it keeps from its parent."""
+        super().__init_subclass__()
+        cls.code = code or cls.code
+        cls.status = status or cls.status
+        cls.title = title or cls.title
+
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or self.title)
         self.detail = message or self.title
@@ -141,12 +152,8 @@ class _RetryLater(TokenError):
         return cls(detail, retry_after_seconds=value if type(value) is int and value >= 1 else 1)
 
 
-class InvalidRequest(TokenError):
+class InvalidRequest(TokenError, code="invalid_request", status=400, title="Invalid request"):
     """The request breaks the schema; ``errors`` maps field → messages."""
-
-    code = "invalid_request"
-    status = 400
-    title = "Invalid request"
 
     def __init__(self, message: str | None = None, errors: dict[str, Any] | None = None) -> None:
         super().__init__(message)
@@ -161,7 +168,9 @@ class InvalidRequest(TokenError):
         return cls(detail, errors if isinstance(errors, dict) else None)
 
 
-class IdempotencyKeyRepeated(InvalidRequest):
+class IdempotencyKeyRepeated(
+    InvalidRequest, code="idempotency_key_repeated", title="Several Idempotency-Keys"
+):
     """A request to an Idempotency-Key middleware carried several keys: two header fields
     (which servers join with a comma), or one field listing two. The header is a single
     Structured Field string (draft-ietf-httpapi-idempotency-key-header); no key is chosen.
@@ -169,53 +178,38 @@ class IdempotencyKeyRepeated(InvalidRequest):
     The middlewares' own answer (a 400), never the token service's: not in ``ERRORS_BY_CODE``.
     """
 
-    code = "idempotency_key_repeated"
-    title = "Several Idempotency-Keys"
 
-
-class IdempotencyIdentityRequired(TokenError):
+class IdempotencyIdentityRequired(
+    TokenError, code="idempotency_identity_required", status=400, title="Unidentified client"
+):
     """A request to an Idempotency-Key middleware carried a key but no client identity: keys are
     kept per client, and anonymous clients would share one namespace (and each other's responses).
 
     The middlewares' own answer (a 400 without ``errors``), never the token service's."""
 
-    code = "idempotency_identity_required"
-    status = 400
-    title = "Unidentified client"
 
-
-class IdempotencyKeyInUse(_RetryLater):
+class IdempotencyKeyInUse(
+    _RetryLater, code="idempotency_key_in_use", status=409, title="Request in progress"
+):
     """An Idempotency-Key middleware's request with a key whose first request is still running
     (``Retry-After``). The middlewares' own answer, never the token service's."""
 
-    code = "idempotency_key_in_use"
-    status = 409
-    title = "Request in progress"
 
-
-class IdempotencyKeyMismatch(TokenError):
+class IdempotencyKeyMismatch(
+    TokenError, code="idempotency_key_mismatch", status=422, title="Idempotency-Key reused"
+):
     """An Idempotency-Key middleware's key sent again with another request (another fingerprint).
     The middlewares' own answer (IETF draft: 422), never the token service's."""
 
-    code = "idempotency_key_mismatch"
-    status = 422
-    title = "Idempotency-Key reused"
 
-
-class Unauthorized(TokenError):
+class Unauthorized(TokenError, code="unauthorized", status=401, title="Unauthorized"):
     """Missing or wrong service key."""
 
-    code = "unauthorized"
-    status = 401
-    title = "Unauthorized"
 
-
-class TokenMismatch(TokenError):
+class TokenMismatch(
+    TokenError, code="token_mismatch", status=403, title="Token does not match this operation"
+):
     """Scope, subject or fingerprint differ; the token is not used up."""
-
-    code = "token_mismatch"
-    status = 403
-    title = "Token does not match this operation"
 
     def __init__(self, message: str | None = None, field: str | None = None) -> None:
         super().__init__(message)
@@ -230,36 +224,20 @@ class TokenMismatch(TokenError):
         return cls(detail, field=field if isinstance(field, str) else None)
 
 
-class TokenInvalid(TokenError):
+class TokenInvalid(TokenError, code="token_invalid", status=404, title="Token invalid"):
     """Unknown, expired, revoked or malformed token (indistinguishable on purpose)."""
 
-    code = "token_invalid"
-    status = 404
-    title = "Token invalid"
 
-
-class TokenUsed(TokenError):
+class TokenUsed(TokenError, code="token_used", status=409, title="Token already used"):
     """Already consumed or finished by another request."""
 
-    code = "token_used"
-    status = 409
-    title = "Token already used"
 
-
-class TokenInProgress(_RetryLater):
+class TokenInProgress(_RetryLater, code="token_in_progress", status=409, title="Token in progress"):
     """Another holder's lease is live; retry after ``retry_after_seconds``."""
 
-    code = "token_in_progress"
-    status = 409
-    title = "Token in progress"
 
-
-class TokenFailed(TokenError):
+class TokenFailed(TokenError, code="token_failed", status=409, title="Token failed"):
     """A terminal failure was recorded; ``error`` is what the holder stored."""
-
-    code = "token_failed"
-    status = 409
-    title = "Token failed"
 
     def __init__(self, message: str | None = None, error: Any = None) -> None:
         super().__init__(message)
@@ -273,43 +251,27 @@ class TokenFailed(TokenError):
         return cls(detail, error=document.get("error"))
 
 
-class LeaseLost(TokenError):
+class LeaseLost(TokenError, code="lease_lost", status=409, title="Lease lost"):
     """complete/fail with a lease that is not the live one (expired or taken over)."""
 
-    code = "lease_lost"
-    status = 409
-    title = "Lease lost"
 
-
-class PayloadTooLarge(TokenError):
+class PayloadTooLarge(TokenError, code="payload_too_large", status=413, title="Payload too large"):
     """The request body is over the configured limit."""
 
-    code = "payload_too_large"
-    status = 413
-    title = "Payload too large"
 
-
-class RateLimited(_RetryLater):
+class RateLimited(_RetryLater, code="rate_limited", status=429, title="Rate limited"):
     """Issuance limit hit; retry after ``retry_after_seconds``."""
-
-    code = "rate_limited"
-    status = 429
-    title = "Rate limited"
 
 
 class OutstandingCapReached(RateLimited):
     """Also ``429 rate_limited``; its own class so that metrics can tell the two limits apart."""
 
 
-class ServiceUnavailable(_RetryLater):
+class ServiceUnavailable(_RetryLater, code="store_unavailable", status=503, title="Store unavailable"):
     """The store is unreachable; nothing is known to have happened (fail closed)."""
 
-    code = "store_unavailable"
-    status = 503
-    title = "Store unavailable"
 
-
-class IssuancePaused(_RetryLater):
+class IssuancePaused(_RetryLater, code="issuance_paused", status=503, title="Issuance paused"):
     """Anonymous issuance is refused for now, for every client: the budget of outstanding
     anonymous tokens is spent, or Redis is near its ``maxmemory``. Consumes and the two-phase
     calls keep working (the room is kept for them); retry after ``retry_after_seconds``.
@@ -318,12 +280,8 @@ class IssuancePaused(_RetryLater):
     and the SDK does not retry it at once (the pause lasts until tokens are used or expire).
     """
 
-    code = "issuance_paused"
-    status = 503
-    title = "Issuance paused"
 
-
-class OutcomeNotRecorded(TokenError):
+class OutcomeNotRecorded(TokenError, code="outcome_not_recorded", status=500, title="Outcome not recorded"):
     """The guarded work ran, and its outcome could not be recorded: the store did not answer
     for as long as the lease could be held (the guard kept its lease renewed and tried again
     all that time).
@@ -338,10 +296,6 @@ class OutcomeNotRecorded(TokenError):
     ``key`` a keyed operation's key (None for a token), ``lease_id`` the lease that ran it;
     ``__cause__`` is the store's last error. The message says the same, never the token.
     """
-
-    code = "outcome_not_recorded"
-    status = 500
-    title = "Outcome not recorded"
 
     def __init__(
         self,
@@ -390,34 +344,22 @@ ERRORS_BY_CODE: dict[str, type[TokenError]] = {
 # Not in the API's table (see the tree above): answered as problem documents, never read back.
 
 
-class RequestTimeout(TokenError):
+class RequestTimeout(TokenError, code="request_timeout", status=408, title="Request timeout"):
     """The request body did not arrive in time (``TOKEN_SERVICE_BODY_TIMEOUT_SECONDS``)."""
 
-    code = "request_timeout"
-    status = 408
-    title = "Request timeout"
 
-
-class RecordNotFound(TokenError):
+class RecordNotFound(TokenError, code="not_found", status=404, title="Not found"):
     """Operators' tools: no record under that reference (never issued, expired, or deleted)."""
 
-    code = "not_found"
-    status = 404
-    title = "Not found"
 
-
-class NotInProgress(TokenError):
+class NotInProgress(TokenError, code="not_in_progress", status=409, title="Not in progress"):
     """Operators' tools: release asked of a record that holds no operation in progress."""
-
-    code = "not_in_progress"
-    status = 409
-    title = "Not in progress"
 
 
 # The SDK's own: raised by its HTTP transport about what it was sent, never sent itself.
 
 
-class UnexpectedReply(TokenError):
+class UnexpectedReply(TokenError, code="unexpected_reply", status=502, title="Not a token service's reply"):
     """The endpoint did not answer as a token service: a status the operation never answers
     with (a redirect, a 204, a 500), another media type (an HTML page), a body that is not
     the documented JSON (``{}``, a list, ``"replayed": "false"``) or one over the size cap.
@@ -427,10 +369,6 @@ class UnexpectedReply(TokenError):
     Not retried: the same request to the same endpoint gets the same answer, and for a
     consume or begin nothing says whether the service ran it (fail closed).
     """
-
-    code = "unexpected_reply"
-    status = 502
-    title = "Not a token service's reply"
 
     def __init__(
         self,
@@ -450,20 +388,12 @@ class UnexpectedReply(TokenError):
 # answers them like any other TokenError, but they never travel over HTTP as codes of the token API.
 
 
-class RecordError(TokenError):
+class RecordError(TokenError, code="record_error", status=500, title="Idempotency record error"):
     """Base class of the errors of the idempotency records in the business database."""
 
-    code = "record_error"
-    status = 500
-    title = "Idempotency record error"
 
-
-class RecordInProgress(RecordError):
+class RecordInProgress(RecordError, code="record_in_progress", status=409, title="Request in progress"):
     """Another holder's lease on this record is live; retry after ``retry_after_seconds``."""
-
-    code = "record_in_progress"
-    status = 409
-    title = "Request in progress"
 
     def __init__(self, message: str | None = None, key: str = "", retry_after_seconds: int = 1) -> None:
         super().__init__(message)
@@ -471,12 +401,8 @@ class RecordInProgress(RecordError):
         self.retry_after_seconds = retry_after_seconds
 
 
-class RecordFailed(RecordError):
+class RecordFailed(RecordError, code="record_failed", status=409, title="Request failed"):
     """A terminal failure was recorded for this key; ``error`` is what the holder stored."""
-
-    code = "record_failed"
-    status = 409
-    title = "Request failed"
 
     def __init__(self, message: str | None = None, key: str = "", error: Any = None) -> None:
         super().__init__(message)
@@ -484,31 +410,25 @@ class RecordFailed(RecordError):
         self.error = error
 
 
-class FingerprintMismatch(RecordError):
+class FingerprintMismatch(
+    RecordError, code="fingerprint_mismatch", status=422, title="Key reused with a different request"
+):
     """The key was first used for a different request (IETF Idempotency-Key: 422)."""
-
-    code = "fingerprint_mismatch"
-    status = 422
-    title = "Key reused with a different request"
 
     def __init__(self, message: str | None = None, key: str = "") -> None:
         super().__init__(message)
         self.key = key
 
 
-class RowNotFound(RecordError):
+class RowNotFound(RecordError, code="row_not_found", status=404, title="Row not found"):
     """The row a transition or versioned update targets does not exist."""
-
-    code = "row_not_found"
-    status = 404
-    title = "Row not found"
 
     def __init__(self, message: str | None = None, row_id: Any = None) -> None:
         super().__init__(message)
         self.row_id = row_id
 
 
-class IllegalTransition(RecordError):
+class IllegalTransition(RecordError, code="illegal_transition", status=409, title="Illegal state transition"):
     """The state machine does not allow ``current`` → ``target``.
 
     ``current`` is None when the move was refused before touching the database
@@ -517,10 +437,6 @@ class IllegalTransition(RecordError):
     a duplicate of a move that has happened, which callers often answer as a
     success.
     """
-
-    code = "illegal_transition"
-    status = 409
-    title = "Illegal state transition"
 
     def __init__(
         self,
@@ -541,12 +457,8 @@ class IllegalTransition(RecordError):
         return self.current is not None and self.current == self.target
 
 
-class StaleVersion(RecordError):
+class StaleVersion(RecordError, code="stale_version", status=409, title="Stale version"):
     """Optimistic lock: the row's version is no longer ``expected`` (``actual`` is)."""
-
-    code = "stale_version"
-    status = 409
-    title = "Stale version"
 
     def __init__(
         self, message: str | None = None, row_id: Any = None, expected: int = 0, actual: int | None = None
