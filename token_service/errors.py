@@ -41,7 +41,7 @@ own answers (``client/_idempotency_core.py`` answers them, never raises them);
 [2] the service's, a body that did not arrive in time (raised by
 ``server/body.py``); [3] the operators' tools' (``ops/admin.py``, the
 ``/admin/`` routes); [4] the durable records' in the business database
-(``token_service.client.durable``, which re-exports them); [5] the SDK's guards': the work
+(``token_service.client.durable``, which re-exports those a caller catches); [5] the SDK's guards': the work
 ran and its outcome could not be stored (``@require_token`` answers it as a 500); [6] the SDK's
 own, never on the wire: its HTTP transport's verdict on a reply the API never sends
 (``client/_replies.py``).

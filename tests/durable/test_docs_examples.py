@@ -13,7 +13,8 @@ import pytest
 import sqlalchemy as sa
 
 from tests.support.docs import Block, code_blocks, run_python
-from token_service.client.durable import IDEMPOTENCY_RECORDS, create_records_table, utc_now
+from token_service.client.durable import create_records_table, utc_now
+from token_service.client.durable._schema import IDEMPOTENCY_RECORDS
 from token_service.server.cli import main
 
 PAGE = "docs/durable.md"

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from tests.durable.databases import Db
 from token_service.client import durable
+from token_service.errors import LeaseLost
 from token_service.ops.reconcile import Complete, Fail, Release, Stuck, reconcile_durable
 
 
@@ -70,5 +71,5 @@ def test_decisions_commit_with_the_handlers_writes_and_roll_back_with_its_errors
     assert status["k:skip"] == "PROCESSING"  # held by the reconciler's own lease until it runs out
     assert paid == {"k:complete", "k:fail", "k:release", "k:skip"}
     assert reconcile_durable(db.engine, decide, table=db.records, dry_run=True)[0].stuck.key == "k:raise"
-    with pytest.raises(durable.LeaseLost), db.engine.begin() as conn:
+    with pytest.raises(LeaseLost), db.engine.begin() as conn:
         durable.complete(conn, dead["k:complete"], durable.StoredResponse(200), table=db.records)

@@ -11,7 +11,8 @@ import sqlalchemy as sa
 
 from tests.durable.databases import Db
 from tests.durable.workers import charge
-from token_service.client.durable import DIALECTS, create_records_table, ddl, records_table, run_once
+from token_service.client.durable import create_records_table, ddl, records_table, run_once
+from token_service.client.durable._schema import DIALECTS
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "durable.md"
 _BLOCK = re.compile(r"```sql\n-- dialect: (\w+)\n(.*?)```", re.DOTALL)

@@ -8,8 +8,8 @@ import sqlalchemy as sa
 
 from tests.durable.databases import Db
 from tests.durable.workers import charge
-from token_service.client.durable import TokenUsed, run_once_for_token, token_record_key
-from token_service.errors import TokenInvalid
+from token_service.client.durable import run_once_for_token, token_record_key
+from token_service.errors import TokenInvalid, TokenUsed
 from token_service.records import IssueRequest, UseRequest
 from token_service.store import TokenStore
 from token_service.tokens import token_digest

@@ -12,7 +12,6 @@ from tests.durable.workers import charge
 from token_service.client.durable import (
     Claim,
     FingerprintMismatch,
-    LeaseLost,
     RecordFailed,
     RecordInProgress,
     Replay,
@@ -20,11 +19,12 @@ from token_service.client.durable import (
     claim,
     complete,
     fail,
-    is_retryable,
     request_fingerprint,
     retry_transaction,
     run_once,
 )
+from token_service.client.durable._guard import is_retryable
+from token_service.errors import LeaseLost
 
 
 class Clock:

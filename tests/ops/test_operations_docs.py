@@ -26,6 +26,7 @@ from tests.support.service import service_env
 from token_service.client import durable
 from token_service.client._idempotency_store import IdempotencyStore
 from token_service.client._stored_response import StoredResponse
+from token_service.client.durable._schema import IDEMPOTENCY_RECORDS
 from token_service.records import IssueRequest, UseRequest
 from token_service.store import TokenStore
 from token_service.tokens import token_digest
@@ -115,7 +116,7 @@ def test_every_block_of_the_operations_page_runs(
         assert client.get(f"ts:t:{held_ref}").startswith(b"I")  # released: ISSUED again
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'shop.db'}")
     with engine.connect() as conn:
-        row = conn.execute(sa.select(durable.IDEMPOTENCY_RECORDS)).one()
+        row = conn.execute(sa.select(IDEMPOTENCY_RECORDS)).one()
     engine.dispose()
     assert row.status == "SUCCEEDED"
 

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 from tests.ops.clock import past_clock
 from token_service.client import durable
+from token_service.client.durable._schema import IDEMPOTENCY_RECORDS
 from token_service.errors import LeaseLost, TokenFailed
 from token_service.ops import reconcile as reconciler
 from token_service.ops.admin import Admin
@@ -168,7 +169,7 @@ def test_sql_rows_whose_lease_ran_out_are_handed_over_in_the_decisions_transacti
     assert "token:live" not in done
 
     with engine.connect() as conn:
-        rows = {row.record_key: row for row in conn.execute(sa.select(durable.IDEMPOTENCY_RECORDS))}
+        rows = {row.record_key: row for row in conn.execute(sa.select(IDEMPOTENCY_RECORDS))}
         paid = set(conn.execute(sa.select(payments.c.key)).scalars())
     assert rows["token:done"].status == "SUCCEEDED"
     assert rows["token:failed"].status == "FAILED"

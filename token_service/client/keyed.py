@@ -468,7 +468,8 @@ def _recorded(
     kwargs: dict[str, Any],
 ) -> Any:
     """Run ``operation`` in a transaction that also claims the key's durable record (or replay it)."""
-    from token_service.client.durable import IDEMPOTENCY_RECORDS, retry_transaction, run_once
+    from token_service.client.durable import retry_transaction, run_once
+    from token_service.client.durable._schema import IDEMPOTENCY_RECORDS
 
     from ._stored_response import StoredResponse
     from ._typed_results import dump_result

@@ -212,7 +212,8 @@ def reconcile_durable(
     """
     import sqlalchemy as sa
 
-    from token_service.client.durable import IDEMPOTENCY_RECORDS, PROCESSING, database_now
+    from token_service.client.durable._guard import database_now
+    from token_service.client.durable._schema import IDEMPOTENCY_RECORDS, PROCESSING
 
     table = IDEMPOTENCY_RECORDS if table is None else table
     done: list[Reconciled] = []
@@ -263,7 +264,10 @@ def _reconcile_row(
 ) -> Reconciled:
     import sqlalchemy as sa
 
-    from token_service.client.durable import PROCESSING, Claim, LeaseLost, complete, database_now, fail
+    from token_service.client.durable import Claim, complete, fail
+    from token_service.client.durable._guard import database_now
+    from token_service.client.durable._schema import PROCESSING
+    from token_service.errors import LeaseLost
 
     result: Reconciled | None = None
     try:

@@ -21,61 +21,37 @@ from token_service.client._fingerprint import fingerprint as request_fingerprint
 from token_service.client._stored_response import StoredResponse
 from token_service.client.durable._cleanup import delete_expired
 from token_service.client.durable._guard import (
-    DEFAULT_LEASE_SECONDS,
-    DEFAULT_RECORD_TTL_SECONDS,
     Claim,
     Outcome,
     Replay,
     claim,
     complete,
-    database_now,
     fail,
-    is_retryable,
     retry_transaction,
     run_once,
     run_once_for_token,
     token_record_key,
     utc_now,
 )
-from token_service.client.durable._schema import (
-    DIALECTS,
-    FAILED,
-    IDEMPOTENCY_RECORDS,
-    PROCESSING,
-    STATUSES,
-    SUCCEEDED,
-    create_records_table,
-    ddl,
-    records_table,
-)
+from token_service.client.durable._schema import create_records_table, ddl, records_table
 from token_service.client.durable._transitions import StateMachine, update_versioned
 from token_service.errors import (
     FingerprintMismatch,
     IllegalTransition,
-    LeaseLost,
-    RecordError,
     RecordFailed,
     RecordInProgress,
     RowNotFound,
     StaleVersion,
-    TokenUsed,
 )
 
+# What docs/durable.md teaches: the entry points, what they return and the errors a caller
+# catches. The rest (the default table object, the status names, the defaults, the database
+# clock) is the package's own: durable._schema and durable._guard, for the SDK's other modules.
 __all__ = [
-    "DEFAULT_LEASE_SECONDS",
-    "DEFAULT_RECORD_TTL_SECONDS",
-    "DIALECTS",
-    "FAILED",
-    "IDEMPOTENCY_RECORDS",
-    "PROCESSING",
-    "STATUSES",
-    "SUCCEEDED",
     "Claim",
     "FingerprintMismatch",
     "IllegalTransition",
-    "LeaseLost",
     "Outcome",
-    "RecordError",
     "RecordFailed",
     "RecordInProgress",
     "Replay",
@@ -83,15 +59,12 @@ __all__ = [
     "StaleVersion",
     "StateMachine",
     "StoredResponse",
-    "TokenUsed",
     "claim",
     "complete",
     "create_records_table",
-    "database_now",
     "ddl",
     "delete_expired",
     "fail",
-    "is_retryable",
     "records_table",
     "request_fingerprint",
     "retry_transaction",
