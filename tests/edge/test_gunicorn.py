@@ -26,6 +26,8 @@ from tests.support.processes import (
     wait_until,
 )
 from tests.support.service import API_KEY
+from token_service.config import Settings
+from token_service.server.granian_serve import exposure_refused
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
@@ -238,3 +240,39 @@ def test_a_bad_setting_stops_gunicorn_without_our_config(tmp_path: Path) -> None
     )
     assert_one_line_naming_the_variable(result)
     assert "App failed to load" in result.stderr  # the master stopped, no respawn loop
+
+
+@pytest.mark.parametrize(
+    ("host", "hops", "refused"),
+    [
+        ("127.0.0.1", "0", False),
+        ("::1", "0", False),
+        ("localhost", "0", False),
+        ("0.0.0.0", "0", True),  # every address
+        ("10.1.2.3", "0", True),
+        ("tokens.internal", "0", True),  # a name could resolve to anything
+        ("0.0.0.0", "1", False),  # the nginx / Kubernetes recipes: a proxy declared
+    ],
+)
+def test_granian_faces_clients_only_through_a_declared_proxy(host: str, hops: str, refused: bool) -> None:
+    settings = Settings.from_env({"TOKEN_SERVICE_TRUSTED_PROXY_HOPS": hops})
+    assert (exposure_refused(settings, host) is not None) == refused
+
+
+def test_granian_on_a_public_address_without_a_proxy_stops_with_one_line() -> None:
+    port = free_port()
+    env = {key: value for key, value in os.environ.items() if not key.startswith("TOKEN_SERVICE_")}
+    serve = [sys.executable, "-m", "token_service.server.cli", "serve", "--server", "granian"]
+    result = subprocess.run(
+        [*serve, "--host", "0.0.0.0", "--port", str(port)],  # refused before it binds
+        env={**env, "PYTHONPATH": str(REPO_ROOT)},
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "TOKEN_SERVICE_TRUSTED_PROXY_HOPS=1" in lines[0]
+    assert "deploy/nginx" in lines[0]

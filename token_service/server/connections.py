@@ -17,7 +17,8 @@ Two gaps the request-side deadlines (``keepalive`` for the head,
   log the raw bytes (a token among them) and write a second reply.
   :class:`FinishBody` reads an unread body itself, within the size limit
   and the deadline, and marks the connection to be closed when that fails
-  or the body was refused; :func:`install` makes gunicorn close it.
+  or the body was refused; :func:`install` makes gunicorn close it (under
+  granian, the reply says ``Connection: close``, which granian obeys).
 
 Each request's Redis steps -- the wait for a pooled connection, a connect,
 each send and read, redis-py's retries and their back-off -- keep to one
@@ -80,6 +81,14 @@ class FinishBody:
         self.redis_budget_seconds = redis_budget_seconds
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        with_body = body.has_body(environ)
+        # Under gunicorn, install() closes the connection; any other server (granian) is told by
+        # the reply's own header, added to the list the app handed over once the body's fate is
+        # known: granian (hyper) reads that list only when the app has returned, and closes the
+        # connection after a reply that says ``Connection: close``.
+        handed: list[list[tuple[str, str]]] = []
+        if with_body and "gunicorn.socket" not in environ:
+            start_response = _remembering(start_response, handed)
         if self.redis_budget_seconds is None:
             reply = self.app(environ, start_response)
         else:
@@ -87,12 +96,14 @@ class FinishBody:
             # request's Redis work runs while the iterable is being sent.
             with deadline.from_first_use(self.redis_budget_seconds):
                 reply = self.app(environ, start_response)
-        if body.has_body(environ):
+        if with_body:
             state = environ.get(body.BODY_STATE)
             if state is None:  # answered without reading it
                 state = self._finish(environ)
             if state != body.READ:
                 _close_after_reply.set(True)
+                if handed:
+                    handed[-1].append(("Connection", "close"))
         return reply
 
     def _finish(self, environ: WSGIEnvironment) -> str:
@@ -105,6 +116,18 @@ class FinishBody:
         except TokenError:
             return body.FAILED
         return body.READ
+
+
+def _remembering(start_response: StartResponse, handed: list[list[tuple[str, str]]]) -> StartResponse:
+    """``start_response`` that keeps each header list it is given, in ``handed``."""
+
+    def remember(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        handed.append(headers)
+        if exc_info is None:
+            return start_response(status, headers)
+        return start_response(status, headers, exc_info)
+
+    return remember
 
 
 def install(worker: Any, send_timeout_seconds: float) -> None:

@@ -15,7 +15,16 @@ around gunicorn, and the reasons are the same:
   (``--workers-kill-timeout`` 10 s, gunicorn's ``graceful_timeout``). A second SIGTERM, or
   SIGINT, skips the wait.
 - **Slow clients**: a request's head must be in within 5 s (``--http1-header-read-timeout``,
-  gunicorn's ``keepalive``); the body's deadline is the app's (TOKEN_SERVICE_BODY_TIMEOUT_SECONDS).
+  gunicorn's ``keepalive``), and be at most 8 KiB (``--http1-buffer-size``, its smallest: 431
+  beyond, as gunicorn answers a header line over 8190 bytes).
+- **Only behind a proxy**: what granian does not hold of the edge gunicorn holds -- above all a
+  deadline for a request body (a stalled body holds one of the worker's blocking threads for as
+  long as the client likes: ``wsgi.input`` is granian's, with no socket to time out, and granian
+  has no body timeout of its own, emmett-framework/granian#728) -- the nginx recipe (or the
+  Kubernetes recipe's Ingress) holds in front of it: it reads the whole request before passing it
+  on. So ``serve`` refuses to bind an address other than loopback unless
+  TOKEN_SERVICE_TRUSTED_PROXY_HOPS says a proxy is in front, and says at every start what it
+  relies on the proxy for (docs/deployment.md, "granian: only behind the proxy").
 - **HTTP/1.1 only, no WebSockets**: the service speaks neither HTTP/2 nor WebSockets, so neither
   is offered to a client (less parser to attack).
 - **Logs**: granian's messages and the app's go through the same logging config as under
@@ -25,6 +34,7 @@ around gunicorn, and the reasons are the same:
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import logging.config
@@ -41,13 +51,23 @@ from token_service.config import Settings
 from token_service.server.logs import logging_config
 from token_service.server.metric_files import FORWARDED_FLAG_FILE
 
-__all__ = ["BLOCKING_THREADS", "HEADER_READ_TIMEOUT_MILLISECONDS", "granian_argv", "serve"]
+__all__ = [
+    "BLOCKING_THREADS",
+    "HEADER_BUFFER_BYTES",
+    "HEADER_READ_TIMEOUT_MILLISECONDS",
+    "exposure_refused",
+    "granian_argv",
+    "serve",
+]
 
 # Python threads per worker that run the app. Two per worker keep a core busy while one of them
 # waits on Redis (benchmarks/RESULTS.md); more only add GIL contention.
 BLOCKING_THREADS = 2
 # gunicorn's keepalive (5 s): the deadline for a request's head, the first one too.
 HEADER_READ_TIMEOUT_MILLISECONDS = 5000
+# A request's whole head (request line and headers) is at most this: 431 beyond. granian's smallest
+# read buffer; gunicorn refuses a header line over 8190 bytes (limit_request_field_size).
+HEADER_BUFFER_BYTES = 8192
 # gunicorn's graceful_timeout: requests in flight get this long at shutdown.
 WORKERS_KILL_TIMEOUT_SECONDS = 10
 
@@ -89,6 +109,8 @@ def granian_argv(host: str, port: int, workers: int, log_config_path: Path, leve
         "--no-ws",
         "--http1-header-read-timeout",
         str(HEADER_READ_TIMEOUT_MILLISECONDS),
+        "--http1-buffer-size",
+        str(HEADER_BUFFER_BYTES),
         "--workers-kill-timeout",
         str(WORKERS_KILL_TIMEOUT_SECONDS),
         "--respawn-failed-workers",
@@ -101,8 +123,49 @@ def granian_argv(host: str, port: int, workers: int, log_config_path: Path, leve
     ]
 
 
+# What granian relies on the proxy in front for (docs/deployment.md, "granian: only behind the proxy").
+RELIES_ON_THE_PROXY = (
+    "granian holds no deadline for a request body (a stalled or dripping body holds a blocking "
+    "thread for as long as its client likes), accepts a bare LF as a line end, and answers its own "
+    "refusals without problem+json: it relies on the proxy in front (the nginx recipe, or the "
+    "Kubernetes Ingress) to read each whole request first. Never let clients reach this port directly"
+)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it could resolve to anything
+        return False
+
+
+def exposure_refused(settings: Settings, host: str) -> str | None:
+    """Why granian must not bind ``host`` with these settings, or None when it may.
+
+    On loopback only local processes reach it (the nginx recipe on the same host); elsewhere a
+    proxy must be declared in front (TOKEN_SERVICE_TRUSTED_PROXY_HOPS, which the Kubernetes
+    recipe and the nginx recipe's service already set), since clients reaching granian directly
+    could hold every blocking thread with bodies that never end.
+    """
+    if _is_loopback(host) or settings.trusted_proxy_hops > 0:
+        return None
+    return (
+        f"token-service: --server granian on {host} needs a proxy in front of it, and "
+        "TOKEN_SERVICE_TRUSTED_PROXY_HOPS=0 says there is none. "
+        f"{RELIES_ON_THE_PROXY}. Put it behind the nginx recipe (deploy/nginx) and set "
+        "TOKEN_SERVICE_TRUSTED_PROXY_HOPS=1, bind 127.0.0.1, or serve with gunicorn (the default), "
+        "which holds these itself (docs/deployment.md)."
+    )
+
+
 def serve(settings: Settings, host: str, port: int, workers: int | None) -> int:
     """Run granian until it stops; its exit status."""
+    refused = exposure_refused(settings, host)
+    if refused:
+        print(refused, file=sys.stderr)
+        return 2
     try:
         import flask  # noqa: F401 — what the workers import, checked before granian spawns them
         import granian  # noqa: F401
@@ -115,6 +178,7 @@ def serve(settings: Settings, host: str, port: int, workers: int | None) -> int:
         return 2
     config = granian_logging_config(settings.log_level, settings.log_format)
     logging.config.dictConfig(config)
+    log.warning("%s (docs/deployment.md).", RELIES_ON_THE_PROXY)
 
     own_metrics_dir = not os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if own_metrics_dir:
