@@ -1,15 +1,31 @@
 -- complete: finish a two-phase operation and store its result.
 -- KEYS[1] token record key
 -- ARGV[1] lease_id; ARGV[2] result_json; ARGV[3] result_ttl_ms (positive integer);
--- ARGV[4] now_ms ('' = Redis TIME)
--- returns {'succeeded', replayed 0|1} | {'token_invalid'} | {'lease_lost'}
---       | {'invalid_argument', message}
+-- ARGV[4] now_ms ('' = Redis TIME);
+-- ARGV[5], ARGV[6] (optional, together): the record a plain keyed claim wrote, as the caller
+-- wrote it (store.py's SET NX GET PX), and the SUCCEEDED record to put in its place (the same
+-- with 'S' for its letter and \31 result_json after it; token_service/records.py builds both)
+-- returns 0 (stored, by the keyed claim's fast path below) | {'succeeded', replayed 0|1}
+--       | {'token_invalid'} | {'lease_lost'} | {'invalid_argument', message}
 -- transitions: P->S (lua/model/lease.pml)
--- The usual complete compares the record's lease header with this lease and slices the
--- SUCCEEDED record out of it: no parse. A keyed claim's lease is the key's own expiry,
--- so its record still being there means its lease is live: no TIME either.
-if not positive_int(ARGV[3]) then return bad('result_ttl_ms must be a positive integer') end
+-- The arguments are checked once, in Python (records.complete_args); what this script keeps
+-- is what protects the record from any caller: only the holder of the live lease writes.
+--
+-- The usual keyed complete: the record is still the very claim this caller wrote (Lua's
+-- strings are interned: the compare is one pointer), and that claim is this lease's with
+-- empty expiries: its lease is the key's own expiry, so the record being there means the
+-- lease is live. Nothing is parsed or built here, and the reply is a bare 0: a table reply
+-- costs Redis a sixth of the script (callgrind, benchmarks/RESULTS.md). A bad ARGV[3] is
+-- refused by the SET itself, before it writes.
 local value = redis.call('GET', KEYS[1])
+if value == ARGV[5] and string.find(value, 'P' .. HEADED .. ARGV[1] .. SEP .. SEP, 1, true) == 1 then
+  redis.call('SET', KEYS[1], ARGV[6], 'PX', ARGV[3])
+  return 0
+end
+-- (the helpers of the rest are defined here)
+-- The usual complete of a token's lease: the record's lease header compared with this lease as
+-- a prefix, and the SUCCEEDED record sliced out of it: no parse.
+if not positive_int(ARGV[3]) then return bad('result_ttl_ms must be a positive integer') end
 if not value then return {'token_invalid'} end
 local head = 'P' .. HEADED .. ARGV[1] .. SEP
 if string.sub(value, 1, #head) ~= head then

@@ -431,11 +431,33 @@ def renew_reply(reply: Reply) -> Renewed:
     return Renewed(lease_expires_ms=int(reply[1]), lease_seconds=int(reply[2]) / 1000)
 
 
-def complete_args(lease_id: str, result: Any, result_ttl_seconds: int, now_ms: str) -> list[str]:
-    return [_lease(lease_id), dump_json(result), str(result_ttl_seconds * 1000), now_ms]
+def _ttl_ms(name: str, seconds: int) -> str:
+    """A keep time as the scripts take it: a positive whole number of ms (checked here: the
+    keyed complete's fast path hands it to SET PX as it is)."""
+    if type(seconds) is not int or seconds <= 0:
+        raise InvalidRequest(f"Rejected by the store: {name} must be a positive whole number of seconds.")
+    return str(seconds * 1000)
 
 
-def complete_reply(reply: Reply) -> Completed:
+def complete_args(
+    lease_id: str, result: Any, result_ttl_seconds: int, now_ms: str, claimed: str | None = None
+) -> list[str]:
+    """complete.lua's ARGV. ``claimed``: the record this caller's plain keyed claim wrote
+    (:func:`claim_value`), for the script's fast path: compared whole with the stored one, and
+    replaced by the SUCCEEDED record built here (the claim with 'S' for 'P', the result last)."""
+    result_json = dump_json(result)
+    args = [_lease(lease_id), result_json, _ttl_ms("result_ttl_seconds", result_ttl_seconds), now_ms]
+    if claimed is not None:
+        args += [claimed, f"S{claimed[1:]}{SEP}{result_json}"]
+    return args
+
+
+_COMPLETED = Completed(replayed=False)
+
+
+def complete_reply(reply: Reply | int) -> Completed:
+    if isinstance(reply, int):  # 0, complete.lua's fast path for a keyed claim: stored
+        return _COMPLETED
     raise_for(reply)
     return Completed(replayed=int(reply[1]) == 1)
 

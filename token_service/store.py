@@ -77,6 +77,8 @@ log = logging.getLogger(__name__)
 _BUCKET_AT = {"consume": 2, "begin": 4, "revoke": 1}
 # readiness writes one small key that lives this long (store.ready)
 READY_PROBE_MS = 10_000
+# plain keyed claims a store remembers at once for complete.lua's fast path (_remember_claim)
+_MAX_CLAIMS = 4096
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -192,6 +194,20 @@ class _StoreBase:
         # time a test controls claims in begin.lua, which takes "now" as an argument: a key's
         # own expiry runs on real time.
         self._plain_claim = clock_ms is None
+        # lease id -> the record its plain claim wrote, for complete.lua's fast path (see _claimed)
+        self._claims: dict[str, str] = {}
+
+    def _remember_claim(self, lease_id: str, value: str) -> None:
+        """A plain claim's record, kept until its complete or fail. Only a shortcut: a complete
+        without it takes the script's usual path, so a full memo is simply emptied (claims held
+        past that many at once in one store, or never finished, are the ones forgotten)."""
+        claims = self._claims
+        if len(claims) >= _MAX_CLAIMS:
+            claims.clear()
+        claims[lease_id] = value
+
+    def _claimed(self, lease_id: str) -> str | None:
+        return self._claims.pop(lease_id, None)
 
     def _now(self) -> str:
         return str(self._clock_ms()) if self._clock_ms else ""
@@ -674,6 +690,8 @@ class TokenStore(_StoreBase):
             raise unavailable from exc
         decided = records.claim_reply(previous, use, lease_id, lease_seconds)
         if decided is not None:
+            if previous is None:
+                self._remember_claim(lease_id, value)
             return decided
         use = UseRequest(use.token, use.scope, use.subject, use.fingerprint, request_id)
         args = records.begin_args(use, lease_seconds, lease_id, self._now(), claim_ttl_seconds)
@@ -693,7 +711,7 @@ class TokenStore(_StoreBase):
     ) -> records.Completed:
         """Store the result, kept ``keep_seconds`` (default result_ttl_seconds) or the token's life."""
         keep = self.result_ttl_seconds if keep_seconds is None else keep_seconds
-        args = records.complete_args(lease_id, result, keep, self._now())
+        args = records.complete_args(lease_id, result, keep, self._now(), self._claimed(lease_id))
         if self._observe is not None:
             return self._observed_run("complete", token, args, records.complete_reply)
         return self._run("complete", token, args, records.complete_reply)
@@ -708,6 +726,7 @@ class TokenStore(_StoreBase):
         keep_seconds: int | None = None,
     ) -> records.FailRecorded:
         keep = self.result_ttl_seconds if keep_seconds is None else keep_seconds
+        self._claims.pop(lease_id, None)  # fail.lua has no fast path: the claim is forgotten
         args = records.fail_args(lease_id, retryable, error, keep, self._now())
         if self._observe is not None:
             return self._observed_run("fail", token, args, records.fail_reply)
@@ -905,6 +924,8 @@ class AsyncTokenStore(_StoreBase):
             raise unavailable from exc
         decided = records.claim_reply(previous, use, lease_id, lease_seconds)
         if decided is not None:
+            if previous is None:
+                self._remember_claim(lease_id, value)
             return decided
         use = UseRequest(use.token, use.scope, use.subject, use.fingerprint, request_id)
         args = records.begin_args(use, lease_seconds, lease_id, self._now(), claim_ttl_seconds)
@@ -923,7 +944,7 @@ class AsyncTokenStore(_StoreBase):
     ) -> records.Completed:
         """Store the result, kept ``keep_seconds`` (default result_ttl_seconds) or the token's life."""
         keep = self.result_ttl_seconds if keep_seconds is None else keep_seconds
-        args = records.complete_args(lease_id, result, keep, self._now())
+        args = records.complete_args(lease_id, result, keep, self._now(), self._claimed(lease_id))
         if self._observe is not None:
             return await self._observed_run("complete", token, args, records.complete_reply)
         return await self._run("complete", token, args, records.complete_reply)
@@ -938,6 +959,7 @@ class AsyncTokenStore(_StoreBase):
         keep_seconds: int | None = None,
     ) -> records.FailRecorded:
         keep = self.result_ttl_seconds if keep_seconds is None else keep_seconds
+        self._claims.pop(lease_id, None)  # fail.lua has no fast path: the claim is forgotten
         args = records.fail_args(lease_id, retryable, error, keep, self._now())
         if self._observe is not None:
             return await self._observed_run("fail", token, args, records.fail_reply)
