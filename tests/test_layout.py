@@ -73,6 +73,9 @@ def test_the_operators_tools_never_import_the_server(path: Path) -> None:
 OPS_PRIVATE_SDK = {
     ("token_service.client._idempotency_store", "digest"),
     ("token_service.client._stored_response", "StoredResponse"),
+    ("token_service.client.durable._guard", "database_now"),
+    ("token_service.client.durable._schema", "IDEMPOTENCY_RECORDS"),
+    ("token_service.client.durable._schema", "PROCESSING"),
 }
 
 

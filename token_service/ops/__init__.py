@@ -5,11 +5,13 @@ Idempotency-Key middlewares' stored responses, the durable backstop's rows),
 so they sit above core and the SDK and import both; ``server/`` serves them
 as ``token-service admin`` and the ``/admin/`` routes (docs/operations.md).
 
-Two of the names they use are the SDK's private ones, on purpose: how an
+Some of the names they use are the SDK's private ones, on purpose: how an
 Idempotency-Key record is keyed (``client._idempotency_store.digest``) and how
 its stored response is encoded (``client._stored_response.StoredResponse``) have one
 definition, the SDK's, shipped in the same package, and are no public API for
-users. tests/test_layout.py lists what of the SDK's private modules ``ops/``
+users; so have the durable backstop's default table, its PROCESSING status and its
+database clock (``client.durable._schema``, ``_guard``), which ``reconcile`` reads the
+stuck rows with. tests/test_layout.py lists what of the SDK's private modules ``ops/``
 may import, so a new one is a choice.
 """
 
