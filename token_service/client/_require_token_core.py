@@ -81,8 +81,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from token_service.errors import InvalidRequest, OutcomeNotRecorded, TokenError, TokenInProgress
+from token_service.problems import problem_for
 from token_service.records import dump_json
 
+from ._fingerprint import body_fingerprint
 from ._idempotency_core import Recorder
 from ._stored_response import (
     DEFAULT_MAX_RESULT_BYTES,
@@ -95,7 +97,14 @@ from .guard import AsyncGuard, Guard, hooks_of
 
 log = logging.getLogger("token_service.client.require_token")
 
-__all__ = ["DEFAULT_WAIT_SECONDS", "Replay", "Reply", "RequireToken", "ValueReply", "fingerprint_fields"]
+__all__ = [
+    "DEFAULT_WAIT_SECONDS",
+    "Replay",
+    "Reply",
+    "RequireToken",
+    "ValueReply",
+    "answer_of",
+]
 
 # How long a duplicate waits for the first request's response by default. A double click's
 # second request arrives while the first still runs, which usually takes milliseconds, at most
@@ -135,7 +144,17 @@ class Replay:
     result: Any
 
 
-def fingerprint_fields(spec: Any) -> Sequence[str] | None:
+def answer_of(outcome: TokenError | Replay) -> Reply:
+    """What a refused request gets (its problem+json) or a duplicate (the stored response, marked
+    replayed): each adapter only turns it into its framework's response."""
+    if isinstance(outcome, TokenError):
+        status, headers, body = problem_for(outcome)
+        return Reply(status, list(headers.items()), body)
+    replayed = StoredResponse.from_result(outcome.result)
+    return Reply(replayed.status, replayed.replay_headers(), replayed.body)
+
+
+def _fingerprint_fields(spec: Any) -> Sequence[str] | None:
     """The body field names of ``fingerprint=[...]``, or None (no fingerprint, or a callable)."""
     if spec is None or callable(spec):
         return None
@@ -150,7 +169,15 @@ GUARD_OPTIONS = (
     "terminal",
     "wait_seconds",
 )
-_OWN_OPTIONS = ("header", "replay_headers", "max_body_bytes", "max_result_bytes", "store_status")
+_OWN_OPTIONS = (
+    "header",
+    "subject",
+    "fingerprint",
+    "replay_headers",
+    "max_body_bytes",
+    "max_result_bytes",
+    "store_status",
+)
 
 
 class RequireToken:
@@ -161,6 +188,8 @@ class RequireToken:
         scope: str,
         *,
         header: str = "Idempotency-Token",
+        subject: Callable[[Any], Any] | None = None,
+        fingerprint: Callable[[Any], Any] | Sequence[str] | None = None,
         replay_headers: Iterable[str] = (),
         max_body_bytes: int | None = None,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
@@ -171,6 +200,10 @@ class RequireToken:
         self.scope = scope
         self.http_errors = http_errors
         self.header = header
+        # callables given the framework's request (FastAPI's may be async), or body field names
+        self.subject = subject
+        self.fingerprint = fingerprint
+        self.fields = _fingerprint_fields(fingerprint)
         self.replay_headers = frozenset(name.lower() for name in replay_headers)
         self.store_status = store_status
         self.max_result_bytes = max_result_bytes
@@ -205,6 +238,17 @@ class RequireToken:
         if not token:
             return InvalidRequest(f"The {self.header} header is required.", {self.header: ["Missing."]})
         return token
+
+    def identity(
+        self, request: Any, body: Callable[[], bytes], content_type: str | None
+    ) -> tuple[str | None, str | None]:
+        """The request's subject and fingerprint, as the token must have been issued with them:
+        ``subject(request)``; ``fingerprint(request)``, or the ``fields_fingerprint`` of the body
+        fields it names (``body()``: the request's body, read only then)."""
+        subject = self.subject(request) if self.subject else None
+        if self.fields is not None:
+            return subject, body_fingerprint(body(), content_type, self.fields)
+        return subject, self.fingerprint(request) if callable(self.fingerprint) else None
 
     @staticmethod
     def truncated() -> TokenError:
@@ -295,10 +339,6 @@ class RequireToken:
         else:
             await guard.abandon_quietly(exc)
 
-    def keeps(self, status: int) -> bool:
-        """Whether a response with this status is stored (the others free the token)."""
-        return self.store_status(status)
-
     def settle(self, guard: Guard, reply: Reply | ValueReply | None) -> OutcomeNotRecorded | None:
         """Store what duplicates get, or free the token (``None``: the body broke on its way out).
 
@@ -371,10 +411,16 @@ class RequireToken:
 
     # -- a streamed body ---------------------------------------------------------------------
 
-    @staticmethod
-    def head_of_stream(head: Reply, length: int | None) -> Reply:
-        """A streamed answer to HEAD: no body goes out, its status and headers are what it answered."""
-        return Reply(head.status, head.headers, omitted=length or 0)
+    def streamed(self, head: Reply, method: str | None, length: int | None) -> Reply | None:
+        """A streamed answer (``head``: its status and headers; ``length``: its declared one): what
+        to settle at once, or None: :meth:`record` it as it goes out. A status that is not kept
+        frees the token, the body untouched; an answer to HEAD sends no body, so it is what it
+        answered: settled as omitted (its declared length, else 0)."""
+        if not self.store_status(head.status):
+            return head
+        if method == "HEAD":
+            return Reply(head.status, head.headers, omitted=length or 0)
+        return None
 
     def _recorder(self, status: int, headers: Sequence[tuple[str, str]], length: int | None) -> Recorder:
         # held up to what could be kept, never more (the rest is only counted)

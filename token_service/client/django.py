@@ -72,11 +72,10 @@ import redis.asyncio
 
 from token_service import defaults
 from token_service.errors import OutcomeNotRecorded, TokenError
-from token_service.problems import problem_for
 
 from ._client import AsyncTokenClient, TokenClient
 from ._extras import install, missing
-from ._fingerprint import RequestFacts, body_fingerprint
+from ._fingerprint import RequestFacts
 from ._idempotency_core import (
     Answer,
     Attempt,
@@ -85,11 +84,10 @@ from ._idempotency_core import (
 )
 from ._idempotency_options import options_from_settings
 from ._idempotency_store import AsyncIdempotencyStore, IdempotencyStore
-from ._require_token_core import DEFAULT_WAIT_SECONDS, Replay, Reply, RequireToken, fingerprint_fields
+from ._require_token_core import DEFAULT_WAIT_SECONDS, Replay, Reply, RequireToken, answer_of
 from ._stored_response import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_REPLAY_HEADERS,
-    StoredResponse,
     StorePolicy,
     default_store_status,
 )
@@ -212,8 +210,8 @@ def _on_its_loop(client: AsyncTokenClient) -> AsyncTokenClient:
 
 
 def problem_response(error: TokenError) -> HttpResponse:
-    status, headers, body = problem_for(error)
-    return HttpResponse(body, status=status, headers=headers)
+    """``error``'s problem+json answer, as the decorator sends it (a view may answer one too)."""
+    return _answer(error)
 
 
 def _answer_response(answer: Answer) -> HttpResponse:
@@ -420,19 +418,13 @@ def _body_ended_early(request: HttpRequest) -> bool:
         return True
 
 
-def _replay(result: Any) -> HttpResponse:
-    replayed = StoredResponse.from_result(result)
-    response = HttpResponse(replayed.body, status=replayed.status)
-    del response["Content-Type"]
-    for name, value in replayed.replay_headers():
+def _answer(outcome: TokenError | Replay) -> HttpResponse:
+    answer = answer_of(outcome)
+    response = HttpResponse(answer.body, status=answer.status)
+    del response["Content-Type"]  # the answer's own, if it has one
+    for name, value in answer.headers:
         response.headers[name] = value
     return response
-
-
-def _answer(outcome: TokenError | Replay) -> HttpResponse:
-    if isinstance(outcome, TokenError):
-        return problem_response(outcome)
-    return _replay(outcome.result)
 
 
 def _rendered(response: Any) -> HttpResponseBase:
@@ -501,7 +493,6 @@ def require_token(
     :class:`TokenClient`, an async one an :class:`AsyncTokenClient`).
     """
     core = RequireToken.of(locals(), http_errors=_HTTP_ERRORS)  # first: before any other local
-    fields = fingerprint_fields(fingerprint)
 
     def opened(args: tuple[Any, ...]) -> tuple[HttpRequest, str | HttpResponse]:
         """The view's request, and its token or the 400 to answer (no header; a body shorter
@@ -513,12 +504,7 @@ def require_token(
         return request, (_answer(core.truncated()) if _body_ended_early(request) else token)
 
     def identity(request: HttpRequest) -> tuple[str | None, str | None]:
-        found: str | None = None
-        if fields is not None:
-            found = body_fingerprint(request.body, request.META.get("CONTENT_TYPE"), fields)
-        elif callable(fingerprint):
-            found = fingerprint(request)
-        return (subject(request) if subject else None), found
+        return core.identity(request, lambda: request.body, request.META.get("CONTENT_TYPE"))
 
     def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
         if inspect.iscoroutinefunction(view) or iscoroutinefunction(view):
@@ -589,10 +575,11 @@ def _settle_now(core: RequireToken, guard: Guard | AsyncGuard, request: HttpRequ
     length = declared_length(str(response.get("Content-Length") or ""))
     if isinstance(response, HttpResponse):
         return dataclasses.replace(head, body=response.content)
-    if not isinstance(response, StreamingHttpResponse) or not core.keeps(head.status):
+    if not isinstance(response, StreamingHttpResponse):
         return dataclasses.replace(head, omitted=length or 0)
-    if request.method == "HEAD":
-        return core.head_of_stream(head, length)
+    now = core.streamed(head, request.method, length)
+    if now is not None:
+        return now
     if response.is_async and (isinstance(guard, Guard) or isinstance(request, ASGIRequest)):
         response.streaming_content = core.arecord(guard, response.streaming_content, head, length)
     elif isinstance(guard, Guard):

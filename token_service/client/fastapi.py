@@ -54,7 +54,6 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Unpack
 
 from token_service.errors import OutcomeNotRecorded, TokenError
-from token_service.problems import problem_for
 
 from ._client import AsyncTokenClient
 from ._extras import install, missing
@@ -66,7 +65,7 @@ from ._require_token_core import (
     Reply,
     RequireToken,
     ValueReply,
-    fingerprint_fields,
+    answer_of,
 )
 from ._stored_response import (
     DEFAULT_MAX_RESULT_BYTES,
@@ -99,8 +98,15 @@ RequestValue = Callable[[Request], Any]
 
 
 def problem_response(error: TokenError) -> Response:
-    status, headers, body = problem_for(error)
-    return Response(body, status_code=status, headers=headers)
+    """``error``'s problem+json answer, as the decorator sends it (an endpoint may answer one too)."""
+    return _response(answer_of(error))
+
+
+def _response(answer: Reply) -> Response:
+    response = Response(answer.body, status_code=answer.status)
+    for name, value in answer.headers:
+        response.headers.append(name, value)
+    return response
 
 
 async def _value(source: RequestValue | None, request: Request) -> Any:
@@ -122,21 +128,16 @@ def _replay(stored: Any, response: Response) -> Any:
     """A duplicate's answer from the token's result: a Response, or the first call's value."""
     if isinstance(stored, dict) and stored.get("kind") == "value":
         headers = [(name, value) for name, value in stored.get("h", [])]
-        if "omitted" in stored:
-            # too large to keep: the status and headers, and the mark that the body was dropped
-            empty = StoredResponse(stored.get("s") or 200, b"", headers, omitted=stored["omitted"])
-            return _replay(empty.to_result(), response)
-        if stored.get("s") is not None:
-            response.status_code = stored["s"]
-        for name, value in headers:
-            response.headers.append(name, value)
-        response.headers[REPLAYED_HEADER] = "true"
-        return stored.get("v")
-    replayed = StoredResponse.from_result(stored)
-    answer = Response(replayed.body, status_code=replayed.status)
-    for name, value in replayed.replay_headers():
-        answer.headers.append(name, value)
-    return answer
+        if "omitted" not in stored:
+            if stored.get("s") is not None:
+                response.status_code = stored["s"]
+            for name, value in headers:
+                response.headers.append(name, value)
+            response.headers[REPLAYED_HEADER] = "true"
+            return stored.get("v")
+        # too large to keep: the status and headers, and the mark that the body was dropped
+        stored = StoredResponse(stored.get("s") or 200, b"", headers, omitted=stored["omitted"]).to_result()
+    return _response(answer_of(Replay(stored)))
 
 
 def _is(annotation: Any, kind: type) -> bool:
@@ -211,7 +212,6 @@ def require_token(
     if not isinstance(client, AsyncTokenClient) and not callable(client):
         raise TypeError("FastAPI's require_token takes an AsyncTokenClient, or a dependency returning one")
     core = RequireToken.of(locals(), http_errors=(HTTPException,))  # first: before any other local
-    fields = fingerprint_fields(fingerprint)
     dependency = None if isinstance(client, AsyncTokenClient) else client
 
     def decorate(endpoint: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
@@ -239,7 +239,7 @@ def require_token(
                 tokens,
                 token,
                 await _value(subject, request),
-                await _fingerprint(fingerprint, fields, request),
+                await _fingerprint(fingerprint, core.fields, request),
             )
             if isinstance(guard, TokenError):
                 return problem_response(guard)
@@ -309,10 +309,9 @@ async def _settle_response(
         return await core.asettle(guard, Reply(status, headers, await anyio.Path(value.path).read_bytes()))
     if isinstance(value, StreamingResponse):
         length = declared_length(value.headers.get("content-length", ""))
-        if not core.keeps(status):
-            return await core.asettle(guard, Reply(status, headers))  # frees the token, the body untouched
-        if request.method == "HEAD":
-            return await core.asettle(guard, core.head_of_stream(Reply(status, headers), length))
+        now = core.streamed(Reply(status, headers), request.method, length)
+        if now is not None:
+            return await core.asettle(guard, now)
         value.body_iterator = core.arecord(guard, value.body_iterator, Reply(status, headers), length)
         return None
     return await core.asettle(guard, _reply_of(value))

@@ -40,7 +40,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Unpack
 
 from token_service.errors import TokenError
-from token_service.problems import problem_for
 
 from ._client import TokenClient
 from ._extras import missing
@@ -51,12 +50,10 @@ try:
 except ModuleNotFoundError as exc:
     # no extra of ours: the decorator runs in the user's Flask app, which brings Flask
     missing(exc, __name__, ("flask", "werkzeug"), "pip install 'flask>=3.0'")
-from ._fingerprint import body_fingerprint
-from ._require_token_core import DEFAULT_WAIT_SECONDS, Replay, Reply, RequireToken, fingerprint_fields
+from ._require_token_core import DEFAULT_WAIT_SECONDS, Replay, Reply, RequireToken, answer_of
 from ._stored_response import (
     DEFAULT_MAX_RESULT_BYTES,
     DEFAULT_REPLAY_HEADERS,
-    StoredResponse,
     StorePolicy,
     default_store_status,
 )
@@ -66,42 +63,15 @@ __all__ = ["current_guard", "default_store_status", "problem_response", "require
 
 
 def problem_response(error: TokenError) -> Response:
-    status, headers, body = problem_for(error)
-    return Response(body, status=status, headers=headers)
+    """``error``'s problem+json answer, as the decorator sends it (a view may answer one too)."""
+    return _answer(error)
 
 
 def _answer(outcome: TokenError | Replay) -> Response:
-    if isinstance(outcome, TokenError):
-        return problem_response(outcome)
-    return replay_response(outcome.result)
-
-
-def stored_response(
-    response: Response,
-    replay_headers: Iterable[str],
-    max_body_bytes: int,
-    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
-) -> dict[str, Any]:
-    """The compact JSON form of a (buffered) response kept as the token's result.
-
-    The body is kept only when it is at most ``max_body_bytes`` raw AND the whole
-    stored form fits ``max_result_bytes`` once JSON-encoded the way the store counts
-    it (ASCII-only: a CJK character takes 6 bytes). Otherwise the body is omitted.
-    """
-    core = RequireToken(
-        "", replay_headers=replay_headers, max_body_bytes=max_body_bytes, max_result_bytes=max_result_bytes
-    )
-    result = core.result(Reply(response.status_code, list(response.headers.items()), response.get_data()))
-    assert result is not None
-    return result
-
-
-def replay_response(stored: Any) -> Response:
-    """A duplicate's response from the token's stored result (``TypeError`` if it is not one)."""
-    replayed = StoredResponse.from_result(stored)
-    response = Response(replayed.body, status=replayed.status)
-    response.headers.remove("Content-Type")
-    for name, value in replayed.replay_headers():
+    answer = answer_of(outcome)
+    response = Response(answer.body, status=answer.status)
+    response.headers.remove("Content-Type")  # the answer's own, if it has one
+    for name, value in answer.headers:
         response.headers.add(name, value)
     return response
 
@@ -176,12 +146,6 @@ def require_token(
     the lease is renewed while the view runs and its response streams out.
     """
     core = RequireToken.of(locals(), http_errors=(HTTPException,))  # first: before any other local
-    fields = fingerprint_fields(fingerprint)
-
-    def request_fingerprint() -> str | None:
-        if fields is not None:
-            return body_fingerprint(request.get_data(), request.content_type, fields)
-        return fingerprint(request) if callable(fingerprint) else None
 
     def decorate(view: Callable[..., Any]) -> Callable[..., Response]:
         @functools.wraps(view)
@@ -191,7 +155,7 @@ def require_token(
                 return _answer(token)
             if _body_ended_early():
                 return _answer(core.truncated())
-            guard = core.begin(client, token, subject(request) if subject else None, request_fingerprint())
+            guard = core.begin(client, token, *core.identity(request, request.get_data, request.content_type))
             if isinstance(guard, TokenError | Replay):
                 return _answer(guard)
             g.token_guard = guard
@@ -200,20 +164,15 @@ def require_token(
             except BaseException as exc:
                 core.failed(guard, exc)
                 raise
-            status, headers = response.status_code, list(response.headers.items())
-            not_recorded = None
+            head = Reply(response.status_code, list(response.headers.items()))
             if not (response.is_streamed or response.direct_passthrough):
-                not_recorded = core.settle(guard, Reply(status, headers, response.get_data()))
-            elif not core.keeps(status):
-                core.settle(guard, Reply(status, headers))  # frees the token, the body untouched
-            elif request.method == "HEAD":
-                # Werkzeug sends no body for HEAD and never iterates it
-                head = core.head_of_stream(Reply(status, headers), response.content_length)
-                not_recorded = core.settle(guard, head)
+                not_recorded = core.settle(guard, Reply(head.status, head.headers, response.get_data()))
+            elif (now := core.streamed(head, request.method, response.content_length)) is not None:
+                not_recorded = core.settle(guard, now)  # Werkzeug never iterates a HEAD's body
             else:
                 # a file or a stream: never buffered whole, recorded as it goes out
-                length = response.content_length
-                response.response = core.record(guard, response.response, Reply(status, headers), length)
+                response.response = core.record(guard, response.response, head, response.content_length)
+                not_recorded = None
             if not_recorded is not None:
                 return _answer(not_recorded)  # never a success whose outcome was not kept
             return response
