@@ -1,4 +1,5 @@
-# token-service image: gunicorn with token_service.server.gunicorn_conf, as a non-root user.
+# token-service image: `token-service serve` (gunicorn with token_service.server.gunicorn_conf, or
+# granian with TOKEN_SERVICE_SERVER=granian behind a proxy: docs/deployment.md), as a non-root user.
 #   docker build --build-arg VERSION="$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' token_service/__init__.py)" \
 #     -t token-service .
 #   docker run --stop-timeout 20 -e TOKEN_SERVICE_REDIS_URL=redis://... -e TOKEN_SERVICE_API_KEYS=... \
@@ -65,6 +66,10 @@ EXPOSE 8000
 # restart would not fix it. No curl in a slim image: Python's urllib does it.
 HEALTHCHECK --interval=15s --timeout=3s --start-period=10s --retries=3 \
   CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('PORT', '8000'), timeout=2)"]
-# gunicorn binds 0.0.0.0:$PORT. Stop timeout must exceed drain (5 s) + graceful_timeout (10 s).
+# `token-service serve` checks the settings, then runs the server TOKEN_SERVICE_SERVER names on
+# 0.0.0.0:$PORT: gunicorn (the default) in this very process, or granian as its child, which it
+# drains and stops; granian here needs TOKEN_SERVICE_TRUSTED_PROXY_HOPS (a proxy in front), or
+# serve refuses to start. The shell only expands $PORT and is replaced (exec): SIGTERM reaches
+# serve. Stop timeout must exceed drain (5 s) + graceful stop (10 s, either server).
 STOPSIGNAL SIGTERM
-CMD ["gunicorn", "--config", "python:token_service.server.gunicorn_conf", "token_service:create_app()"]
+CMD ["/bin/sh", "-c", "exec token-service serve --host 0.0.0.0 --port \"$PORT\""]

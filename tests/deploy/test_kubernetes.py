@@ -37,6 +37,7 @@ from tests.support.docs import code_blocks
 from tests.support.edge_timeouts import edge_timeout_seconds
 from tests.support.processes import REPO_ROOT
 from token_service import config
+from token_service.server import granian_serve
 
 MANIFEST_DIR = REPO_ROOT / "deploy" / "kubernetes"
 # 1.30: the first release with the preStop sleep action on by default; 1.33: a current one
@@ -244,7 +245,11 @@ def timing_problems(manifests: Manifests) -> list[str]:
         problems.append(
             "gunicorn's settings are overridden: the graceful timeout checked here is not in force"
         )
-    graceful_seconds = graceful_timeout_seconds()
+    # the server's graceful stop: gunicorn's graceful_timeout, or granian's --workers-kill-timeout
+    server = config.Settings.from_env({k: v for k, v in env.items() if k == "TOKEN_SERVICE_SERVER"}).server
+    graceful_seconds = (
+        granian_serve.WORKERS_KILL_TIMEOUT_SECONDS if server == "granian" else graceful_timeout_seconds()
+    )
     total = pre_stop_seconds + drain_seconds + graceful_seconds
     grace = pod_spec(manifests).get("terminationGracePeriodSeconds", 30)
     if total + GRACE_MARGIN_SECONDS > grace:
@@ -308,6 +313,9 @@ def environment_problems(manifests: Manifests) -> list[str]:
     hops = settings.trusted_proxy_hops
     if any(doc.get("kind") == "Ingress" for docs in manifests.values() for doc in docs) and hops != 1:
         problems.append(f"TOKEN_SERVICE_TRUSTED_PROXY_HOPS={hops}, with one Ingress in front")
+    # the image's command binds 0.0.0.0: what `serve --server granian` would refuse, the pod would too
+    if settings.server == "granian" and (refused := granian_serve.exposure_refused(settings, "0.0.0.0")):
+        problems.append(refused)
     return problems
 
 
@@ -633,11 +641,28 @@ BREAKAGES: dict[str, tuple[Callable[[Manifests], None], str]] = {
         lambda m: container(m)["resources"]["limits"].update(cpu="1500m"),
         "each worker gets less than a core",
     ),
+    "granian with no proxy declared": (
+        lambda m: (
+            env_item(m, "TOKEN_SERVICE_SERVER").update(value="granian"),
+            container(m)["env"].remove(env_item(m, "TOKEN_SERVICE_TRUSTED_PROXY_HOPS")),
+        ),
+        "needs a proxy in front of it",
+    ),
     "gunicorn overridden": (
         lambda m: container(m)["env"].append({"name": "GUNICORN_CMD_ARGS", "value": "--graceful-timeout 60"}),
         "overridden",
     ),
 }
+
+
+def test_one_setting_selects_granian_behind_the_ingress() -> None:
+    """TOKEN_SERVICE_SERVER=granian, nothing else changed: every check still holds (the Ingress is
+    the proxy granian needs, already declared by TOKEN_SERVICE_TRUSTED_PROXY_HOPS=1)."""
+    manifests = load_manifests()
+    assert plain_env(manifests)["TOKEN_SERVICE_SERVER"] == "gunicorn"  # the default, said
+    env_item(manifests, "TOKEN_SERVICE_SERVER").update(value="granian")
+    assert semantic_problems(manifests) == []
+    assert config.Settings.from_env(plain_env(manifests)).server == "granian"
 
 
 @pytest.mark.parametrize("breakage", sorted(BREAKAGES))

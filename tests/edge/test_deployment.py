@@ -11,18 +11,19 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
 from tests.support.dockerfile import final_stage, graceful_timeout_seconds, image_env, instructions
-from tests.support.processes import REPO_ROOT, RedisServer, free_port, wait_until
+from tests.support.processes import REPO_ROOT, SERVERS, RedisServer, free_port, wait_until
 
 
 def exec_form(arguments: str) -> list[str]:
     parsed = json.loads(arguments)
-    assert isinstance(parsed, list), "exec form (a JSON array), so signals reach gunicorn"
+    assert isinstance(parsed, list), "exec form (a JSON array), so signals reach the server"
     return [str(part) for part in parsed]
 
 
@@ -71,25 +72,35 @@ def test_the_healthcheck_needs_no_curl() -> None:
     assert not {"curl", "wget"} & set(" ".join(command).split())
 
 
-def test_the_command_is_gunicorn_with_the_config() -> None:
-    command = exec_form(the("CMD"))
-    assert command[:3] == ["gunicorn", "--config", "python:token_service.server.gunicorn_conf"]
+SERVE = 'exec token-service serve --host 0.0.0.0 --port "$PORT"'
+
+
+def test_the_command_is_token_service_serve_on_the_port() -> None:
+    # a shell only to expand $PORT, replaced by serve (exec): SIGTERM reaches serve, which drains;
+    # serve runs the server TOKEN_SERVICE_SERVER names, gunicorn with its config by default
+    assert exec_form(the("CMD")) == ["/bin/sh", "-c", SERVE]
 
 
 @pytest.mark.real
 @pytest.mark.slow
-def test_the_image_command_serves_and_its_healthcheck_passes(redis_server: RedisServer) -> None:
+@pytest.mark.parametrize("server", sorted(SERVERS))
+def test_the_image_command_serves_and_its_healthcheck_passes(redis_server: RedisServer, server: str) -> None:
     port = free_port()
     env = {
         **os.environ,
         **image_env(RUNTIME),
+        # the image's PATH starts with its venv's bin, where `token-service` is; here, this one's
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "PORT": str(port),
-        # the image binds 0.0.0.0:$PORT; here, stay on the loopback
-        "GUNICORN_CMD_ARGS": f"--bind 127.0.0.1:{port} --workers 2",
+        "WEB_CONCURRENCY": "2",
+        "TOKEN_SERVICE_SERVER": server,
+        "TOKEN_SERVICE_TRUSTED_PROXY_HOPS": "1",  # behind a proxy, as granian must be
         "TOKEN_SERVICE_REDIS_URL": redis_server.url,
         "TOKEN_SERVICE_API_KEYS": "image-test-key-0123456789",
     }
-    command = exec_form(the("CMD"))
+    shell, flag, script = exec_form(the("CMD"))
+    # the image binds 0.0.0.0:$PORT; here, stay on the loopback
+    command = [shell, flag, script.replace("--host 0.0.0.0", "--host 127.0.0.1")]
     healthcheck = the("HEALTHCHECK")
     probe = exec_form(healthcheck[healthcheck.index("CMD") + 3 :].strip())
     python = [sys.executable]
@@ -98,18 +109,20 @@ def test_the_image_command_serves_and_its_healthcheck_passes(redis_server: Redis
         return subprocess.run(python + probe[1:], env=env, capture_output=True, timeout=10).returncode == 0
 
     assert not healthy(), "nothing is listening yet: the probe must fail"
-    server = subprocess.Popen([*python, "-m", *command], env=env, cwd=REPO_ROOT, stderr=subprocess.PIPE)
+    server_process = subprocess.Popen(command, env=env, cwd=REPO_ROOT, stderr=subprocess.PIPE)
     try:
-        wait_until(healthy, timeout_seconds=30, what="the HEALTHCHECK command to pass")
+        wait_until(healthy, timeout_seconds=60, what="the HEALTHCHECK command to pass")
         url = f"http://127.0.0.1:{port}"
-        assert httpx.post(url + "/token/generate", json={"scope": "image"}, timeout=30).status_code == 201
+        generated = httpx.post(url + "/token/generate", json={"scope": "image"}, timeout=30)
+        assert generated.status_code == 201
+        assert generated.headers.get("server", "gunicorn") == server  # granian names itself
         assert httpx.get(url + "/readyz", timeout=30).status_code == 200
     finally:
-        server.terminate()
-        server.wait(timeout=30)
-        assert server.stderr is not None
-        server.stderr.close()
-    assert server.returncode == 0
+        server_process.terminate()  # the shell is gone (exec): this reaches serve, which drains
+        server_process.wait(timeout=60)
+        assert server_process.stderr is not None
+        server_process.stderr.close()
+    assert server_process.returncode == 0
     assert not healthy()
 
 

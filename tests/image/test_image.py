@@ -278,7 +278,8 @@ class Container:
             raise AssertionError(f"{exc}\n{self.logs()[-3000:]}") from None
         if state == "exited":
             logs = self.logs()
-            if retry_if_taken and "Address already in use" in logs:
+            # serve's own check ("port N on 0.0.0.0 is in use"), or the bind losing a race after it
+            if retry_if_taken and ("Address already in use" in logs or " is in use " in logs):
                 return False
             code = self.inspect("{{.State.ExitCode}}")
             raise AssertionError(f"{self.name} exited {code} before serving:\n{logs[-3000:]}")
@@ -431,7 +432,9 @@ def test_every_gunicorn_process_runs_as_the_image_user(service: tuple[Container,
         assert gids
         assert set(uids.group(1).split()) == {"10001"}, (pid, uids.group(0))  # real, effective, saved, fs
         assert set(gids.group(1).split()) == {"10001"}, (pid, gids.group(0))
-        assert "gunicorn" in Path(f"/proc/{pid}/cmdline").read_text()
+        # `token-service serve` runs gunicorn in its own process: the master, and the forked workers
+        assert "token-service\0serve" in Path(f"/proc/{pid}/cmdline").read_text()
+    assert "Booting worker" in container.logs()  # gunicorn's, not granian's
     say(f"{len(processes)} gunicorn processes (master + 2 workers), all uid/gid 10001: ok")
 
 
@@ -531,3 +534,65 @@ def test_sigterm_drains_then_exits_within_drain_and_graceful_timeout(
     )
     assert during.status_code == 201
     assert healthz.status_code == 200
+
+
+def test_one_setting_serves_it_under_granian_behind_a_proxy(image: Image, redis_server: RedisServer) -> None:
+    """TOKEN_SERVICE_SERVER=granian in an image run behind a proxy (TOKEN_SERVICE_TRUSTED_PROXY_HOPS=1,
+    as the Kubernetes recipe and the nginx recipe's service set it); without a proxy, a refusal."""
+    refused = image.run(
+        "granian-exposed",
+        "--env",
+        f"PORT={free_port()}",
+        "--env",
+        f"TOKEN_SERVICE_REDIS_URL={redis_server.url}",
+        "--env",
+        f"TOKEN_SERVICE_API_KEYS={SERVICE_KEY}",
+        "--env",
+        "TOKEN_SERVICE_SERVER=granian",
+    )
+    wait_until(lambda: not refused.running(), 120, what="the exposed granian container to stop")
+    assert refused.inspect("{{.State.ExitCode}}") == "2"
+    assert "TOKEN_SERVICE_TRUSTED_PROXY_HOPS=1" in refused.logs()
+    podman("rm", "--force", "--time", "0", refused.name)
+
+    container, url = image.serve(
+        "granian",
+        redis_server.url,
+        "--stop-timeout",
+        str(STOP_TIMEOUT_SECONDS),
+        "--env",
+        "TOKEN_SERVICE_SERVER=granian",
+        "--env",
+        "TOKEN_SERVICE_TRUSTED_PROXY_HOPS=1",
+    )
+    generated = httpx.post(url + "/token/generate", json={"scope": "payment.create"}, timeout=30)
+    assert generated.status_code == 201, generated.text
+    assert generated.headers["server"] == "granian"
+    consumed = httpx.post(
+        url + "/token/consume",
+        json={"token": generated.json()["token"], "scope": "payment.create"},
+        headers={"Authorization": f"Bearer {SERVICE_KEY}"},
+        timeout=30,
+    )
+    assert consumed.status_code == 200, consumed.text
+    # serve (pid 1 of the container) -> granian's main process -> its WEB_CONCURRENCY=2 workers
+    serve = int(container.inspect("{{.State.Pid}}"))
+    processes = [serve, *children(serve)]
+    processes += [worker for main in children(serve) for worker in children(main)]
+    assert len(processes) == 4, processes
+    for pid in processes:
+        uids = re.search(r"^Uid:\s+(.*)$", Path(f"/proc/{pid}/status").read_text(), re.MULTILINE)
+        assert uids
+        assert set(uids.group(1).split()) == {"10001"}, (pid, uids.group(0))
+    assert "it relies on the proxy in front" in container.logs()  # said at every start
+    started = time.monotonic()
+    podman("stop", "--time", str(STOP_TIMEOUT_SECONDS), container.name, timeout=120)
+    stopped_seconds = time.monotonic() - started
+    logs = container.logs()
+    assert container.inspect("{{.State.ExitCode}}") == "0", logs[-3000:]
+    assert "draining for 5 s" in logs
+    say(
+        f"TOKEN_SERVICE_SERVER=granian: refused without a proxy (exit 2); behind one, generate 201 "
+        f"(server: granian), consume 200, {len(processes)} processes uid 10001, drained and exited 0 "
+        f"after {stopped_seconds:.1f} s: ok"
+    )

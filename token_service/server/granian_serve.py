@@ -55,6 +55,7 @@ __all__ = [
     "BLOCKING_THREADS",
     "HEADER_BUFFER_BYTES",
     "HEADER_READ_TIMEOUT_MILLISECONDS",
+    "WORKERS_KILL_TIMEOUT_SECONDS",
     "exposure_refused",
     "granian_argv",
     "serve",
