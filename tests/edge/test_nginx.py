@@ -1,19 +1,18 @@
-"""deploy/nginx/token-service.conf, run by a real nginx in front of real gunicorn.
+"""deploy/nginx/token-service.conf, run by a real nginx in front of each server ``serve`` runs.
 
-The shipped file is used as it is, except for its two addresses (the listen
-port and the upstream's), which the test points at free loopback ports;
-nginx runs with its own prefix, pid file and temp folders under the test's
-temporary directory. The service runs the shipped gunicorn config with
-TOKEN_SERVICE_TRUSTED_PROXY_HOPS=1, as docs/deployment.md says to.
+The shipped file is used as it is, except for its two addresses (tests/support/nginx.py). The
+service runs as shipped with TOKEN_SERVICE_TRUSTED_PROXY_HOPS=1, as docs/deployment.md says to,
+under gunicorn and under granian. For granian this is the supported deployment (it holds no body
+deadline and accepts a bare LF by itself: tests/edge/test_gunicorn_edge.py), so what a client can
+throw at the edge (bodies that stall or drip, heads too large, bad framing, smuggling with two
+lengths, floods of idle and kept-alive sockets) is thrown here, at nginx, on both servers.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,14 +21,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.edge.test_gunicorn_edge import MALFORMED
 from tests.support.edge_timeouts import edge_timeout_seconds
-from tests.support.processes import REPO_ROOT, Gunicorn, RedisServer, start_serving, wait_until
+from tests.support.nginx import CONF, Nginx
+from tests.support.processes import REPO_ROOT, SERVERS, Gunicorn, RedisServer, wait_until
 from tests.support.raw_http import Reply, connect, exchange, read_reply, request_bytes
 from tests.support.service import API_KEY, AUTH
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
 
-CONF = REPO_ROOT / "deploy" / "nginx" / "token-service.conf"
 JSON = {"Content-Type": "application/json"}
 SLOW_SOCKETS = 200
 
@@ -45,94 +45,6 @@ def test_the_proxy_waits_for_the_services_worst_case() -> None:
     assert timeouts == [str(edge_timeout_seconds(environment))]
 
 
-def nginx_binary() -> str:
-    binary = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
-    if binary:
-        return binary
-    message = "nginx is not installed: the proxy recipe's test needs it (apt-get install nginx)"
-    if os.environ.get("CI"):
-        pytest.fail(message + " — CI must run it", pytrace=False)
-    pytest.skip(message)
-
-
-def shipped_server_block(listen_port: int, upstream_port: int, log_dir: Path) -> str:
-    """The shipped file with its two addresses (and its access log path) pointed at the test's."""
-    text = CONF.read_text()
-    for old, new in [
-        ("listen 8080;", f"listen 127.0.0.1:{listen_port};"),
-        ("server token-service:8000;", f"server 127.0.0.1:{upstream_port};"),
-        ("access_log /var/log/nginx/access.log ", f"access_log {log_dir / 'access.log'} "),
-    ]:
-        assert text.count(old) == 1, old
-        text = text.replace(old, new)
-    return text
-
-
-class Nginx:
-    def __init__(self, root: Path, upstream_port: int) -> None:
-        self.root = root
-        self.upstream_port = upstream_port
-        self.port = 0  # start() picks a free one
-        self.process: subprocess.Popen[bytes] | None = None
-        for folder in ("logs", "client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
-            (root / folder).mkdir(parents=True, exist_ok=True)
-        user = "user root;\n" if os.geteuid() == 0 else ""  # workers must reach the temp folders
-        (root / "nginx.conf").write_text(
-            f"""{user}worker_processes 1;
-daemon off;
-pid {root}/nginx.pid;
-error_log {root}/logs/error.log info;
-events {{ worker_connections 1024; }}
-http {{
-    client_body_temp_path {root}/client_body;
-    proxy_temp_path {root}/proxy;
-    fastcgi_temp_path {root}/fastcgi;
-    uwsgi_temp_path {root}/uwsgi;
-    scgi_temp_path {root}/scgi;
-    include {root}/token-service.conf;
-}}
-"""
-        )
-
-    @property
-    def address(self) -> tuple[str, int]:
-        return ("127.0.0.1", self.port)
-
-    def start(self) -> Nginx:
-        binary = nginx_binary()
-        args = [
-            binary,
-            "-p",
-            str(self.root),
-            "-c",
-            str(self.root / "nginx.conf"),
-            "-e",
-            str(self.root / "logs/error.log"),
-        ]
-
-        def launch(port: int) -> subprocess.Popen[bytes]:
-            (self.root / "token-service.conf").write_text(
-                shipped_server_block(port, self.upstream_port, self.root / "logs")
-            )
-            test = subprocess.run([*args, "-t"], capture_output=True, text=True, check=False)
-            assert test.returncode == 0, test.stderr
-            return subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-        def ready(port: int) -> bool:
-            return exchange(("127.0.0.1", port), request_bytes("GET", "/healthz"), 1).status == 200
-
-        self.process, self.port = start_serving(launch, ready, "nginx")
-        return self
-
-    def access_log(self) -> str:
-        return (self.root / "logs" / "access.log").read_text()
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=20)
-
-
 @dataclass
 class Stack:
     redis: RedisServer
@@ -140,10 +52,10 @@ class Stack:
     nginx: Nginx
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+@pytest.fixture(scope="module", params=sorted(SERVERS))
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     redis_server = RedisServer().start()
-    service = Gunicorn(
+    service = SERVERS[request.param](
         {
             "TOKEN_SERVICE_REDIS_URL": redis_server.url,
             "TOKEN_SERVICE_API_KEYS": API_KEY,
@@ -283,3 +195,138 @@ def test_metrics_are_not_routed_to_the_internet(stack: Stack) -> None:
     assert (hidden.status, hidden.body) == (unknown.status, unknown.body)
     kept = ("content-type", "cache-control", "x-request-id")
     assert {k: hidden.headers.get(k) for k in kept} == {k: unknown.headers.get(k) for k in kept}
+
+
+# --- what an attacker throws at the edge, thrown at nginx: held on both servers ------------------
+
+
+def reached_the_service(stack: Stack, request_id: str) -> bool:
+    """Whether the service logged a request with this id; known only once a later request through
+    nginx (a marker of its own) has been logged, so a "no" is not just "not yet"."""
+    marker = f"marker-{request_id}"
+    assert exchange(stack.nginx.address, request_bytes("GET", "/healthz", headers={"X-Request-ID": marker}))
+    wait_until(
+        lambda: f'"request_id": "{marker}"' in stack.service.log(), 30, what="the marker's access line"
+    )
+    return f'"request_id": "{request_id}"' in stack.service.log()
+
+
+def assert_nginx_problem(reply: Reply, statuses: tuple[int, ...], code: str) -> None:
+    assert reply.status in statuses, reply
+    assert reply.headers["content-type"] == "application/problem+json", reply
+    assert reply.json()["code"] == code
+    assert b"<html" not in reply.body
+
+
+@pytest.mark.parametrize(("raw", "status"), [case for case in MALFORMED if case.id != "bare-lf"])
+def test_what_nginx_cannot_read_is_refused_as_problem_json(
+    stack: Stack, raw: bytes, status: int | tuple[int, ...]
+) -> None:
+    # nginx's own statuses: 400 (its 494 for a header over 8 KiB too), 414, 501 for gzip
+    assert_nginx_problem(exchange(stack.nginx.address, raw), (400, 414, 501), "invalid_request")
+
+
+def test_a_bare_lf_is_read_by_nginx_alone(stack: Stack) -> None:
+    """nginx takes a bare LF as a line end (RFC 9112 lets it) and sends the service CRLF lines:
+    the one parser of the client's bytes, so no second one can read them otherwise."""
+    reply = exchange(stack.nginx.address, b"GET /healthz HTTP/1.1\nHost: x\nX-Request-ID: bare-lf-1\n\n")
+    assert reply.status == 200
+    assert reached_the_service(stack, "bare-lf-1")
+
+
+HIDDEN = request_bytes("POST", "/token/generate", b'{"scope": "hidden"}', {**JSON, "X-Request-ID": "{rid}"})
+SMUGGLING = {
+    # a body framed two ways: a server reading the other framing would find HIDDEN as a request
+    "CL.TE": b"Content-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + HIDDEN,
+    "TE.CL": b"Transfer-Encoding: chunked\r\nContent-Length: 300\r\n\r\n0\r\n\r\n" + HIDDEN,
+    "TE.TE": b"Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\r\n0\r\n\r\n" + HIDDEN,
+    "two CL": b"Content-Length: 0\r\nContent-Length: 250\r\n\r\n" + HIDDEN,
+    # a bare LF before the length: a parser that does not take it as a line end reads no length
+    "bare LF": b"X-Pad: a\nContent-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + HIDDEN,
+}
+
+
+@pytest.mark.parametrize("framing", sorted(SMUGGLING))
+def test_a_request_hidden_by_two_framings_never_reaches_the_service(stack: Stack, framing: str) -> None:
+    rid = f"hidden-{framing.replace(' ', '-').replace('.', '-')}-{stack.service.port}"
+    head = b"POST /token/generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    with connect(stack.nginx.address) as sock:
+        sock.sendall(head + SMUGGLING[framing].replace(b"{rid}", rid.encode()))
+        reply = read_reply(sock)
+        assert_nginx_problem(reply, (400,), "invalid_request")
+        assert reply.headers.get("connection") == "close"
+    assert not reached_the_service(stack, rid)
+
+
+def test_a_body_that_stalls_is_cut_off_at_nginx_and_never_reaches_the_service(stack: Stack) -> None:
+    headers = {**JSON, "X-Request-ID": "stall-1"}
+    raw = request_bytes("POST", "/token/generate", b'{"scope": "stalled"}', headers)
+    received = b""
+    with connect(stack.nginx.address) as sock:
+        sock.sendall(raw[:-5])
+        # client_body_timeout (10 s) after the last byte: reset_timedout_connection on, so nginx
+        # resets the connection (a 408 problem+json would do too); well within a minute
+        sock.settimeout(60)
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except ConnectionResetError:
+            pass
+    assert not received or received.startswith(b"HTTP/1.1 408 "), received[:300]
+    assert b"<html" not in received
+    assert not reached_the_service(stack, "stall-1")
+
+
+DRIPPERS = 8  # more than granian's blocking threads (2 workers x 2) and gunicorn's, were they held
+
+
+def test_bodies_that_drip_hold_nothing_of_the_service(stack: Stack) -> None:
+    """A byte every half second keeps nginx's client_body_timeout from firing, so these bodies
+    never end; nginx holds them all, and the service serves everyone else meanwhile."""
+    address = stack.nginx.address
+    raw = request_bytes("POST", "/token/generate", b'{"scope": "drip.one"}' + b" " * 400, JSON)
+    stop = threading.Event()
+
+    def drip() -> None:
+        with connect(address, "127.0.0.5") as sock:
+            sock.sendall(raw[: raw.index(b"\r\n\r\n") + 4])
+            for byte in raw[raw.index(b"\r\n\r\n") + 4 : -1]:
+                if stop.wait(0.5):
+                    return
+                sock.sendall(bytes([byte]))
+
+    drippers = [threading.Thread(target=drip, daemon=True) for _ in range(DRIPPERS)]
+    for dripper in drippers:
+        dripper.start()
+    try:
+        time.sleep(1)  # every dripper has its head in and is dripping
+        statuses = [generate(address, f"127.0.3.{i + 1}").status for i in range(20)]
+        assert statuses == [201] * 20
+        assert all(dripper.is_alive() for dripper in drippers)  # still dripping: never refused
+        assert upstream_connections(stack.service.port) < 32
+    finally:
+        stop.set()
+        for dripper in drippers:
+            dripper.join(timeout=30)
+    assert "drip.one" not in stack.service.log()
+
+
+def test_kept_alive_connections_carry_many_requests_and_a_flood_of_them_blocks_no_one(stack: Stack) -> None:
+    address = stack.nginx.address
+    with connect(address) as sock:
+        for _ in range(50):
+            sock.sendall(request_bytes("GET", "/healthz"))
+            assert read_reply(sock).status == 200
+    # 300 clients that each asked once and keep their connection open (keepalive_timeout 30 s)
+    flood = []
+    try:
+        for i in range(300):
+            sock = connect(address, f"127.0.4.{1 + i % 200}")
+            sock.sendall(request_bytes("GET", "/healthz"))
+            assert read_reply(sock).status == 200
+            flood.append(sock)
+        assert upstream_connections(stack.service.port) < 32  # nginx's pool, not one per client
+        assert [generate(address, f"127.0.5.{i + 1}").status for i in range(20)] == [201] * 20
+    finally:
+        for sock in flood:
+            sock.close()
