@@ -197,13 +197,14 @@ class RequireToken:
         guard_options: Mapping[str, Any] | None = None,
         http_errors: tuple[type[BaseException], ...] = (),
     ) -> None:
+        # body field names (checked first: one string is a TypeError), else None
+        self.fields = _fingerprint_fields(fingerprint)
         self.scope = scope
-        self.http_errors = http_errors
         self.header = header
-        # callables given the framework's request (FastAPI's may be async), or body field names
+        # callables given the framework's request (FastAPI's may be async)
         self.subject = subject
         self.fingerprint = fingerprint
-        self.fields = _fingerprint_fields(fingerprint)
+        self.http_errors = http_errors
         self.replay_headers = frozenset(name.lower() for name in replay_headers)
         self.store_status = store_status
         self.max_result_bytes = max_result_bytes

@@ -64,7 +64,7 @@ import itertools
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar, Unpack
 
 import redis
@@ -595,61 +595,49 @@ _READ_AHEAD = object()
 async def _read_ahead(
     core: RequireToken, guard: AsyncGuard, response: StreamingHttpResponse
 ) -> OutcomeNotRecorded | None:
-    """An async view's synchronous stream (a FileResponse), settled before it goes out.
+    """An async view's stream that Django sends after the view's event loop is gone, where its
+    guard cannot be settled: read here and settled before it goes out (what was read goes out
+    first); freed when it raises while read.
 
-    Django may iterate it after this view's event loop is gone (an async view under
-    WSGI), where its guard cannot be settled. So it is read here up to the caps: kept
-    when it ends within them; else omitted with its declared length (0 when it declares
-    none: it cannot be counted before it goes out); freed when it raises while read.
-    What was read goes out first.
+    - A synchronous one (a FileResponse): Django may iterate it after this view's event loop
+      is gone (an async view under WSGI). It is read up to the caps: kept when it ends within
+      them; else omitted with its declared length (0 when it declares none: it cannot be
+      counted before it goes out).
+    - An async one outside ASGI (an async view under WSGI): Django reads such a stream whole
+      into a list before it sends it (``StreamingHttpResponse.__iter__``), on an event loop of
+      its own, where the guard's connection, made on the view's loop, is unusable ("Event loop
+      is closed"), and a generator first read on the view's loop was closed with it. So it is
+      read whole here instead, as Django would: kept when it fits the caps, else omitted with
+      its real length.
     """
     head = Reply(response.status_code, list(response.items()))
-    if response.is_async:
-        return await _read_whole(core, guard, response, head)
-    chunks = iter(response.streaming_content)
+    is_async = response.is_async
     read: list[bytes] = []
-
-    def read_up_to_the_caps() -> bool:
-        size = 0
-        for chunk in chunks:
-            read.append(chunk)
-            size += len(chunk)
-            if size > core.cap_bytes:
-                return False
-        return True
-
+    rest: Iterator[bytes] = iter(())
     try:
-        whole = await sync_to_async(read_up_to_the_caps)()
+        if is_async:
+            read = [chunk async for chunk in response.streaming_content]
+            whole = True
+        else:
+            rest = iter(response.streaming_content)
+            whole = await sync_to_async(_read_up_to)(rest, read, core.cap_bytes)
     except BaseException:
         await core.asettle(guard, None)  # the body broke before it went out: freed, as a broken stream is
         raise
-    if whole:
-        not_recorded = await core.asettle(guard, dataclasses.replace(head, body=b"".join(read)))
-    else:
-        length = declared_length(str(response.get("Content-Length") or ""))
-        not_recorded = await core.asettle(guard, dataclasses.replace(head, omitted=length or 0))
-    response.streaming_content = itertools.chain(read, chunks)
-    return not_recorded
-
-
-async def _read_whole(
-    core: RequireToken, guard: AsyncGuard, response: StreamingHttpResponse, head: Reply
-) -> OutcomeNotRecorded | None:
-    """An async view's async stream outside ASGI (an async view under WSGI), read whole and settled here.
-
-    Django reads such a stream whole into a list before it sends it (``StreamingHttpResponse.__iter__``),
-    on an event loop of its own: there the guard's connection, made on the view's loop, is unusable
-    ("Event loop is closed"), and a generator first read on the view's loop was closed with it. So it is
-    read here instead, as Django would, and goes out as that list: kept when it fits the caps, else
-    omitted with its real length; freed when it raises.
-    """
-    try:
-        read = [chunk async for chunk in response.streaming_content]
-    except BaseException:
-        await core.asettle(guard, None)  # the body broke before it went out: freed, as a broken stream is
-        raise
+    response.streaming_content = itertools.chain(read, rest)
     size = sum(map(len, read))
-    response.streaming_content = iter(read)
-    if size <= core.cap_bytes:
+    if whole and size <= core.cap_bytes:
         return await core.asettle(guard, dataclasses.replace(head, body=b"".join(read)))
-    return await core.asettle(guard, dataclasses.replace(head, omitted=size))
+    omitted = size if is_async else declared_length(str(response.get("Content-Length") or "")) or 0
+    return await core.asettle(guard, dataclasses.replace(head, omitted=omitted))
+
+
+def _read_up_to(chunks: Iterator[bytes], read: list[bytes], cap: int) -> bool:
+    """Read ``chunks`` into ``read`` until they end (True) or pass ``cap`` bytes (False)."""
+    size = 0
+    for chunk in chunks:
+        read.append(chunk)
+        size += len(chunk)
+        if size > cap:
+            return False
+    return True
