@@ -144,8 +144,11 @@ def _is(annotation: Any, kind: type) -> bool:
     return isinstance(annotation, type) and issubclass(annotation, kind)
 
 
-def _signature(endpoint: Callable[..., Any]) -> tuple[inspect.Signature, str, str, tuple[str, ...]]:
-    """The endpoint's signature with its annotations resolved and a Request and a Response in it.
+def _signature(
+    endpoint: Callable[..., Any], dependency: Callable[..., Any] | None
+) -> tuple[inspect.Signature, str, str, tuple[str, ...]]:
+    """The endpoint's signature with its annotations resolved and a Request and a Response in it,
+    and a hidden keyword-only parameter FastAPI fills from ``dependency`` (the client's) if given.
 
     Returns the signature, the names of the Request and Response parameters and which
     of those two were added (FastAPI injects one of each kind per endpoint: when the
@@ -162,15 +165,21 @@ def _signature(endpoint: Callable[..., Any]) -> tuple[inspect.Signature, str, st
     names: dict[type, str] = {}
     added: list[str] = []
     extra: list[inspect.Parameter] = []
+
+    def hide(name: str, **how: Any) -> None:
+        if name in signature.parameters:
+            raise TypeError(f"{endpoint.__qualname__} has a parameter {name!r}: this decorator's own")
+        extra.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, **how))
+
     for kind, hidden in ((Request, _REQUEST), (Response, _RESPONSE)):
         declared = next((p.name for p in parameters if _is(p.annotation, kind)), None)
         if declared is None:
-            if hidden in signature.parameters:
-                raise TypeError(f"{endpoint.__qualname__} has a parameter {hidden!r}: this decorator's own")
-            extra.append(inspect.Parameter(hidden, inspect.Parameter.KEYWORD_ONLY, annotation=kind))
+            hide(hidden, annotation=kind)
             added.append(hidden)
             declared = hidden
         names[kind] = declared
+    if dependency is not None:
+        hide(_CLIENT, default=Depends(dependency))
     # keyword-only parameters go last; **kwargs (if any) after them
     variadic = [p for p in parameters if p.kind is inspect.Parameter.VAR_KEYWORD]
     plain = [p for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD]
@@ -215,9 +224,7 @@ def require_token(
     dependency = None if isinstance(client, AsyncTokenClient) else client
 
     def decorate(endpoint: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
-        signature, request_name, response_name, added = _signature(endpoint)
-        if dependency is not None:
-            signature = _with_client_dependency(endpoint, signature, dependency)
+        signature, request_name, response_name, added = _signature(endpoint, dependency)
         is_async = inspect.iscoroutinefunction(endpoint)
 
         async def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -270,20 +277,6 @@ def require_token(
         return guarded_endpoint
 
     return decorate
-
-
-def _with_client_dependency(
-    endpoint: Callable[..., Any], signature: inspect.Signature, dependency: Callable[..., Any]
-) -> inspect.Signature:
-    """``signature`` with a hidden keyword-only parameter FastAPI fills from ``dependency``."""
-    if _CLIENT in signature.parameters:
-        raise TypeError(f"{endpoint.__qualname__} has a parameter {_CLIENT!r}: this decorator's own")
-    hidden = inspect.Parameter(_CLIENT, inspect.Parameter.KEYWORD_ONLY, default=Depends(dependency))
-    parameters = list(signature.parameters.values())
-    at = next(
-        (i for i, p in enumerate(parameters) if p.kind is inspect.Parameter.VAR_KEYWORD), len(parameters)
-    )
-    return signature.replace(parameters=[*parameters[:at], hidden, *parameters[at:]])
 
 
 def _resolved_client(value: Any, dependency: Callable[..., Any]) -> AsyncTokenClient:
