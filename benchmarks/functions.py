@@ -1,7 +1,8 @@
 """``@idempotent`` and the token guard vs AWS Powertools' ``idempotent_function``, on one redis-server.
 
-    python -m benchmarks.functions [--rounds 12] [--calls 300] [--out benchmarks]
-    python -m benchmarks.functions --callgrind LABEL [--calls 500]  # instructions per call
+    python -m benchmarks.functions [--rounds 24] [--calls 400] [--block 25] [--out benchmarks]
+    python -m benchmarks.functions --callgrind LABEL [--calls 500]  # client instructions per call
+    python -m benchmarks.functions --callgrind-redis LABEL [--calls 300]  # redis-server's
 
 ``@idempotent`` and Powertools decorate the same small function, keyed by an
 order id; the token guard (``client.guard(token, scope).run(function, ...)``)
@@ -12,16 +13,23 @@ sequentially in this process against the same private redis-server:
 - **replay**: the same keys called again (the stored result comes back, the
   function does not run).
 
-Every round runs every contender on fresh keys, rotating which goes first.
-The figure per phase is the median over rounds of the ratio ``ours /
-powertools`` of the two median latencies measured in that round (< 1: ours is
-faster); for the guard, of the two throughputs (calls per second over the
-phase, > 1: the guard is faster). The budgets (issue 24) are checked on those
-ratios, all from one run.
+Every round runs every contender on fresh keys, interleaved: they take turns
+``--block`` calls at a time, the order rotated every turn, first executions
+and then replays, so that a change in the machine's load (a shared machine)
+falls on all of them alike. The figure per phase is the median over rounds of
+the ratio ``ours / powertools`` taken within the round: of the two median
+latencies (< 1: ours is faster), of redis-server's CPU per call (schedstat:
+user + system, network work included), and for the guard of the two
+throughputs (calls per second over the phase, > 1: the guard is faster). The
+budgets (issues 24 and 32) are checked on those ratios, all from one run, and
+reported with the middle half and the range of the rounds.
 
 ``--callgrind`` counts instructions instead of time (load-independent): it
 runs each contender's phase under ``valgrind --tool=callgrind`` twice (N and
 2N calls, plus the startup both share) and reports the difference per call.
+``--callgrind-redis`` counts redis-server's instructions per call instead (the
+server under callgrind, the contenders in this process): user space only, the
+kernel's share of the network work is not in it.
 
 Powertools runs with its local cache off (a second process would not see
 it) and without payload validation, ours without a fingerprint: each does
@@ -35,6 +43,7 @@ section of ``RESULTS.md`` there (``--no-results`` to leave it alone). Needs
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -49,7 +58,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from benchmarks.procs import REPO_ROOT, RedisServer, require
+from benchmarks.procs import REPO_ROOT, CallgrindRedis, RedisServer, cpu_seconds_precise, require
 from token_service.client import TokenClient, idempotent
 
 # the report keeps sections so marked when the suite rewrites RESULTS.md (benchmarks/report.py)
@@ -57,21 +66,21 @@ SECTION_START = "<!-- section: functions -->"
 SECTION_END = "<!-- end of section -->"
 Call = Callable[[str], Any]
 SCOPE = "bench.order"
-# issue 24: ratios in one run, renewal on
+# issues 24 and 32: ratios in one run, renewal on
 BUDGETS = {
     "idempotent_first_latency": 0.8,  # @idempotent / Powertools, at most
     "idempotent_replay_latency": 0.35,  # at most
-    "guard_first_throughput": 1.2,  # guard / Powertools, at least
-    "guard_replay_throughput": 4.0,  # at least
-    # issue 32: redis-server's CPU per keyed first execution, @idempotent / Powertools, at most
+    "guard_first_throughput": 1.5,  # guard / Powertools, at least (issue 24: 1.2)
+    "guard_replay_throughput": 5.0,  # at least (issue 24: 4.0)
+    # redis-server's CPU per keyed first execution, @idempotent / Powertools, at most
     "idempotent_first_redis_cpu": 1.25,
 }
 
 
-def _cpu_seconds(pid: int) -> float:
-    """A process's user + system CPU so far (/proc/<pid>/stat), network work included."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _redis_cpu_ns(pid: int) -> int:
+    """redis-server's CPU so far, every thread, user + system (network work included), in the
+    scheduler's nanoseconds (/proc/<pid>/task/*/schedstat): fine enough for a block of calls."""
+    return round(cpu_seconds_precise([pid]) * 1e9)
 
 
 def _commandstats(client: Any) -> dict[str, tuple[int, float]]:
@@ -146,24 +155,90 @@ def _powertools(url: str) -> tuple[Call, Callable[[], None]]:
     return call, client.close
 
 
-def _measure(call: Call, keys: list[str]) -> tuple[float, float]:
-    """(median latency in µs, throughput in calls per second over the whole phase)."""
-    samples = []
-    began = time.perf_counter()
-    for key in keys:
-        started = time.perf_counter()
-        call(key)
-        samples.append((time.perf_counter() - started) * 1e6)
-    return statistics.median(samples), len(keys) / (time.perf_counter() - began)
-
-
 def _keys(name: str, number: int, calls: int, guard: _Guard) -> list[str]:
     if name == "guard":
         return guard.tokens(calls)
     return [f"r{number}-{name}-{i}" for i in range(calls)]
 
 
-def run(rounds: int, calls: int) -> dict[str, Any]:
+def _spread(values: list[float]) -> dict[str, float]:
+    """The median of per-round figures, with their range and their middle half."""
+    quartiles = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return {
+        "median": statistics.median(values),
+        "low": min(values),
+        "high": max(values),
+        "q1": quartiles[0],
+        "q3": quartiles[2],
+    }
+
+
+class _Tally:
+    """One contender's figures in one phase of one round, added up block by block."""
+
+    def __init__(self) -> None:
+        self.samples_us: list[float] = []
+        self.elapsed_s = 0.0
+        self.redis_ns = 0
+        self.client_ns = 0
+
+    def run(self, call: Call, keys: list[str], redis_pid: int) -> None:
+        perf_counter = time.perf_counter
+        samples = self.samples_us
+        redis_before = _redis_cpu_ns(redis_pid)
+        client_before = time.thread_time_ns()
+        began = perf_counter()
+        for key in keys:
+            started = perf_counter()
+            call(key)
+            samples.append((perf_counter() - started) * 1e6)
+        self.elapsed_s += perf_counter() - began
+        self.client_ns += time.thread_time_ns() - client_before
+        self.redis_ns += _redis_cpu_ns(redis_pid) - redis_before
+
+    def figures(self, calls: int) -> dict[str, float]:
+        return {
+            "us": statistics.median(self.samples_us),
+            "per_s": calls / self.elapsed_s,
+            "redis_cpu_us": self.redis_ns / calls / 1000,
+            "client_cpu_us": self.client_ns / calls / 1000,
+        }
+
+
+def _round(
+    contenders: dict[str, Call], keys: dict[str, list[str]], block: int, shift: int, redis_pid: int
+) -> dict[str, dict[str, dict[str, float]]]:
+    """One round: every contender's first executions, then its replays, interleaved ``block``
+    calls at a time (the order rotated every block), so that all of them run under the same
+    load; figures per contender and phase."""
+    names = list(contenders)
+    calls = len(next(iter(keys.values())))
+    tallies = {name: {"first": _Tally(), "replay": _Tally()} for name in names}
+    gc.collect()  # no collection of an earlier round's garbage lands on one contender
+    for phase in ("first", "replay"):
+        for number, start in enumerate(range(0, calls, block)):
+            turn = (shift + number) % len(names)
+            for name in names[turn:] + names[:turn]:
+                tallies[name][phase].run(contenders[name], keys[name][start : start + block], redis_pid)
+    return {name: {phase: t.figures(calls) for phase, t in each.items()} for name, each in tallies.items()}
+
+
+def _commandstats_pass(
+    admin: Any, contenders: dict[str, Call], calls: int, guard: _Guard
+) -> dict[str, dict[str, dict[str, tuple[int, float]]]]:
+    """``INFO commandstats`` of each contender alone, first executions then replays (not timed)."""
+    stats: dict[str, dict[str, dict[str, tuple[int, float]]]] = {}
+    for name, call in contenders.items():
+        keys = _keys(name, 10_000, calls, guard)
+        for phase in ("first", "replay"):
+            admin.config_resetstat()
+            for key in keys:
+                call(key)
+            stats.setdefault(name, {})[phase] = _commandstats(admin)
+    return stats
+
+
+def run(rounds: int, calls: int, block: int = 25) -> dict[str, Any]:
     load_at_start = os.getloadavg()[0]
     server = RedisServer().start()
     contenders: dict[str, tuple[Call, Callable[[], None]]] = {}
@@ -173,66 +248,34 @@ def run(rounds: int, calls: int) -> dict[str, Any]:
         guard = _Guard(server.url)
         contenders["guard"] = (guard, guard.client.close)
         contenders["powertools"] = _powertools(server.url)
-        for name, (call, _) in contenders.items():  # warm up: connections, script loading, imports
+        calling = {name: call for name, (call, _) in contenders.items()}
+        for name, call in calling.items():  # warm up: connections, script loading, imports
             for key in _keys(name, -1, 20, guard):
                 call(key)
                 call(key)
-        per_round: list[dict[str, dict[str, float]]] = []
         names = list(contenders)
-        admin = server.client()
         redis_pid = server.pids()[0]
-        stats: dict[str, dict[str, dict[str, tuple[int, float]]]] = {}  # the last round's
+        per_round = []
         for number in range(rounds):
-            shift = number % len(names)
-            order = names[shift:] + names[:shift]  # each goes first, second, third... in turn
-            measured: dict[str, dict[str, float]] = {}
-            for name in order:
-                call, _ = contenders[name]
-                keys = _keys(name, number, calls, guard)
-                admin.config_resetstat()
-                cpu_before = _cpu_seconds(redis_pid)
-                first_us, first_per_s = _measure(call, keys)
-                first_cpu_us = (_cpu_seconds(redis_pid) - cpu_before) / calls * 1e6
-                stats.setdefault(name, {})["first"] = _commandstats(admin)
-                admin.config_resetstat()
-                cpu_before = _cpu_seconds(redis_pid)
-                replay_us, replay_per_s = _measure(call, keys)
-                replay_cpu_us = (_cpu_seconds(redis_pid) - cpu_before) / calls * 1e6
-                stats[name]["replay"] = _commandstats(admin)
-                measured[name] = {
-                    "first_us": first_us,
-                    "replay_us": replay_us,
-                    "first_per_s": first_per_s,
-                    "replay_per_s": replay_per_s,
-                    "first_redis_cpu_us": first_cpu_us,
-                    "replay_redis_cpu_us": replay_cpu_us,
-                }
-            per_round.append(measured)
+            keys = {name: _keys(name, number, calls, guard) for name in names}  # tokens: untimed
+            per_round.append(_round(calling, keys, block, number % len(names), redis_pid))
+        stats = _commandstats_pass(server.client(), calling, calls, guard)
         phases: dict[str, Any] = {}
         for phase in ("first", "replay"):
             summary: dict[str, Any] = {}
             for name in names:
-                summary[f"{name}_us"] = statistics.median(r[name][f"{phase}_us"] for r in per_round)
-                summary[f"{name}_per_s"] = statistics.median(r[name][f"{phase}_per_s"] for r in per_round)
+                for figure in ("us", "per_s", "redis_cpu_us", "client_cpu_us"):
+                    summary[f"{name}_{figure}"] = statistics.median(r[name][phase][figure] for r in per_round)
+
+            def paired(name: str, figure: str, rounds_: list[Any] = per_round, phase_: str = phase) -> Any:
+                """ours / Powertools of ``figure``, per round (both measured under the same load)."""
+                return _spread([r[name][phase_][figure] / r["powertools"][phase_][figure] for r in rounds_])
+
             for name in ("ours", "ours_no_renewal"):  # latency: below 1 is faster
-                ratios = [r[name][f"{phase}_us"] / r["powertools"][f"{phase}_us"] for r in per_round]
-                summary[f"{name}_ratio"] = statistics.median(ratios)
-                summary[f"{name}_ratio_range"] = [min(ratios), max(ratios)]
-            for name in names:
-                summary[f"{name}_redis_cpu_us"] = statistics.median(
-                    r[name][f"{phase}_redis_cpu_us"] for r in per_round
-                )
-            # Redis CPU over the phase (the clock tick is 10 ms: enough calls per round make it fine)
-            ratios = [
-                r["ours"][f"{phase}_redis_cpu_us"] / max(r["powertools"][f"{phase}_redis_cpu_us"], 1e-9)
-                for r in per_round
-            ]
-            summary["ours_redis_cpu_ratio"] = statistics.median(ratios)
-            summary["ours_redis_cpu_ratio_range"] = [min(ratios), max(ratios)]
-            # throughput: above 1 is faster
-            ratios = [r["guard"][f"{phase}_per_s"] / r["powertools"][f"{phase}_per_s"] for r in per_round]
-            summary["guard_throughput_ratio"] = statistics.median(ratios)
-            summary["guard_throughput_ratio_range"] = [min(ratios), max(ratios)]
+                summary[f"{name}_ratio"] = paired(name, "us")
+            summary["ours_redis_cpu_ratio"] = paired("ours", "redis_cpu_us")
+            summary["ours_client_cpu_ratio"] = paired("ours", "client_cpu_us")
+            summary["guard_throughput_ratio"] = paired("guard", "per_s")  # above 1 is faster
             phases[phase] = summary
         return {
             "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -241,6 +284,7 @@ def run(rounds: int, calls: int) -> dict[str, Any]:
             "cpus": os.cpu_count(),
             "rounds": rounds,
             "calls": calls,
+            "block": block,
             "phases": phases,
             "commandstats": stats,
             "budgets": budgets(phases),
@@ -297,40 +341,52 @@ def budgets(phases: dict[str, Any]) -> list[dict[str, Any]]:
     ]
     checked = []
     for label, phase, key, sense, target in rows:
-        measured = phases[phase][key]
+        spread = phases[phase][key]
+        measured = spread["median"]
         met = measured <= target if sense == "<=" else measured >= target
-        checked.append({"budget": label, "measured": measured, "target": f"{sense} {target}x", "met": met})
+        checked.append(
+            {
+                "budget": label,
+                "measured": measured,
+                "range": [spread["low"], spread["high"]],
+                "middle_half": [spread["q1"], spread["q3"]],
+                "target": f"{sense} {target}x",
+                "met": met,
+            }
+        )
     return checked
+
+
+def _ratio(spread: dict[str, float]) -> str:
+    """A paired ratio as RESULTS.md shows it: median (middle half; range)."""
+    return (
+        f"{spread['median']:.2f}x ({spread['q1']:.2f}-{spread['q3']:.2f}; "
+        f"{spread['low']:.2f}-{spread['high']:.2f})"
+    )
 
 
 def section(result: dict[str, Any], instructions: dict[str, Any] | None = None) -> str:
     versions = ", ".join(f"{name} {version}" for name, version in result["versions"].items())
     rows = []
-    for label, phase in (("first execution", "first"), ("replay", "replay")):
-        p = result["phases"][phase]
-        ratios = [
-            f"{p[f'{name}_ratio']:.2f}x ({p[f'{name}_ratio_range'][0]:.2f}-{p[f'{name}_ratio_range'][1]:.2f})"
-            for name in ("ours", "ours_no_renewal")
-        ]
-        low, high = p["guard_throughput_ratio_range"]
-        rows.append(
-            f"| {label} | {p['ours_us']:.0f} | {p['ours_no_renewal_us']:.0f} | {p['guard_us']:.0f} | "
-            f"{p['powertools_us']:.0f} | {ratios[0]} | {ratios[1]} | "
-            f"{p['guard_per_s']:.0f} / {p['powertools_per_s']:.0f} = "
-            f"{p['guard_throughput_ratio']:.2f}x ({low:.2f}-{high:.2f}) |"
-        )
-    budget_rows = [
-        f"| {b['budget']} | {b['measured']:.2f}x | {b['target']} | {'yes' if b['met'] else '**NO**'} |"
-        for b in result["budgets"]
-    ]
     cpu_rows = []
     for label, phase in (("first execution", "first"), ("replay", "replay")):
         p = result["phases"][phase]
-        low, high = p["ours_redis_cpu_ratio_range"]
+        rows.append(
+            f"| {label} | {p['ours_us']:.0f} | {p['ours_no_renewal_us']:.0f} | {p['guard_us']:.0f} | "
+            f"{p['powertools_us']:.0f} | {_ratio(p['ours_ratio'])} | {_ratio(p['ours_no_renewal_ratio'])} | "
+            f"{p['guard_per_s']:.0f} / {p['powertools_per_s']:.0f}: {_ratio(p['guard_throughput_ratio'])} |"
+        )
         cpu_rows.append(
             f"| {label} | {p['ours_redis_cpu_us']:.1f} | {p['guard_redis_cpu_us']:.1f} | "
-            f"{p['powertools_redis_cpu_us']:.1f} | {p['ours_redis_cpu_ratio']:.2f}x ({low:.2f}-{high:.2f}) |"
+            f"{p['powertools_redis_cpu_us']:.1f} | {_ratio(p['ours_redis_cpu_ratio'])} | "
+            f"{p['ours_client_cpu_us']:.0f} / {p['powertools_client_cpu_us']:.0f}: "
+            f"{_ratio(p['ours_client_cpu_ratio'])} |"
         )
+    budget_rows = [
+        f"| {b['budget']} | {b['measured']:.2f}x ({b['middle_half'][0]:.2f}-{b['middle_half'][1]:.2f}; "
+        f"{b['range'][0]:.2f}-{b['range'][1]:.2f}) | {b['target']} | {'yes' if b['met'] else '**NO**'} |"
+        for b in result["budgets"]
+    ]
     stat_rows = [
         f"| {name}, {phase} | "
         + ", ".join(
@@ -348,35 +404,41 @@ def section(result: dict[str, Any], instructions: dict[str, Any] | None = None) 
         "`python -m benchmarks.functions`: the same small function keyed by an order id, each",
         "decorator on one private redis-server, sequential calls in one process; the token guard",
         "(`client.guard(token, scope).run(...)`) runs it under tokens issued beforehand (untimed).",
-        f"Run {result.get('when', '?')}: {result['rounds']} rounds of {result['calls']} keys, the",
-        "contenders' order rotated each round. Median latency per call (µs). A latency ratio is the",
-        "median over rounds of `ours / Powertools` (below 1: ours is faster), with the range across",
-        "rounds; the guard's is a throughput ratio (calls/s over the phase, `guard / Powertools`,",
-        "above 1: the guard is faster). `@idempotent` and the guard renew their lease in the",
-        "background while the function runs (the default: a heap entry on the process's renewal",
-        "scheduler, taken off when the call ends); `renew=False` leaves that out, as Powertools does",
-        "(its in-progress record simply expires).",
+        f"Run {result.get('when', '?')}: {result['rounds']} rounds of {result['calls']} keys per contender;",
+        f"within a round the contenders take turns {result.get('block', '?')} calls at a time (first",
+        "executions, then replays), the order rotated every turn, so all of them run under the same",
+        'load (README.md, "Reading the numbers"). Median latency per call (µs), median over rounds.',
+        "A ratio is `ours / Powertools` taken within each round, then its median over rounds, with",
+        "the middle half of the rounds and their whole range in brackets (below 1: ours is faster);",
+        "the guard's is a throughput ratio (calls/s over the phase, `guard / Powertools`, above 1:",
+        "the guard is faster). `@idempotent` and the guard renew their lease in the background",
+        "while the function runs (the default: a heap entry on the process's renewal scheduler,",
+        "taken off when the call ends); `renew=False` leaves that out, as Powertools does (its",
+        "in-progress record simply expires).",
         "",
         "| phase | `@idempotent` (µs) | renew=False (µs) | guard (µs) | Powertools (µs) | "
         "`@idempotent` ratio | renew=False ratio | guard/Powertools calls/s |",
         "|---|---|---|---|---|---|---|---|",
         *rows,
         "",
-        "redis-server's CPU (user + system, from /proc, network work included) per call over each",
-        "phase, median over rounds (µs), and `@idempotent / Powertools` paired per round (range):",
+        "CPU per call (µs), median over rounds: redis-server's (user + system, every thread, from",
+        "/proc/PID/task/*/schedstat, network work included) and the calling thread's own",
+        "(`time.thread_time_ns`), each with `@idempotent / Powertools` paired per round:",
         "",
-        "| phase | `@idempotent` | guard | Powertools | `@idempotent` / Powertools |",
-        "|---|---|---|---|---|",
+        "| phase | redis-server: `@idempotent` | guard | Powertools | `@idempotent` / Powertools | "
+        "caller: `@idempotent` / Powertools |",
+        "|---|---|---|---|---|---|",
         *cpu_rows,
         "",
-        "`INFO commandstats` of the last round, per call of the contender (commands per call, µs",
-        "per command; a script's µs include the commands it runs):",
+        "`INFO commandstats` of each contender alone after the rounds, per call (commands per call,",
+        "µs per command; a script's µs include the commands it runs):",
         "",
         "| contender, phase | commands |",
         "|---|---|",
         *stat_rows,
         "",
-        "Budgets (issues 24 and 32), from this run:",
+        "Budgets (issues 24 and 32), from this run (median of the per-round ratios; middle half;",
+        "range):",
         "",
         "| budget | measured | target | met |",
         "|---|---|---|---|",
@@ -477,13 +539,44 @@ def callgrind(calls: int) -> dict[str, dict[str, int]]:
         server.stop()
 
 
+def callgrind_redis(calls: int) -> dict[str, dict[str, int]]:
+    """redis-server's instructions per call of each contender, first execution and replay."""
+    server = CallgrindRedis().start()
+    try:
+        guard = _Guard(server.url)
+        contenders: dict[str, Call] = {"ours": _ours(server.url)[0], "guard": guard}
+        contenders["powertools"] = _powertools(server.url)[0]
+        counts: dict[str, dict[str, int]] = {}
+        for name, call in contenders.items():
+            for key in _keys(name, -1, 20, guard):  # warm up
+                call(key)
+                call(key)
+            keys = _keys(name, 0, calls, guard)
+            server.instructions()  # zeroed: the tokens' issue is not counted
+            for key in keys:
+                call(key)
+            first = server.instructions()
+            for key in keys:
+                call(key)
+            counts[name] = {"first": first // calls, "replay": server.instructions() // calls}
+        return counts
+    finally:
+        server.stop()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=24)
+    parser.add_argument("--calls", type=int, default=400)
+    parser.add_argument("--block", type=int, default=25, help="calls a contender makes per turn")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     parser.add_argument("--no-results", action="store_true", help="do not touch RESULTS.md")
     parser.add_argument("--callgrind", metavar="LABEL", help="count instructions; record them under LABEL")
+    parser.add_argument(
+        "--callgrind-redis",
+        metavar="LABEL",
+        help="count redis-server's instructions instead",
+    )
     parser.add_argument(
         "--drive", nargs=4, metavar=("NAME", "PHASES", "CALLS", "URL"), help=argparse.SUPPRESS
     )
@@ -495,13 +588,17 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     instructions_path = args.out / "functions_callgrind.json"
     instructions = json.loads(instructions_path.read_text()) if instructions_path.exists() else None
-    if args.callgrind:
+    if args.callgrind or args.callgrind_redis:
         instructions = instructions or {"runs": {}}
-        instructions["runs"][args.callgrind] = callgrind(args.calls)
+        if args.callgrind:
+            runs, label, counted = "runs", args.callgrind, callgrind(args.calls)
+        else:
+            runs, label, counted = "redis_runs", args.callgrind_redis, callgrind_redis(args.calls)
+        instructions.setdefault(runs, {})[label] = counted
         instructions_path.write_text(json.dumps(instructions, indent=2) + "\n")
-        print(json.dumps(instructions["runs"][args.callgrind], indent=2))
+        print(json.dumps(counted, indent=2))
         return
-    result = run(args.rounds, args.calls)
+    result = run(args.rounds, args.calls, args.block)
     (args.out / "functions.json").write_text(json.dumps(result, indent=2) + "\n")
     text = section(result, instructions)
     if not args.no_results:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -50,7 +49,7 @@ from typing import Any
 import redis
 
 from benchmarks.baseline_app import CONSUME_LUA
-from benchmarks.procs import RedisServer, require, wait_until
+from benchmarks.procs import CallgrindRedis, RedisServer, require
 from benchmarks.report import replace_section
 from token_service.config import RateLimit
 from token_service.limits import IssuanceLimits
@@ -312,33 +311,6 @@ def function_library() -> str:
     )
 
 
-class _CallgrindRedis(RedisServer):
-    """A private redis-server under valgrind's callgrind: instructions counted, not timed."""
-
-    def start(self) -> _CallgrindRedis:
-        valgrind = require("valgrind", "apt-get install valgrind")
-        args = [valgrind, "--tool=callgrind", f"--callgrind-out-file={self.dir}/callgrind.out"]
-        args += [require("redis-server", "apt-get install redis-server"), "--port", str(self.port)]
-        args += ["--bind", "127.0.0.1", "--dir", str(self.dir), "--save", "", "--appendonly", "no"]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(
-            lambda: self.client(socket_timeout=5).ping(), 120, f"redis-server under valgrind on {self.port}"
-        )
-        return self
-
-    def instructions(self) -> int:
-        """Instructions since the last call (dump the counters, then zero them)."""
-        for dump in self.dir.glob("callgrind.out*"):
-            dump.unlink()
-        subprocess.run(["callgrind_control", "--dump", str(self.pids()[0])], capture_output=True, check=True)
-        (dump,) = self.dir.glob("callgrind.out*")
-        match = re.search(r"^(?:summary|totals): (\d+)", dump.read_text(), re.MULTILINE)
-        if match is None:
-            raise RuntimeError(f"no instruction total in {dump}")
-        subprocess.run(["callgrind_control", "--zero", str(self.pids()[0])], capture_output=True, check=True)
-        return int(match.group(1))
-
-
 def instructions(requests: int, keyspace: int) -> dict[str, float]:
     """redis-server's user-space instructions per request, per row (valgrind's callgrind).
 
@@ -348,7 +320,7 @@ def instructions(requests: int, keyspace: int) -> dict[str, float]:
     ratios to SET EX are larger than the CPU ratios of :func:`run`.
     """
     binary = require("redis-benchmark", "apt-get install redis-tools")
-    server = _CallgrindRedis().start()
+    server = CallgrindRedis().start()
     try:
         client = server.client()
         runs = _rows(client, keyspace)

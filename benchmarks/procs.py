@@ -7,6 +7,7 @@ is never touched.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -135,6 +136,33 @@ class RedisServer:
             self.process.terminate()
             self.process.wait(timeout=10)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class CallgrindRedis(RedisServer):
+    """A private redis-server under valgrind's callgrind: instructions counted, not timed."""
+
+    def start(self) -> CallgrindRedis:
+        valgrind = require("valgrind", "apt-get install valgrind")
+        args = [valgrind, "--tool=callgrind", f"--callgrind-out-file={self.dir}/callgrind.out"]
+        args += [require("redis-server", "apt-get install redis-server"), "--port", str(self.port)]
+        args += ["--bind", "127.0.0.1", "--dir", str(self.dir), "--save", "", "--appendonly", "no"]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(
+            lambda: self.client(socket_timeout=5).ping(), 120, f"redis-server under valgrind on {self.port}"
+        )
+        return self
+
+    def instructions(self) -> int:
+        """Instructions since the last call (dump the counters, then zero them)."""
+        for dump in self.dir.glob("callgrind.out*"):
+            dump.unlink()
+        subprocess.run(["callgrind_control", "--dump", str(self.pids()[0])], capture_output=True, check=True)
+        (dump,) = self.dir.glob("callgrind.out*")
+        match = re.search(r"^(?:summary|totals): (\d+)", dump.read_text(), re.MULTILINE)
+        if match is None:
+            raise RuntimeError(f"no instruction total in {dump}")
+        subprocess.run(["callgrind_control", "--zero", str(self.pids()[0])], capture_output=True, check=True)
+        return int(match.group(1))
 
 
 class Gunicorn:
