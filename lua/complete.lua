@@ -5,8 +5,10 @@
 -- ARGV[5], ARGV[6] (optional, together): the record a plain keyed claim wrote, as the caller
 -- wrote it (store.py's SET NX GET PX), and the SUCCEEDED record to put in its place (the same
 -- with 'S' for its letter and \31 result_json after it; token_service/records.py builds both)
--- returns 0 (stored, by the keyed claim's fast path below) | {'succeeded', replayed 0|1}
+-- returns 0 (stored) | {'succeeded', 1} (a retry of this complete: the first result stands)
 --       | {'token_invalid'} | {'lease_lost'} | {'invalid_argument', message}
+--       (the usual answer is a bare 0: a table reply costs Redis a sixth of the keyed fast
+--       path below, callgrind, benchmarks/RESULTS.md)
 -- transitions: P->S (lua/model/lease.pml)
 -- The arguments are checked once, in Python (records.complete_args); what this script keeps
 -- is what protects the record from any caller: only the holder of the live lease writes.
@@ -14,9 +16,8 @@
 -- The usual keyed complete: the record is still the very claim this caller wrote (Lua's
 -- strings are interned: the compare is one pointer), and that claim is this lease's with
 -- empty expiries: its lease is the key's own expiry, so the record being there means the
--- lease is live. Nothing is parsed or built here, and the reply is a bare 0: a table reply
--- costs Redis a sixth of the script (callgrind, benchmarks/RESULTS.md). A bad ARGV[3] is
--- refused by the SET itself, before it writes.
+-- lease is live. Nothing is parsed or built here. A bad ARGV[3] is refused by the SET
+-- itself, before it writes.
 local value = redis.call('GET', KEYS[1])
 if value == ARGV[5] and string.find(value, 'P' .. HEADED .. ARGV[1] .. SEP .. SEP, 1, true) == 1 then
   redis.call('SET', KEYS[1], ARGV[6], 'PX', ARGV[3])
@@ -50,4 +51,4 @@ if token_at > lease_at + 1 then
 end
 redis.call('SET', KEYS[1], 'S' .. HEADED .. ARGV[1] .. SEP .. SEP .. SEP .. string.sub(value, rest_at)
   .. SEP .. ARGV[2], 'PX', keep_ms)
-return {'succeeded', 0}
+return 0

@@ -456,7 +456,7 @@ _COMPLETED = Completed(replayed=False)
 
 
 def complete_reply(reply: Reply | int) -> Completed:
-    if isinstance(reply, int):  # 0, complete.lua's fast path for a keyed claim: stored
+    if isinstance(reply, int):  # 0, complete.lua's usual answer: stored
         return _COMPLETED
     raise_for(reply)
     return Completed(replayed=int(reply[1]) == 1)

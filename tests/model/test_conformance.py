@@ -166,6 +166,8 @@ def _lua_answer(client: redis.Redis, record: Record, script: str, args: list[str
         # the key's own TTL is real time, long; the scripts decide by now_ms
         client.set(KEY, value, px=600_000)
     reply: Any = client.register_script(lua_source(script))(keys=[KEY], args=args)
+    if reply == 0:  # complete.lua's usual answer: stored
+        reply = [b"succeeded", 0]
     code = reply[0].decode()
     replayed = len(reply) > 1 and reply[1] == 1
     out = 0

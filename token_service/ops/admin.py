@@ -723,4 +723,4 @@ class Admin:
                 retryable = "1" if outcome.action == "release" else "0"
                 args = [lease_id, retryable, records.dump_json(outcome.value), ttl_ms, ""]
                 reply = self._scripts["fail"](keys=[found.key], args=args)
-        return records.text(reply[0])
+        return "succeeded" if reply == 0 else records.text(reply[0])  # 0: complete.lua stored it
