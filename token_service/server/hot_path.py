@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any
 from werkzeug.http import HTTP_STATUS_CODES
 
 from token_service.config import Settings
-from token_service.server import body, telemetry
+from token_service.server import body, json_text, telemetry
 from token_service.server.auth import check_service_key
 from token_service.server.operations import HotOperations, parse_json_object
-from token_service.server.responses import JSON_ENCODER, NO_STORE, error_reply
+from token_service.server.responses import NO_STORE, error_reply
 from token_service.server.routes import TOKEN_ROUTES, Route
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ class HotPath:
                 raw = body.read_body(environ, self.max_body_bytes, self.body_timeout_seconds)
                 reply = operation(environ, parse_json_object(raw))
                 status, headers = route.status, _JSON_HEADERS.copy()
-                document = JSON_ENCODER.encode(reply).encode("utf-8")
+                document = json_text.compact(reply).encode("ascii")  # ensure_ascii: ASCII text
             except Exception as error:
                 status, document_headers, document = error_reply(error, route.path)
                 headers = list(document_headers.items())

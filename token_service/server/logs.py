@@ -18,7 +18,7 @@ from typing import Any
 from pythonjsonlogger.json import JsonEncoder
 from pythonjsonlogger.json import JsonFormatter as _LibraryJsonFormatter
 
-from token_service.server import request_context
+from token_service.server import json_text, request_context
 
 __all__ = [
     "JSON_FORMAT",
@@ -30,6 +30,9 @@ __all__ = [
 ]
 
 JSON_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+# Sets of record attributes (a record's extra fields) a JSON formatter remembers the names of:
+# the access line's few, the app's own log calls; beyond that, worked out line by line.
+_MAX_SHAPES = 64
 
 
 class RequestIdFilter(logging.Filter):
@@ -69,6 +72,19 @@ class JsonFormatter(_LibraryJsonFormatter):
             and type(self).process_log_record is _LibraryJsonFormatter.process_log_record
         )
         self._time_cache = (-1, "")
+        self._extras: dict[tuple[str, ...], list[tuple[str, str]]] = {}
+
+    def _extras_of(self, shape: tuple[str, ...]) -> list[tuple[str, str]]:
+        """The record attributes a line writes after the required fields, each with its name."""
+        skip, rename = self._skip_fields, self.rename_fields
+        extras = [
+            (key, rename.get(key, key))
+            for key in shape
+            if key not in skip and not (isinstance(key, str) and key.startswith("_"))
+        ]
+        if len(self._extras) < _MAX_SHAPES:
+            self._extras[shape] = extras
+        return extras
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         if datefmt or not self.default_msec_format:
@@ -95,17 +111,17 @@ class JsonFormatter(_LibraryJsonFormatter):
             record.asctime = self.formatTime(record, self.datefmt)
         fields = record.__dict__
         data = {name: fields.get(field) for field, name in self._required}
-        skip, rename = self._skip_fields, self.rename_fields
-        data.update(
-            {
-                rename.get(key, key): value
-                for key, value in fields.items()
-                if key not in skip and not (isinstance(key, str) and key.startswith("_"))
-            }
-        )
+        # which of the record's attributes are written, and under what name, is decided once
+        # per set of attributes (every access line has the same): not key by key on every line
+        shape = tuple(fields)
+        extras = self._extras.get(shape)
+        if extras is None:
+            extras = self._extras_of(shape)
+        for key, name in extras:
+            data[name] = fields[key]
         try:
-            return json.dumps(data)
-        except (TypeError, ValueError):  # a value only the library's encoder can write
+            return json_text.spaced(data)  # json.dumps(data)'s text
+        except (TypeError, ValueError, RecursionError):  # a value only the library's encoder can write
             return self.jsonify_log_record(data)
 
 

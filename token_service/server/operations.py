@@ -14,6 +14,7 @@ import json
 import math
 import time
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any, NoReturn
 
 from marshmallow import Schema, ValidationError
@@ -37,7 +38,18 @@ __all__ = [
 
 
 def rfc3339(epoch_seconds: float) -> str:
-    return datetime.fromtimestamp(epoch_seconds, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    """The time as RFC 3339 text in UTC, to the second (``2026-12-07T15:30:00Z``)."""
+    # the second datetime.fromtimestamp lands on: it rounds to the microsecond (half to even) first
+    second = math.floor(epoch_seconds)
+    if round((epoch_seconds - second) * 1e6) >= 1_000_000:
+        second += 1
+    return _second_text(second)
+
+
+# Every generate writes the time its token expires: within a second, for each TTL, the same text.
+@lru_cache(maxsize=256)
+def _second_text(second: int) -> str:
+    return datetime.fromtimestamp(second, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
