@@ -454,11 +454,8 @@ def section(result: dict[str, Any], instructions: dict[str, Any] | None = None) 
     return "\n".join(lines)
 
 
-def _instruction_lines(instructions: dict[str, Any]) -> list[str]:
-    """The callgrind table: client instructions per call (this process only, not redis-server)."""
-    runs = instructions["runs"]
+def _instruction_table(runs: dict[str, Any]) -> list[str]:
     labels = list(runs)
-    header = "| contender, phase | " + " | ".join(labels) + " |"
     rows = []
     for contender in ("ours", "guard", "powertools"):
         for phase in ("first", "replay"):
@@ -467,16 +464,30 @@ def _instruction_lines(instructions: dict[str, Any]) -> list[str]:
                 value = runs[label].get(contender, {}).get(phase)
                 cells.append(f"{value / 1000:.0f} k" if value else "-")
             rows.append(f"| {contender}, {phase} | " + " | ".join(cells) + " |")
-    return [
+    return ["| contender, phase | " + " | ".join(labels) + " |", "|---|" + "---|" * len(labels), *rows]
+
+
+def _instruction_lines(instructions: dict[str, Any]) -> list[str]:
+    """The callgrind tables: instructions per call in the calling process, and redis-server's."""
+    lines = [
         "Instructions per call in the calling process (`python -m benchmarks.functions --callgrind`:",
         "`valgrind --tool=callgrind` on N and 2N calls against a real redis-server, the",
         "difference per call: load-independent; redis-server's own work is not counted).",
         "",
-        header,
-        "|---|" + "---|" * len(labels),
-        *rows,
+        *_instruction_table(instructions["runs"]),
         *(["", *instructions["notes"]] if instructions.get("notes") else []),
     ]
+    if instructions.get("redis_runs"):
+        lines += [
+            "",
+            "redis-server's instructions per call (`--callgrind-redis`: the server under callgrind,",
+            "its counters zeroed before a phase and read after it; user space only, the kernel's",
+            "share of the network work, the same two round trips for `@idempotent` and Powertools,",
+            "is not in them):",
+            "",
+            *_instruction_table(instructions["redis_runs"]),
+        ]
+    return lines
 
 
 def write_results(path: Path, text: str) -> None:

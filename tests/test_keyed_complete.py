@@ -120,3 +120,13 @@ def test_a_full_memo_only_loses_the_shortcut(
     for i, lease in enumerate(leases):
         assert store.complete(f"op-{i}", lease, i) == records.Completed(replayed=False)
         assert records.read_record(real_redis.get(store.key(f"op-{i}")) or b"").payload == str(i)
+
+
+def test_a_result_dumped_once_is_stored_as_dumped(real_redis: redis.Redis) -> None:
+    # the direct transport checks the result (records.check_payload dumps it) and can hand that
+    # JSON on, instead of the store dumping the result a second time
+    store = TokenStore(real_redis)
+    lease = claim(store).lease_id
+    dumped = records.check_payload("result", {"n": [1, 2]}, 1000)
+    assert store.complete("op-1", lease, dumped).replayed is False
+    assert records.read_record(real_redis.get(store.key("op-1")) or b"").payload == '{"n":[1,2]}'

@@ -45,6 +45,7 @@ __all__ = [
     "Finished",
     "Inspection",
     "IssueRequest",
+    "JsonText",
     "Renewed",
     "Reply",
     "Started",
@@ -189,8 +190,16 @@ def dump_json(value: Any) -> str:
 MAX_PAYLOAD_DEPTH = 64
 
 
-def check_payload(name: str, value: Any, max_bytes: int) -> None:
-    """Refuse a result/error that cannot be stored: not JSON, nested too deeply, or too large.
+class JsonText(str):
+    """A value's JSON as :func:`check_payload` dumped it: a store's ``complete`` given one stores
+    it as it is instead of dumping the value again."""
+
+    __slots__ = ()
+
+
+def check_payload(name: str, value: Any, max_bytes: int) -> JsonText:
+    """Refuse a result/error that cannot be stored: not JSON, nested too deeply, or too large;
+    else its JSON (:class:`JsonText`), to hand to the store's ``complete`` in its place.
 
     Shared by the API and the SDK's direct transport, so both refuse the same values
     with the same 400 before anything is written. The depth is capped explicitly:
@@ -202,15 +211,16 @@ def check_payload(name: str, value: Any, max_bytes: int) -> None:
             f"The {name} is nested too deeply.", {name: [f"At most {MAX_PAYLOAD_DEPTH} levels of nesting."]}
         )
     try:
-        size = len(dump_json(value))
+        dumped = JsonText(dump_json(value))
     except (TypeError, ValueError):
         raise InvalidRequest(
             f"The {name} is not JSON.", {name: ["Must be JSON (no NaN or Infinity)."]}
         ) from None
-    if size > max_bytes:
+    if len(dumped) > max_bytes:
         raise InvalidRequest(
             f"The {name} is too large to store.", {name: [f"At most {max_bytes} bytes of JSON."]}
         )
+    return dumped
 
 
 def _nested_deeper_than(value: Any, limit: int) -> bool:
@@ -444,8 +454,9 @@ def complete_args(
 ) -> list[str]:
     """complete.lua's ARGV. ``claimed``: the record this caller's plain keyed claim wrote
     (:func:`claim_value`), for the script's fast path: compared whole with the stored one, and
-    replaced by the SUCCEEDED record built here (the claim with 'S' for 'P', the result last)."""
-    result_json = dump_json(result)
+    replaced by the SUCCEEDED record built here (the claim with 'S' for 'P', the result last).
+    A ``result`` that is :class:`JsonText` (:func:`check_payload`'s) is stored as it is."""
+    result_json = result if type(result) is JsonText else dump_json(result)
     args = [_lease(lease_id), result_json, _ttl_ms("result_ttl_seconds", result_ttl_seconds), now_ms]
     if claimed is not None:
         args += [claimed, f"S{claimed[1:]}{SEP}{result_json}"]
