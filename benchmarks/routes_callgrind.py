@@ -104,7 +104,9 @@ def callgrind(requests: int, keep: Path | None = None) -> dict[str, dict[str, in
             command += [str(requests)]
             # one hash seed: set and dict iteration orders (and so the counts) are the same every run
             env = {**os.environ, "PYTHONHASHSEED": "0"}
-            done = subprocess.run(command, capture_output=True, text=True, cwd=REPO_ROOT, env=env, check=False)
+            done = subprocess.run(
+                command, capture_output=True, text=True, cwd=REPO_ROOT, env=env, check=False
+            )
             if done.returncode != 0:
                 raise RuntimeError(f"the driver failed under callgrind:\n{done.stderr[-3000:]}")
             # dump k (k >= 1) is written before the k-th mark: dump 1 is the start-up and warm-up,

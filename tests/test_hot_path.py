@@ -25,6 +25,7 @@ from tests.support.service import API_KEY, AUTH
 from token_service import create_app
 from token_service.records import IssueRequest
 from token_service.server import connections, hot_path, request_context
+from token_service.server.body import guard as guard_body
 from token_service.server.logs import RequestIdFilter
 from token_service.server.metrics import TOKEN_REF_CHARS
 from token_service.store import TokenStore
@@ -48,12 +49,19 @@ class Paths:
         self.config = {"api_keys": API_KEY, "redis_client": client, **config}
         self.hot = create_app(self.config)
         self.flask = create_app(self.config)
-        # outermost FinishBody (both keep it), then the hot path: the Flask-only twin skips the latter
+        # outermost FinishBody (both keep it), then the hot path: the Flask-only twin skips the latter,
+        # but guards the body as the hot path does for every request it hands on
         finish = self.flask.wsgi_app
         assert isinstance(finish, connections.FinishBody)
         middleware = finish.app
         assert isinstance(middleware, hot_path.HotPath)
-        finish.app = middleware.app
+        flask_app = middleware.app
+
+        def flask_only(environ: Any, start_response: Any) -> Any:
+            guard_body(environ, middleware.max_body_bytes, middleware.body_timeout_seconds)
+            return flask_app(environ, start_response)
+
+        finish.app = flask_only
         self.handed_on = 0
         hot = self.hot.wsgi_app.app  # type: ignore[attr-defined]
         inner = hot.app
