@@ -7,6 +7,7 @@ test session uses a queue of its own and deletes it at the end.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import re
 import secrets
@@ -30,6 +31,13 @@ pytestmark = [pytest.mark.real, pytest.mark.slow]
 BROKER_URL = os.environ.get("TS_TEST_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
 
 
+def _celery_tasks() -> Any:
+    """tests.integrations.celery_tasks as this environment configures it. Not ``from
+    tests.integrations import celery_tasks``: that takes the package's attribute, the module an
+    earlier test module imported with its own queue and Redis, though sys.modules no longer has it."""
+    return importlib.import_module("tests.integrations.celery_tasks")
+
+
 @contextlib.contextmanager
 def published(env: dict[str, str], names: Sequence[str], queue: str) -> Iterator[None]:
     """The test process publishes with the workers' app: ``names`` of ``env`` set in its own
@@ -39,8 +47,7 @@ def published(env: dict[str, str], names: Sequence[str], queue: str) -> Iterator
     os.environ.update({name: env[name] for name in saved})
     sys.modules.pop("tests.integrations.celery_tasks", None)
     yield
-    from tests.integrations import celery_tasks
-
+    celery_tasks = _celery_tasks()
     with celery_tasks.app.connection_for_write() as connection:
         connection.default_channel.queue_delete(queue)
     sys.modules.pop("tests.integrations.celery_tasks", None)
@@ -53,8 +60,7 @@ def published(env: dict[str, str], names: Sequence[str], queue: str) -> Iterator
 
 def reachable_tasks() -> Any:
     """tests.integrations.celery_tasks, once its broker answers (a test fails, naming it, if not)."""
-    from tests.integrations import celery_tasks
-
+    celery_tasks = _celery_tasks()
     with celery_tasks.app.connection_for_write() as connection:
         try:
             connection.ensure_connection(max_retries=1)
