@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.processes import SERVERS, Gunicorn, RedisServer
+from tests.support.processes import SERVERS, Gunicorn, RedisServer, wait_until
 from tests.support.raw_http import Reply, chunked, connect, exchange, read_reply, request_bytes
 from tests.support.service import API_KEY, AUTH
 from token_service.records import IssueRequest
@@ -70,6 +70,12 @@ _OWN_REFUSAL = (
     "own, not problem+json: hyper answers before the app is called. It would take an error-page hook "
     "in granian"
 )
+BODY_ERRORS_SWALLOWED = (
+    "granian: a chunked body cut short (the client gone) or broken off by bad framing is handed to "
+    "the app as if whole: wsgi.input's read() ends at the error without raising, so a complete-looking "
+    "JSON prefix is run (a token consumed, 200). The app cannot tell it from a body that ended; it "
+    "would take granian's WSGI input raising on a body error (no upstream issue found)"
+)
 _OWN_REPLY = "test_gunicorns_own_error_replies_are_problem_json"
 _BARE_LF = (
     "granian: a bare LF as a line end is accepted (200), which gunicorn's parser refuses: hyper's "
@@ -80,6 +86,12 @@ _BARE_LF = (
 GRANIAN_NOT_HELD = {
     "test_a_body_that_does_not_arrive_in_time_is_408_problem_json": _NO_BODY_DEADLINE,
     "test_after_a_408_the_connection_carries_no_other_request": _NO_BODY_DEADLINE,
+    "test_a_chunked_body_that_does_not_end_is_never_run": BODY_ERRORS_SWALLOWED,
+    "test_bodies_that_stall_leave_everyone_else_served": (
+        "granian: 8 stalled bodies hold all 4 threads that run the app (2 workers x 2 blocking threads) "
+        "until their clients go: nothing else is answered, /healthz included. More blocking threads only "
+        "raise the count an attacker needs; it would take a body timeout in granian (granian#728)"
+    ),
     **{
         f"{_OWN_REPLY}[{case}]": _OWN_REFUSAL
         for case in (
@@ -297,3 +309,50 @@ def test_after_a_chunked_413_the_connection_carries_no_other_request(
         assert_problem(reply, 413, "payload_too_large")
         assert reply.headers["connection"] == "close"
         assert b"HTTP/1.1" not in answers_after(sock)
+
+
+STALLERS = 8  # more than granian's threads that run the app (2 workers x 2 blocking threads)
+
+
+def test_bodies_that_stall_leave_everyone_else_served(service: tuple[Gunicorn, RedisServer]) -> None:
+    """Bodies that stall, more of them than there are threads to run the app: every other request
+    is still answered (under gevent each waits in its own greenlet until its 408)."""
+    server, _ = service
+    raw = request_bytes("POST", "/token/generate", b'{"scope": "stalled"}', JSON)
+    stalled = []
+    try:
+        for _ in range(STALLERS):
+            sock = connect(address(server))
+            sock.sendall(raw[:-5])
+            stalled.append(sock)
+        # ten probes one after another: once the stalled bodies hold what runs the app, a probe
+        # is never answered, however long it waits
+        for _ in range(10):
+            reply = exchange(address(server), request_bytes("GET", "/healthz"), BODY_TIMEOUT_SECONDS + 10)
+            assert reply.status == 200
+    finally:
+        for sock in stalled:
+            sock.close()
+        # their clients gone, the threads they held come back (for the module's other tests)
+        wait_until(
+            lambda: exchange(address(server), request_bytes("GET", "/healthz"), 5).status == 200,
+            what="the service to answer again",
+        )
+
+
+@pytest.mark.parametrize("tail", [b"", b"zz\r\n"], ids=["cut-short", "bad-framing-after"])
+def test_a_chunked_body_that_does_not_end_is_never_run(
+    service: tuple[Gunicorn, RedisServer], tail: bytes
+) -> None:
+    """Whole JSON in its first chunk, then no last chunk: the client goes (or sends a chunk size
+    that is no number). The request never ran: the token is still there."""
+    server, redis_server = service
+    token = a_token(redis_server)
+    body = consume_body(token)
+    head = request_bytes("POST", "/token/consume", None, {**AUTH, **JSON, "Transfer-Encoding": "chunked"})
+    with connect(address(server)) as sock:
+        sock.sendall(head + b"%x\r\n%s\r\n" % (len(body), body) + tail)
+        sock.shutdown(socket.SHUT_WR)
+        received = answers_after(sock, 10)
+    assert not received.startswith(b"HTTP/1.1 200"), received[:300]
+    assert still_consumable(server, token)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -330,3 +331,25 @@ def test_kept_alive_connections_carry_many_requests_and_a_flood_of_them_blocks_n
     finally:
         for sock in flood:
             sock.close()
+
+
+@pytest.mark.parametrize("tail", [b"", b"zz\r\n"], ids=["cut-short", "bad-framing-after"])
+def test_a_chunked_body_that_does_not_end_never_reaches_the_service(stack: Stack, tail: bytes) -> None:
+    """granian alone runs such a request (test_gunicorn_edge); nginx reads the whole body first."""
+    rid = f"unended-{len(tail)}-{stack.service.port}"
+    body = b'{"scope": "unended"}'
+    head = request_bytes(
+        "POST", "/token/generate", None, {**JSON, "Transfer-Encoding": "chunked", "X-Request-ID": rid}
+    )
+    with connect(stack.nginx.address) as sock:
+        sock.sendall(head + b"%x\r\n%s\r\n" % (len(body), body) + tail)
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(30)
+        received = b""
+        try:
+            while chunk := sock.recv(65536):
+                received += chunk
+        except ConnectionResetError:
+            pass
+    assert not received.startswith(b"HTTP/1.1 201"), received[:300]
+    assert not reached_the_service(stack, rid)

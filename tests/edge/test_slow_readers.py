@@ -1,4 +1,5 @@
-"""Clients that do not read their replies, and replies sent before the body: against ``token-service serve``.
+"""Clients that do not read their replies, and replies sent before the body: against ``token-service serve``,
+under gunicorn, under granian alone and under granian behind the nginx recipe.
 
 - A slow reader (zero TCP window, pipelined requests) is disconnected after
   TOKEN_SERVICE_SEND_TIMEOUT_SECONDS, so its connection slots come back and
@@ -7,6 +8,10 @@
   with a transfer coding other than chunked: one reply per request, the
   token neither used nor written to the log, even when the body's framing
   is bad.
+
+granian has no send deadline: it never disconnects a slow reader by itself. A slow reader holds no
+thread there (the app hands granian its whole reply and is done), only that connection and one
+reply's bytes, so it stops no one else (held below); the nginx recipe's send_timeout disconnects it.
 """
 
 from __future__ import annotations
@@ -14,12 +19,15 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
 
+from tests.edge.test_gunicorn_edge import BODY_ERRORS_SWALLOWED
+from tests.support.nginx import Nginx
 from tests.support.processes import RedisServer, serve_one_worker, wait_until
 from tests.support.raw_http import connect, read_reply, request_bytes
 from tests.support.service import API_KEY
@@ -31,9 +39,17 @@ SLOW_READERS = 25
 SEND_TIMEOUT_SECONDS = 2
 
 
-@pytest.fixture
-def served(redis_server: RedisServer, tmp_path: Path) -> Iterator[tuple[tuple[str, int], Path]]:
-    """``token-service serve`` (gevent, as shipped): one worker, SLOTS connections, a short send deadline."""
+@dataclass
+class Served:
+    address: tuple[str, int]  # where clients connect: the service, or nginx in front of it
+    log: Path  # the service's
+    kind: str  # gunicorn, granian, granian-behind-nginx
+
+
+@pytest.fixture(params=["gunicorn", "granian", "granian-behind-nginx"])
+def served(request: pytest.FixtureRequest, redis_server: RedisServer, tmp_path: Path) -> Iterator[Served]:
+    """``token-service serve``: one worker, a short send deadline; under gunicorn (gevent, as shipped)
+    SLOTS connections."""
     log = tmp_path / "serve.log"
     env = {
         "TOKEN_SERVICE_REDIS_URL": redis_server.url,
@@ -41,8 +57,18 @@ def served(redis_server: RedisServer, tmp_path: Path) -> Iterator[tuple[tuple[st
         "TOKEN_SERVICE_SEND_TIMEOUT_SECONDS": str(SEND_TIMEOUT_SECONDS),
         "GUNICORN_CMD_ARGS": f"--worker-connections {SLOTS}",
     }
+    if request.param != "gunicorn":
+        env["TOKEN_SERVICE_SERVER"] = "granian"
+        env["TOKEN_SERVICE_TRUSTED_PROXY_HOPS"] = "1" if request.param.endswith("nginx") else "0"
     with serve_one_worker(env, log) as address:
-        yield address, log
+        if not request.param.endswith("nginx"):
+            yield Served(address, log, request.param)
+            return
+        nginx = Nginx(tmp_path / "nginx", address[1]).start()
+        try:
+            yield Served(nginx.address, log, request.param)
+        finally:
+            nginx.stop()
 
 
 def slow_reader(address: tuple[str, int]) -> socket.socket:
@@ -77,10 +103,10 @@ def healthz_answers(address: tuple[str, int]) -> bool:
         return False
 
 
-def test_slow_readers_are_disconnected_and_their_slots_come_back(
-    served: tuple[tuple[str, int], Path],
-) -> None:
-    address, log = served
+# granian alone never disconnects a slow reader (no send deadline): the next test holds what matters
+@pytest.mark.parametrize("served", ["gunicorn", "granian-behind-nginx"], indirect=True)
+def test_slow_readers_are_disconnected_and_their_slots_come_back(served: Served) -> None:
+    address, log = served.address, served.log
     readers = [slow_reader(address) for _ in range(SLOW_READERS)]
     try:
         # every slot held by a client that reads nothing: the server must free them itself
@@ -95,8 +121,26 @@ def test_slow_readers_are_disconnected_and_their_slots_come_back(
     finally:
         for sock in readers:
             sock.close()
-    assert "send deadline" in log.read_text(errors="replace")
+    if served.kind == "gunicorn":
+        assert "send deadline" in log.read_text(errors="replace")
     assert "Traceback" not in log.read_text(errors="replace")
+
+
+def test_slow_readers_hold_nothing_that_serves_others(served: Served) -> None:
+    """While SLOW_READERS clients read nothing, everyone else is answered; under granian alone at
+    once and throughout (they hold no thread), under gunicorn once their slots come back."""
+    readers = [slow_reader(served.address) for _ in range(SLOW_READERS)]
+    try:
+        for _ in range(5):
+            wait_until(
+                lambda: healthz_answers(served.address),
+                timeout_seconds=120,
+                interval_seconds=0.5,
+                what="/healthz while slow readers sit",
+            )
+    finally:
+        for sock in readers:
+            sock.close()
 
 
 def replies_until_closed(sock: socket.socket, deadline_seconds: float = 30) -> bytes:
@@ -115,8 +159,8 @@ def replies_until_closed(sock: socket.socket, deadline_seconds: float = 30) -> b
 
 
 @pytest.fixture
-def token(served: tuple[tuple[str, int], Path]) -> str:
-    (host, port), _ = served
+def token(served: Served) -> str:
+    host, port = served.address
     reply = httpx.post(f"http://{host}:{port}/token/generate", json={"scope": "pay"}, timeout=10)
     assert reply.status_code == 201
     return str(reply.json()["token"])
@@ -135,9 +179,12 @@ def state_of(address: tuple[str, int], token: str) -> str:
 
 @pytest.mark.parametrize("content_type", ["application/json", "text/plain"])
 def test_an_early_reply_to_a_badly_framed_body_is_the_only_reply_and_logs_no_token(
-    served: tuple[tuple[str, int], Path], token: str, content_type: str
+    served: Served, token: str, content_type: str, request: pytest.FixtureRequest
 ) -> None:
-    address, log = served
+    if served.kind == "granian":
+        # one reply, the token untouched and unlogged, the connection closed: all held, but not said
+        request.applymarker(pytest.mark.xfail(strict=True, reason=BODY_ERRORS_SWALLOWED))
+    address, log = served.address, served.log
     # chunked, but the body is not chunk-framed: its first "chunk size" is the JSON itself
     raw = (
         "POST /token/consume HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked\r\n"
@@ -149,32 +196,35 @@ def test_an_early_reply_to_a_badly_framed_body_is_the_only_reply_and_logs_no_tok
         data = replies_until_closed(sock)
     assert data.count(b"HTTP/1.1 ") == 1, data
     assert data.startswith((b"HTTP/1.1 401", b"HTTP/1.1 400", b"HTTP/1.1 415")), data
-    assert b"\r\nConnection: close\r\n" in data.partition(b"\r\n\r\n")[0], data  # it says it closes
+    assert b"\r\nconnection: close\r\n" in data.partition(b"\r\n\r\n")[0].lower(), data  # it says it closes
     assert b"<html" not in data.lower()
     assert token.encode() not in data
     assert state_of(address, token) == "ISSUED"
     assert token not in log.read_text(errors="replace")
 
 
-def test_a_header_line_without_a_colon_is_not_logged(
-    served: tuple[tuple[str, int], Path], token: str
-) -> None:
-    address, log = served
+def test_a_header_line_without_a_colon_is_not_logged(served: Served, token: str) -> None:
+    address, log = served.address, served.log
     raw = f"POST /token/consume HTTP/1.1\r\nHost: test\r\nIdempotency-Token {token}\r\n\r\n".encode()
     with connect(address) as sock:
         sock.sendall(raw)
         reply = read_reply(sock)
     assert reply.status == 400
-    assert reply.headers["content-type"] == "application/problem+json"
     assert token.encode() not in reply.body
-    wait_until(lambda: "Invalid request from" in log.read_text(errors="replace"), what="gunicorn's log line")
+    if served.kind == "granian":
+        return  # hyper's bare 400, before the app (test_gunicorn_edge's own-refusal cases); logs nothing
+    assert reply.headers["content-type"] == "application/problem+json"
+    if served.kind == "gunicorn":
+        wait_until(
+            lambda: "Invalid request from" in log.read_text(errors="replace"), what="gunicorn's log line"
+        )
     assert token not in log.read_text(errors="replace")
 
 
 def test_a_transfer_coding_other_than_chunked_is_refused_and_nothing_is_used(
-    served: tuple[tuple[str, int], Path], token: str
+    served: Served, token: str
 ) -> None:
-    address, _ = served
+    address = served.address
     body = f'{{"token": "{token}", "scope": "pay"}}'.encode()
     framed = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
     headers = {
