@@ -37,7 +37,7 @@ import os
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal, ParamSpec, TypeVar
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar
 
 import redis
 import redis.asyncio
@@ -197,6 +197,39 @@ class _StoreBase:
         # lease id -> the record its plain claim wrote, for complete.lua's fast path (see _claimed)
         self._claims: dict[str, str] = {}
 
+    def _claim_failed(self, exc: Exception) -> None:
+        """A keyed claim's ``SET NX GET`` failed: returns when Redis is older than 7.0, which
+        refuses NX with GET (begin.lua claims instead, from now on); else raises the store's
+        error (ServiceUnavailable when Redis cannot answer)."""
+        if _claim_unsupported(exc):
+            self._plain_claim = False
+            return
+        unavailable = _unavailable(exc)
+        if unavailable is None:
+            raise exc
+        raise unavailable from exc
+
+    def _claim_decided(
+        self,
+        previous: Any,
+        use: UseRequest,
+        lease_id: str,
+        lease_seconds: int,
+        value: str,
+        request_id: str,
+        claim_ttl_seconds: int,
+    ) -> records.Started | records.Finished | list[str]:
+        """What the record the claim's SET found (``previous``) decides alone: a first claim, a
+        replay, a refusal; else the arguments of the begin.lua that decides (released, another
+        holder, a lost-reply retry, an old-format record), with this claim's lease and request ids."""
+        decided = records.claim_reply(previous, use, lease_id, lease_seconds)
+        if decided is None:
+            use = UseRequest(use.token, use.scope, use.subject, use.fingerprint, request_id)
+            return records.begin_args(use, lease_seconds, lease_id, self._now(), claim_ttl_seconds)
+        if previous is None:
+            self._remember_claim(lease_id, value)
+        return decided
+
     def _remember_claim(self, lease_id: str, value: str) -> None:
         """A plain claim's record, kept until its complete or fail. Only a shortcut: a complete
         without it takes the script's usual path, so a full memo is simply emptied (claims held
@@ -233,6 +266,68 @@ class _StoreBase:
             return [key]
         client_key = None if self._cluster else client_key_of(self.key_prefix, token)
         return [key, client_key, self._budget_key] if client_key else [key]
+
+    # What renew, complete, fail, inspect and revoke send, said once for both stores: each makes
+    # them its operations (_operation, _async_operation), which differ only in awaiting the script.
+
+    def _renew_args(self, lease_id: str, lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS) -> list[str]:
+        """Extend the live lease to ``lease_seconds`` from now (never shorter); LeaseLost if not live."""
+        return records.renew_args(lease_id, lease_seconds, self._now())
+
+    def _complete_args(self, lease_id: str, result: Any, keep_seconds: int | None = None) -> list[str]:
+        """Store the result, kept ``keep_seconds`` (default result_ttl_seconds) or the token's life."""
+        keep = self.result_ttl_seconds if keep_seconds is None else keep_seconds
+        return records.complete_args(lease_id, result, keep, self._now(), self._claimed(lease_id))
+
+    def _fail_args(
+        self, lease_id: str, *, retryable: bool, error: Any = None, keep_seconds: int | None = None
+    ) -> list[str]:
+        """Record a failure: ``retryable`` frees the token for a retry, else it is terminal
+        (``error`` kept ``keep_seconds``, default result_ttl_seconds)."""
+        keep = self.result_ttl_seconds if keep_seconds is None else keep_seconds
+        self._claims.pop(lease_id, None)  # fail.lua has no fast path: the claim is forgotten
+        return records.fail_args(lease_id, retryable, error, keep, self._now())
+
+    def _inspect_args(self) -> list[str]:
+        """The token's record as it is now (state, lease, result), without changing it."""
+        return [self._now()]
+
+    def _revoke_args(self) -> list[str]:
+        """Delete the token's record, whatever its state (TokenInvalid: there was none)."""
+        return []
+
+
+def _operation(
+    name: str, build: Callable[Concatenate[_StoreBase, P], list[str]], read: Callable[[Any], T]
+) -> Callable[Concatenate[TokenStore, str, P], T]:
+    """The TokenStore operation that runs script ``name`` on a token with what ``build`` sends and
+    ``read``s its reply (observed when the store has an observer); its docstring is ``build``'s."""
+
+    def operation(self: TokenStore, token: str, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        sent = build(self, *args, **kwargs)
+        if self._observe is not None:
+            return self._observed_run(name, token, sent, read)
+        return self._run(name, token, sent, read)
+
+    operation.__name__ = operation.__qualname__ = name
+    operation.__doc__ = build.__doc__
+    return operation
+
+
+def _async_operation(
+    name: str, build: Callable[Concatenate[_StoreBase, P], list[str]], read: Callable[[Any], T]
+) -> Callable[Concatenate[AsyncTokenStore, str, P], Awaitable[T]]:
+    """:func:`_operation` for AsyncTokenStore."""
+
+    async def operation(self: AsyncTokenStore, token: str, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        sent = build(self, *args, **kwargs)
+        if self._observe is not None:
+            return await self._observed_run(name, token, sent, read)
+        return await self._run(name, token, sent, read)
+
+    operation.__name__ = operation.__qualname__ = name
+    operation.__doc__ = build.__doc__
+    return operation
 
 
 def _send_and_read(conn: Any, command: tuple[Any, ...]) -> Any:
@@ -680,68 +775,20 @@ class TokenStore(_StoreBase):
         try:
             previous = self._execute(("SET", key, value, "NX", "GET", "PX", lease_seconds * 1000))
         except Exception as exc:
-            if _claim_unsupported(exc):
-                # Redis < 7.0 refuses NX with GET: begin.lua claims instead, from now on
-                self._plain_claim = False
-                return self.begin(use, lease_seconds, claim_ttl_seconds)
-            unavailable = _unavailable(exc)
-            if unavailable is None:
-                raise
-            raise unavailable from exc
-        decided = records.claim_reply(previous, use, lease_id, lease_seconds)
-        if decided is not None:
-            if previous is None:
-                self._remember_claim(lease_id, value)
-            return decided
-        use = UseRequest(use.token, use.scope, use.subject, use.fingerprint, request_id)
-        args = records.begin_args(use, lease_seconds, lease_id, self._now(), claim_ttl_seconds)
-        return self._run("begin", use.token, args, records.begin_reply, digest)
+            self._claim_failed(exc)  # returns on Redis < 7.0 only
+            return self.begin(use, lease_seconds, claim_ttl_seconds)
+        decided = self._claim_decided(
+            previous, use, lease_id, lease_seconds, value, request_id, claim_ttl_seconds
+        )
+        if isinstance(decided, list):
+            return self._run("begin", use.token, decided, records.begin_reply, digest)
+        return decided
 
-    def renew(
-        self, token: str, lease_id: str, lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS
-    ) -> records.Renewed:
-        """Extend the live lease to ``lease_seconds`` from now (never shorter); LeaseLost if not live."""
-        args = records.renew_args(lease_id, lease_seconds, self._now())
-        if self._observe is not None:
-            return self._observed_run("renew", token, args, records.renew_reply)
-        return self._run("renew", token, args, records.renew_reply)
-
-    def complete(
-        self, token: str, lease_id: str, result: Any, keep_seconds: int | None = None
-    ) -> records.Completed:
-        """Store the result, kept ``keep_seconds`` (default result_ttl_seconds) or the token's life."""
-        keep = self.result_ttl_seconds if keep_seconds is None else keep_seconds
-        args = records.complete_args(lease_id, result, keep, self._now(), self._claimed(lease_id))
-        if self._observe is not None:
-            return self._observed_run("complete", token, args, records.complete_reply)
-        return self._run("complete", token, args, records.complete_reply)
-
-    def fail(
-        self,
-        token: str,
-        lease_id: str,
-        *,
-        retryable: bool,
-        error: Any = None,
-        keep_seconds: int | None = None,
-    ) -> records.FailRecorded:
-        keep = self.result_ttl_seconds if keep_seconds is None else keep_seconds
-        self._claims.pop(lease_id, None)  # fail.lua has no fast path: the claim is forgotten
-        args = records.fail_args(lease_id, retryable, error, keep, self._now())
-        if self._observe is not None:
-            return self._observed_run("fail", token, args, records.fail_reply)
-        return self._run("fail", token, args, records.fail_reply)
-
-    def inspect(self, token: str) -> records.Inspection:
-        args = [self._now()]
-        if self._observe is not None:
-            return self._observed_run("inspect", token, args, records.inspect_reply)
-        return self._run("inspect", token, args, records.inspect_reply)
-
-    def revoke(self, token: str) -> None:
-        if self._observe is not None:
-            return self._observed_run("revoke", token, (), records.revoke_reply)
-        return self._run("revoke", token, (), records.revoke_reply)
+    renew = _operation("renew", _StoreBase._renew_args, records.renew_reply)
+    complete = _operation("complete", _StoreBase._complete_args, records.complete_reply)
+    fail = _operation("fail", _StoreBase._fail_args, records.fail_reply)
+    inspect = _operation("inspect", _StoreBase._inspect_args, records.inspect_reply)
+    revoke = _operation("revoke", _StoreBase._revoke_args, records.revoke_reply)
 
     def ready(self) -> None:
         """Raise ServiceUnavailable unless Redis answers, takes a write, and every script is loaded.
@@ -915,63 +962,17 @@ class AsyncTokenStore(_StoreBase):
                 "SET", key, value, "NX", "GET", "PX", lease_seconds * 1000
             )
         except Exception as exc:
-            if _claim_unsupported(exc):
-                self._plain_claim = False
-                return await self.begin(use, lease_seconds, claim_ttl_seconds)
-            unavailable = _unavailable(exc)
-            if unavailable is None:
-                raise
-            raise unavailable from exc
-        decided = records.claim_reply(previous, use, lease_id, lease_seconds)
-        if decided is not None:
-            if previous is None:
-                self._remember_claim(lease_id, value)
-            return decided
-        use = UseRequest(use.token, use.scope, use.subject, use.fingerprint, request_id)
-        args = records.begin_args(use, lease_seconds, lease_id, self._now(), claim_ttl_seconds)
-        return await self._run("begin", use.token, args, records.begin_reply, digest)
+            self._claim_failed(exc)
+            return await self.begin(use, lease_seconds, claim_ttl_seconds)
+        decided = self._claim_decided(
+            previous, use, lease_id, lease_seconds, value, request_id, claim_ttl_seconds
+        )
+        if isinstance(decided, list):
+            return await self._run("begin", use.token, decided, records.begin_reply, digest)
+        return decided
 
-    async def renew(
-        self, token: str, lease_id: str, lease_seconds: int = defaults.DEFAULT_LEASE_SECONDS
-    ) -> records.Renewed:
-        args = records.renew_args(lease_id, lease_seconds, self._now())
-        if self._observe is not None:
-            return await self._observed_run("renew", token, args, records.renew_reply)
-        return await self._run("renew", token, args, records.renew_reply)
-
-    async def complete(
-        self, token: str, lease_id: str, result: Any, keep_seconds: int | None = None
-    ) -> records.Completed:
-        """Store the result, kept ``keep_seconds`` (default result_ttl_seconds) or the token's life."""
-        keep = self.result_ttl_seconds if keep_seconds is None else keep_seconds
-        args = records.complete_args(lease_id, result, keep, self._now(), self._claimed(lease_id))
-        if self._observe is not None:
-            return await self._observed_run("complete", token, args, records.complete_reply)
-        return await self._run("complete", token, args, records.complete_reply)
-
-    async def fail(
-        self,
-        token: str,
-        lease_id: str,
-        *,
-        retryable: bool,
-        error: Any = None,
-        keep_seconds: int | None = None,
-    ) -> records.FailRecorded:
-        keep = self.result_ttl_seconds if keep_seconds is None else keep_seconds
-        self._claims.pop(lease_id, None)  # fail.lua has no fast path: the claim is forgotten
-        args = records.fail_args(lease_id, retryable, error, keep, self._now())
-        if self._observe is not None:
-            return await self._observed_run("fail", token, args, records.fail_reply)
-        return await self._run("fail", token, args, records.fail_reply)
-
-    async def inspect(self, token: str) -> records.Inspection:
-        args = [self._now()]
-        if self._observe is not None:
-            return await self._observed_run("inspect", token, args, records.inspect_reply)
-        return await self._run("inspect", token, args, records.inspect_reply)
-
-    async def revoke(self, token: str) -> None:
-        if self._observe is not None:
-            return await self._observed_run("revoke", token, (), records.revoke_reply)
-        return await self._run("revoke", token, (), records.revoke_reply)
+    renew = _async_operation("renew", _StoreBase._renew_args, records.renew_reply)
+    complete = _async_operation("complete", _StoreBase._complete_args, records.complete_reply)
+    fail = _async_operation("fail", _StoreBase._fail_args, records.fail_reply)
+    inspect = _async_operation("inspect", _StoreBase._inspect_args, records.inspect_reply)
+    revoke = _async_operation("revoke", _StoreBase._revoke_args, records.revoke_reply)

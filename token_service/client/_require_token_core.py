@@ -454,6 +454,10 @@ class RequireToken:
         return AsyncRecording(chunks, recorder, settle)
 
 
+def _no_close() -> None:
+    pass
+
+
 def _as_bytes(chunk: Any) -> bytes:
     # a streamed view may yield text: the frameworks encode it as UTF-8 after this
     return chunk.encode() if isinstance(chunk, str) else bytes(chunk)
@@ -490,9 +494,7 @@ class Recording:
 
     def close(self) -> None:
         try:
-            close = getattr(self.chunks, "close", None)
-            if close is not None:
-                close()
+            getattr(self.chunks, "close", _no_close)()  # what it wraps may have a close() (PEP 3333)
         finally:
             self._settle(failed=False, breaking=False)
 
