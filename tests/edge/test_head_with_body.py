@@ -102,10 +102,16 @@ def test_a_send_with_flags_is_never_held_and_the_rest_is_the_sockets_own() -> No
     assert joined.gettimeout() == 2.5
 
 
-@pytest.fixture
-def served(redis_server: RedisServer, tmp_path: Path) -> Iterator[tuple[str, int]]:
-    """``token-service serve`` as shipped (gevent workers), one worker."""
-    env = {"TOKEN_SERVICE_REDIS_URL": redis_server.url, "TOKEN_SERVICE_API_KEYS": API_KEY}
+@pytest.fixture(params=["gunicorn", "granian"])
+def served(
+    request: pytest.FixtureRequest, redis_server: RedisServer, tmp_path: Path
+) -> Iterator[tuple[str, int]]:
+    """``token-service serve`` as shipped (gevent workers, or granian), one worker."""
+    env = {
+        "TOKEN_SERVICE_REDIS_URL": redis_server.url,
+        "TOKEN_SERVICE_API_KEYS": API_KEY,
+        "TOKEN_SERVICE_SERVER": request.param,
+    }
     with serve_one_worker(env, tmp_path / "serve.log") as address:
         yield address
 

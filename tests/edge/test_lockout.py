@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.support.processes import Gunicorn, RedisServer
+from tests.support.processes import SERVERS, Gunicorn, RedisServer
 from tests.support.service import AUTH, service_env
 
 # slow: the service under gunicorn, filling and freeing a cap of tokens (~25 s)
@@ -23,14 +23,14 @@ CAP = 100
 DAY = 86400
 
 
-@pytest.fixture(scope="module")
-def service(redis_server: RedisServer) -> Iterator[Gunicorn]:
+@pytest.fixture(scope="module", params=sorted(SERVERS))
+def service(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator[Gunicorn]:
     env = service_env(
         redis_server.url,
         TOKEN_SERVICE_RATE_LIMIT="1000/minute",
         TOKEN_SERVICE_MAX_OUTSTANDING_PER_SUBJECT=str(CAP),
     )
-    server = Gunicorn(env, workers=1).start()
+    server = SERVERS[request.param](env, workers=1).start()
     yield server
     server.stop()
 

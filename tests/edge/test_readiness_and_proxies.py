@@ -160,14 +160,15 @@ def test_consume_and_begin_without_request_id_can_be_refused(redis_server: Redis
 
 
 @pytest.mark.slow
-def test_every_worker_warns_alike_after_one_forwarded_request(redis_server: RedisServer) -> None:
+@pytest.mark.parametrize("kind", ["gunicorn", "granian"])
+def test_every_worker_warns_alike_after_one_forwarded_request(redis_server: RedisServer, kind: str) -> None:
     # issue 26: the flag was per worker, so after one such request 13 of 20 /readyz warned, 7 did not
     import httpx
 
-    from tests.support.processes import Gunicorn
+    from tests.support.processes import SERVERS
     from tests.support.service import service_env
 
-    server = Gunicorn(service_env(redis_server.url), workers=2).start()
+    server = SERVERS[kind](service_env(redis_server.url), workers=2).start()
     try:
         with httpx.Client(base_url=server.url, timeout=30) as held:
             # this connection stays with one worker; while it is held, new ones go to the other

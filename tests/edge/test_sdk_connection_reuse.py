@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.support.processes import Gunicorn, RedisServer
+from tests.support.processes import SERVERS, Gunicorn, RedisServer
 from tests.support.service import API_KEY
 from tests.support.tcp_proxy import FaultProxy
 from token_service.client import AsyncTokenClient, TokenClient
@@ -23,10 +23,10 @@ CONSUMES = 1000
 SCOPE = "reuse.test"
 
 
-@pytest.fixture(scope="module")
-def service() -> Iterator[Gunicorn]:
+@pytest.fixture(scope="module", params=sorted(SERVERS))
+def service(request: pytest.FixtureRequest) -> Iterator[Gunicorn]:
     redis_server = RedisServer().start()
-    server = Gunicorn(
+    server = SERVERS[request.param](
         {
             "TOKEN_SERVICE_REDIS_URL": redis_server.url,
             "TOKEN_SERVICE_API_KEYS": API_KEY,
