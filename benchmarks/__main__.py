@@ -60,6 +60,11 @@ def run(config: suite.Config) -> dict[str, Any]:
         results["half_peak"] = suite.half_peak_latency(
             runner, config, results["peak"]["generate"]["service"]["rps"]
         )
+        if "granian" in servers.by_name:
+            log("generate at half of peak, granian")
+            results["half_peak_granian"] = suite.half_peak_latency(
+                runner, config, results["peak"]["generate"]["granian"]["rps"], "granian", "fastapi"
+            )
         log("batch of 1000")
         results["batch"] = suite.batch_throughput(runner, config)
         log("direct transport")

@@ -252,3 +252,23 @@ class Uvicorn(Gunicorn):
             "warning",
             *self.extra,
         ]
+
+
+class GranianServe(Gunicorn):
+    """The service under granian: ``token-service serve --server granian`` with ``workers`` workers.
+
+    The command as shipped: its blocking threads, timeouts and logging are granian_serve's.
+    """
+
+    def command(self) -> list[str]:
+        serve = ["serve", "--server", "granian", "--host", "127.0.0.1", "--port", str(self.port)]
+        return [sys.executable, "-m", "token_service.server.cli", *serve, "--workers", str(self.workers)]
+
+    def pids(self) -> list[int]:
+        """``serve``, granian's main process and its workers."""
+        if not self.process:
+            return []
+        found = [self.process.pid]
+        for pid in found:  # grows as it goes: every descendant
+            found += children(pid)
+        return found

@@ -25,7 +25,15 @@ import redis
 
 from benchmarks import baseline_app
 from benchmarks.load import WrkResult, median_of, run_wrk
-from benchmarks.procs import WORKER_CLASSES, Gunicorn, RedisServer, Uvicorn, cpu_seconds_precise, require
+from benchmarks.procs import (
+    WORKER_CLASSES,
+    GranianServe,
+    Gunicorn,
+    RedisServer,
+    Uvicorn,
+    cpu_seconds_precise,
+    require,
+)
 from token_service.client import TokenClient
 from token_service.config import RateLimit
 from token_service.limits import IssuanceLimits, client_key
@@ -86,6 +94,7 @@ class Config:
 SERVICE_APP = "token_service:create_app()"
 BASELINE_APP = "benchmarks.baseline_app:create_app()"
 FASTAPI_APP = "benchmarks.fastapi_app:app"
+GRANIAN_APP = "token_service:create_app"  # a factory: granian --factory
 # Every server of the run, by name. "service" and "baseline" run the project's gunicorn config
 # as shipped (gevent workers); the others differ in the one thing their name says.
 TARGETS = (
@@ -95,9 +104,15 @@ TARGETS = (
     "fastapi",  # the baseline's FastAPI twin under uvicorn (the third baseline)
     "service-sync",  # the worker-class comparison: the service on sync ...
     "service-gthread",  # ... and gthread workers (4 threads), the same worker count
+    "granian",  # the service under granian (token-service serve --server granian): the fast server
 )
 # The targets of each peak comparison; the curve's (and the plot's) subset.
-CURVE_TARGETS = ("service", "baseline", "baseline-sync", "fastapi")
+CURVE_TARGETS = ("service", "baseline", "baseline-sync", "fastapi", "granian")
+
+
+def runs_the_service(target: str) -> bool:
+    """Whether the target serves token-service (its tokens, its key), not a hand-written baseline."""
+    return target.startswith("service") or target == "granian"
 
 
 @dataclass
@@ -122,6 +137,8 @@ def make_server(name: str, redis_url: str, workers: int) -> Gunicorn:
     baseline_env = {"BENCH_REDIS_URL": redis_url}
     if name == "fastapi":
         return Uvicorn(FASTAPI_APP, baseline_env, workers)
+    if name == "granian":
+        return GranianServe(GRANIAN_APP, service_env, workers)
     app, _, worker_class = name.partition("-")
     flags = WORKER_CLASSES[worker_class or "gevent"]
     if app == "service":
@@ -173,7 +190,7 @@ class TokenSupply:
         return tokens
 
     def file_for(self, target: str, count: int) -> Path:
-        service = target.startswith("service")
+        service = runs_the_service(target)
         tokens = self.service_tokens(count) if service else self.baseline_tokens(count)
         path = self.dir / f"{target}-{time.monotonic_ns()}.txt"
         path.write_text("\n".join(tokens) + "\n")
@@ -196,7 +213,7 @@ class HttpRunner:
             # wrk wraps around if it runs out: size generously (repeats would show as errors)
             count = int(self.fastest_rps * 1.6 * max(1, round(seconds))) + 1000
             tokens = self.supply.file_for(target, count)
-            key = API_KEY if target.startswith("service") else ""
+            key = API_KEY if runs_the_service(target) else ""
             args = [str(tokens), SCOPE, key]
         elif endpoint == "generate":
             args, tokens = [SCOPE, str(SUBJECTS)], None
@@ -228,6 +245,8 @@ class HttpRunner:
 PAIRS = (
     ("service", "baseline-sync"),
     ("service", "fastapi"),
+    ("granian", "fastapi"),
+    ("granian", "service"),
     ("service-gthread", "service-sync"),
     ("service", "service-sync"),
     ("baseline", "baseline-sync"),
@@ -291,12 +310,13 @@ def compare_peak(
             "server_cpu_ms": median_of(results, "server_cpu_ms"),
             "redis_cpu_ms": median_of(results, "redis_cpu_ms"),
         }
-    main = _paired(runs, "service", "baseline")
-    summary["round_ratios"] = main["round_ratios"]
-    summary["ratio"] = main["ratio"]
-    summary["ratio_of_medians"] = summary["service"]["rps"] / summary["baseline"]["rps"]
-    summary["round_cpu_ratios"] = main["round_cpu_ratios"]
-    summary["cpu_ratio"] = main["cpu_ratio"]
+    if "service" in runs and "baseline" in runs:
+        main = _paired(runs, "service", "baseline")
+        summary["round_ratios"] = main["round_ratios"]
+        summary["ratio"] = main["ratio"]
+        summary["ratio_of_medians"] = summary["service"]["rps"] / summary["baseline"]["rps"]
+        summary["round_cpu_ratios"] = main["round_cpu_ratios"]
+        summary["cpu_ratio"] = main["cpu_ratio"]
     summary["pairs"] = {
         f"{top} / {bottom}": _paired(runs, top, bottom)
         for top, bottom in PAIRS
@@ -316,7 +336,9 @@ def concurrency_curve(runner: HttpRunner, config: Config) -> list[dict[str, Any]
     return points
 
 
-def half_peak_latency(runner: HttpRunner, config: Config, peak_rps: float) -> dict[str, Any]:
+def half_peak_latency(
+    runner: HttpRunner, config: Config, peak_rps: float, target: str = "service", reference: str = "baseline"
+) -> dict[str, Any]:
     """p99 of generate with the load held near half the measured peak.
 
     wrk 4 is closed-loop: each of the connections sends, waits for the reply,
@@ -328,20 +350,22 @@ def half_peak_latency(runner: HttpRunner, config: Config, peak_rps: float) -> di
     connections = max(2, config.peak_connections // 2)
     target_rps = peak_rps / 2
     delay_ms = connections / target_rps * 1000
-    first = runner.run("service", "generate", connections, config.curve_seconds, delay_ms=delay_ms)
+    first = runner.run(target, "generate", connections, config.curve_seconds, delay_ms=delay_ms)
     # rate ~ connections / (time per request + delay): keep the measured time, fix the delay
     time_per_request_ms = connections / first.rps * 1000 - delay_ms
     delay_ms = max(0.05, connections / target_rps * 1000 - time_per_request_ms)
-    # The hand-written baseline under the same pacing, alternated with the service: its
-    # p99 shows how much of the tail is this machine's rather than the service's.
+    # The reference (a hand-written baseline) under the same pacing, alternated with the target:
+    # its p99 shows how much of the tail is this machine's rather than the service's.
     runs: list[WrkResult] = []
     baseline_runs: list[WrkResult] = []
     for round_number in range(max(1, config.rounds // 2 + 1)):
-        order = ("service", "baseline") if round_number % 2 == 0 else ("baseline", "service")
-        for target in order:
-            result = runner.run(target, "generate", connections, config.seconds, delay_ms=delay_ms)
-            (runs if target == "service" else baseline_runs).append(result)
+        order = (target, reference) if round_number % 2 == 0 else (reference, target)
+        for name in order:
+            result = runner.run(name, "generate", connections, config.seconds, delay_ms=delay_ms)
+            (runs if name == target else baseline_runs).append(result)
     return {
+        "target": target,
+        "reference": reference,
         "connections": connections,
         "target_rps": target_rps,
         "delay_ms": delay_ms,

@@ -55,25 +55,28 @@ def test_quick_mode_runs_every_part_and_writes_the_report(tmp_path: Path) -> Non
         assert peak["service"]["rps"] > 0
         assert peak["baseline"]["rps"] > 0
         assert peak["ratio"] > 0
-    targets = ("service", "baseline", "baseline-sync", "fastapi")
+    targets = ("service", "baseline", "baseline-sync", "fastapi", "granian")
     assert {(p["endpoint"], p["target"]) for p in results["curve"]} == {
         (e, t) for e in ("generate", "consume") for t in targets
     }
     # the worker-class comparison and the three baselines, each measured and paired with the service
     for endpoint in ("generate", "consume"):
         peak = results["peak"][endpoint]
-        for target in ("baseline-sync", "fastapi", "service-sync", "service-gthread"):
+        for target in ("baseline-sync", "fastapi", "service-sync", "service-gthread", "granian"):
             assert peak[target]["rps"] > 0, target
         assert set(peak["pairs"]) >= {
             "service / baseline-sync",
             "service / fastapi",
             "service / service-sync",
+            "granian / fastapi",
         }
     report_text = (tmp_path / "RESULTS.md").read_text()
     assert "## Worker classes" in report_text
     assert "hand-written FastAPI, uvicorn" in report_text
     assert results["half_peak"]["p99_ms"] > 0
     assert results["half_peak"]["baseline"]["p99_ms"] > 0
+    assert results["half_peak_granian"]["p99_ms"] > 0
+    assert results["half_peak_granian"]["reference"] == "fastapi"
     assert results["batch"]["tokens_per_second"] > 0
     assert set(results["direct"]["ops_per_second"]) >= {"redis-py EVALSHA", "TokenStore.consume"}
     assert set(results["app_cpu"]["endpoints"]) == {"generate", "consume"}
@@ -102,3 +105,27 @@ def test_app_cpu_measures_both_apps_in_process() -> None:
     lines = done.stdout.splitlines()
     assert [line.split(":")[0] for line in lines] == ["generate", "consume"]
     assert all("us of CPU per request" in line for line in lines)
+
+
+def test_the_http_budgets_run_measures_both_servers_against_their_baselines() -> None:
+    for binary in ("wrk", "redis-server"):
+        require_binary(binary)
+    done = run_module("benchmarks.http_budgets", "--quick", timeout_seconds=300)
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    for budget in ("gunicorn (gevent) vs hand-written Flask on sync workers", "granian vs FastAPI + uvicorn"):
+        assert [row.split(" | ")[1] for row in rows if row.startswith(f"| {budget} |")] == [
+            "generate",
+            "consume",
+        ]
+    assert any(row.startswith("| granian | ") and " ms " in row for row in rows)
+
+
+def test_routes_callgrind_counts_instructions_per_request_of_each_route() -> None:
+    for binary in ("valgrind", "redis-server"):
+        require_binary(binary)
+    done = run_module("benchmarks.routes_callgrind", "--requests", "20", timeout_seconds=600)
+    counts = json.loads(done.stdout)
+    for app in ("service", "baseline"):
+        for route in ("generate", "consume"):
+            # a Python request is hundreds of thousands of instructions; a broken phase is ~0
+            assert counts[app][route] > 50_000, (app, route)
