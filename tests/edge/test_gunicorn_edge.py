@@ -356,3 +356,56 @@ def test_a_chunked_body_that_does_not_end_is_never_run(
         received = answers_after(sock, 10)
     assert not received.startswith(b"HTTP/1.1 200"), received[:300]
     assert still_consumable(server, token)
+
+
+HIDDEN = request_bytes("GET", "/healthz", None, {"X-Request-ID": "hidden-request"})
+# a body framed two ways (or a framing header spelt so one parser reads it and another does not):
+# a server reading the other framing would find HIDDEN as a second request
+TWO_FRAMINGS = {
+    "CL.TE": b"Content-Length: 6\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "TE.CL": b"Transfer-Encoding: chunked\r\nContent-Length: 300\r\n\r\n0\r\n\r\n",
+    "TE.TE": b"Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n\r\n0\r\n\r\n",
+    "TE-space": b"Transfer-Encoding : chunked\r\n\r\n0\r\n\r\n",
+    "xchunked": b"Transfer-Encoding: xchunked\r\n\r\n0\r\n\r\n",
+    "bare-LF-CL": b"X-Pad: a\nContent-Length: 0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "bare-CR": b"X-Pad: a\rContent-Length: 40\r\n\r\n",
+    "chunk-ext-LF": b"Transfer-Encoding: chunked\r\n\r\n1;a\nx\r\nz\r\n0\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("framing", sorted(TWO_FRAMINGS))
+def test_a_request_hidden_by_two_framings_is_never_served(
+    service: tuple[Gunicorn, RedisServer], framing: str
+) -> None:
+    server, _ = service
+    with connect(address(server)) as sock:
+        sock.sendall(b"POST /token/generate HTTP/1.1\r\nHost: x\r\n" + TWO_FRAMINGS[framing] + HIDDEN)
+        received = answers_after(sock, 5)
+    # refused (400, 501 for a coding it does not know), or answered as one request (405, 401, ...)
+    assert received.startswith((b"HTTP/1.1 4", b"HTTP/1.1 501 ")), received[:300]
+    assert b"hidden-request" not in received.lower()
+
+
+KEPT_ALIVE = 300
+
+
+def test_idle_kept_alive_connections_block_no_one_and_are_closed(
+    service: tuple[Gunicorn, RedisServer],
+) -> None:
+    """KEPT_ALIVE clients that asked once and then sit idle on their connection: everyone else is
+    served, and the server closes theirs (its keep-alive deadline: 5 s under either server)."""
+    server, _ = service
+    held = []
+    try:
+        for i in range(KEPT_ALIVE):
+            sock = connect(address(server), f"127.0.6.{1 + i % 250}")
+            sock.sendall(request_bytes("GET", "/healthz"))
+            assert read_reply(sock).status == 200
+            held.append(sock)
+        for _ in range(10):
+            assert exchange(address(server), request_bytes("GET", "/healthz")).status == 200
+        for sock in held:
+            assert answers_after(sock, 60) == b""  # closed by the server, nothing more said
+    finally:
+        for sock in held:
+            sock.close()
