@@ -29,7 +29,7 @@ from token_service.records import Completed, Consumed, FailRecorded, Finished, R
 from token_service.store import AsyncTokenStore, TokenStore
 from token_service.tokens import new_request_id
 
-from ._direct import AsyncDirectTransport, DirectLimits, DirectTransport, redis_from_url
+from ._direct import AsyncDirectTransport, DirectLimits, DirectTransport, KeyedRecords, redis_from_url
 from ._extras import install, missing
 from ._telemetry import DEFAULT_TELEMETRY, Telemetry
 from ._types import IssuedToken, RetryPolicy, TokenInfo
@@ -38,7 +38,7 @@ from .guard import AsyncGuard, Guard, GuardOptions, guarded
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["DEFAULT_TIMEOUT_SECONDS", "AsyncTokenClient", "TokenClient"]
+__all__ = ["DEFAULT_TIMEOUT_SECONDS", "AsyncTokenClient", "KeyedCalls", "TokenClient", "keyed_calls"]
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_SECONDS = 5.0
@@ -546,3 +546,50 @@ class AsyncTokenClient(_ClientBase):
 
     def guarded(self, scope: str, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         return guarded(self, scope, **options)
+
+
+class KeyedCalls:
+    """What a guard on a keyed operation calls (its ``GuardClient``): the keyed records of a
+    client's direct transport, each call with that client's retries and call budget. Sync or
+    async as the client is: its ``_call`` returns the reply, or an awaitable of it."""
+
+    def __init__(self, client: TokenClient | AsyncTokenClient, records: KeyedRecords) -> None:
+        self._call = client._call
+        self.records = records
+        self.telemetry = client.telemetry
+        self.is_async = client._is_async
+
+    def begin(
+        self,
+        token: str,
+        scope: str,
+        *,
+        subject: str | None = None,
+        fingerprint: str | None = None,
+        request_id: str | None = None,
+        lease_seconds: int | None = None,
+    ) -> Any:
+        records = self.records
+        use = records.use(token, scope, subject, fingerprint, request_id or new_request_id())
+        lease = records.direct.lease_seconds(lease_seconds)
+        return self._call(lambda: records.begin(use, lease))
+
+    def renew(self, token: str, lease_id: str, *, lease_seconds: int | None = None) -> Any:
+        return self._call(lambda: self.records.renew(token, lease_id, lease_seconds))
+
+    def complete(self, token: str, lease_id: str, result: Any = None) -> Any:
+        return self._call(lambda: self.records.complete(token, lease_id, result))
+
+    def fail(self, token: str, lease_id: str, *, retryable: bool = True, error: Any = None) -> Any:
+        return self._call(lambda: self.records.fail(token, lease_id, retryable, error))
+
+
+def keyed_calls(client: TokenClient | AsyncTokenClient, ttl_seconds: int) -> KeyedCalls:
+    """The calls of guards on keyed operations whose unfinished keys live ``ttl_seconds``."""
+    backend = getattr(client, "_backend", None)
+    if not isinstance(backend, DirectTransport | AsyncDirectTransport):
+        raise TypeError(
+            "keyed operations run on the direct transport: use TokenClient.from_redis(...) "
+            "(or AsyncTokenClient.from_redis) on the service's Redis"
+        )
+    return KeyedCalls(client, KeyedRecords(backend, ttl_seconds))

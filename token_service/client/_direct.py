@@ -31,7 +31,7 @@ from token_service.store import AsyncTokenStore, TokenStore
 from . import _validate as check
 from ._types import IssuedToken, TokenInfo
 
-__all__ = ["AsyncDirectTransport", "DirectLimits", "DirectTransport", "redis_from_url"]
+__all__ = ["AsyncDirectTransport", "DirectLimits", "DirectTransport", "KeyedRecords", "redis_from_url"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,3 +222,53 @@ class AsyncDirectTransport(_Checks):
     async def close(self) -> None:
         if self._owns_client:
             await self.store.client.aclose()
+
+
+class KeyedRecords:
+    """The direct transport's keyed operations: begin/renew/complete/fail on an ``op:`` record
+    (``keyed.operation_token``: a digest of scope and key, never a token), which begin claims
+    when absent. One class for both stores: an async store's call returns its awaitable."""
+
+    def __init__(self, direct: DirectTransport | AsyncDirectTransport, ttl_seconds: int) -> None:
+        check.bounded("ttl_seconds", ttl_seconds, 1, direct.limits.max_ttl_seconds)
+        self.direct = direct
+        self.store = direct.store
+        self.ttl_seconds = ttl_seconds  # how long an absent record is claimed for
+        # How long an outcome (or a released key) is kept: the key's ttl_seconds, at least the
+        # store's result_ttl_seconds (the claim's lease is its key's expiry: no claim time is left
+        # in the record to count from).
+        self.keep_seconds = max(ttl_seconds, direct.store.result_ttl_seconds)
+
+    def use(
+        self, name: str, scope: str, subject: str | None, fingerprint: str | None, request_id: str
+    ) -> UseRequest:
+        if subject is not None:
+            raise TypeError("a keyed operation has no subject: make it part of the key")
+        return UseRequest(
+            check.operation(name),
+            check.scope(scope),
+            None,
+            check.text("fingerprint", fingerprint, 128),
+            check.text("request_id", request_id, 128),
+        )
+
+    def begin(self, use: UseRequest, lease_seconds: int) -> Any:
+        return self.store.begin(use, lease_seconds, self.ttl_seconds)
+
+    def renew(self, name: str, lease_id: str, lease_seconds: int | None) -> Any:
+        direct = self.direct
+        lease = direct.lease_seconds(lease_seconds)
+        return self.store.renew(check.operation(name), direct.lease_id(lease_id), lease)
+
+    def complete(self, name: str, lease_id: str, result: Any) -> Any:
+        check.payload("result", result, self.direct.limits.max_result_bytes)
+        return self.store.complete(
+            check.operation(name), self.direct.lease_id(lease_id), result, self.keep_seconds
+        )
+
+    def fail(self, name: str, lease_id: str, retryable: bool, error: Any) -> Any:
+        check.payload("error", error, self.direct.limits.max_result_bytes)
+        record, lease = check.operation(name), self.direct.lease_id(lease_id)
+        return self.store.fail(
+            record, lease, retryable=retryable, error=error, keep_seconds=self.keep_seconds
+        )

@@ -8,6 +8,7 @@ per-field messages, like the API's 400.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -15,13 +16,15 @@ from token_service.errors import InvalidRequest, TokenInvalid
 from token_service.records import check_payload
 from token_service.tokens import SCOPE_RE, SCOPE_RULE, is_plain_text, is_well_formed
 
-__all__ = ["bounded", "every", "payload", "scope", "text", "token"]
+__all__ = ["bounded", "every", "operation", "payload", "scope", "text", "token"]
 
 # Scopes already found valid: an application uses a handful, on every call. Bounded, so
 # a caller inventing scopes cannot grow it; only exact str values are remembered (a str
 # subclass could compare equal to a valid scope and still not be one).
 _VALID_SCOPES: set[str] = set()
 _MAX_VALID_SCOPES = 256
+# a keyed operation's record name (``keyed.operation_token``): never a well-formed token
+_OPERATION_RE = re.compile(r"op:[A-Za-z0-9_-]{43}\Z")
 
 
 def scope(value: Any) -> str:
@@ -73,6 +76,12 @@ def token(value: Any) -> str:
     # malformed is answered like unknown, as the API does
     if not isinstance(value, str) or not is_well_formed(value):
         raise TokenInvalid("The token is unknown, expired or revoked.")
+    return value
+
+
+def operation(value: Any) -> str:
+    if not isinstance(value, str) or not _OPERATION_RE.match(value):
+        raise TokenInvalid("Not a keyed operation's record.")
     return value
 
 

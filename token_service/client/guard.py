@@ -99,9 +99,6 @@ class Guard(GuardEngine[GuardClient]):
 
     _renewal: Renewal | None = None
 
-    def __init__(self, client: GuardClient, token: str, scope: str, **options: Any) -> None:
-        super().__init__(client, token, scope, **options)
-
     def start(self) -> bool:
         """Begin. True: this caller holds the lease and must run the operation.
         False: it already succeeded; ``result`` holds the stored result.
@@ -197,9 +194,6 @@ class AsyncGuard(GuardEngine[AsyncGuardClient]):
 
     _is_async = True
     _renewal: AsyncRenewal | None = None
-
-    def __init__(self, client: AsyncGuardClient, token: str, scope: str, **options: Any) -> None:
-        super().__init__(client, token, scope, **options)
 
     async def start(self) -> bool:
         return await drive_async(self._starting())

@@ -38,23 +38,14 @@ import functools
 import hashlib
 import inspect
 import logging
-import re
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, Unpack
-
-from token_service.errors import TokenInvalid
-from token_service.records import Completed, FailRecorded, Finished, Renewed, Started, UseRequest
+from typing import Any, TypeVar, Unpack
 
 from . import _validate as check
-from ._client import AsyncTokenClient, TokenClient
-from ._direct import AsyncDirectTransport, DirectTransport, _info
+from ._client import AsyncTokenClient, KeyedCalls, TokenClient, keyed_calls
 from ._fingerprint import canonical_json, fingerprint
 from ._typed_results import return_type
-from ._types import Consumed, IssuedToken, TokenInfo
 from .guard import AsyncGuard, Guard, GuardHookArgs, GuardHooks, Terminal, as_json, hooks_of
-
-if TYPE_CHECKING:
-    from token_service.store import AsyncTokenStore, TokenStore
 
 __all__ = ["idempotent", "keyed_guard", "operation_token"]
 
@@ -65,7 +56,6 @@ T = TypeVar("T")
 # How long a key is remembered while nothing finished it (a finished one is kept at least
 # the store's result_ttl_seconds): the longest a released or abandoned key blocks nothing.
 DEFAULT_KEY_TTL_SECONDS = 86400
-_OPERATION_RE = re.compile(r"op:[A-Za-z0-9_-]{43}\Z")
 KeySpec = str | Sequence[str] | Callable[..., Any]
 
 
@@ -86,12 +76,6 @@ def operation_token(scope: str, key: Any) -> str:
     return "op:" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
-def _operation(value: Any) -> str:
-    if not isinstance(value, str) or not _OPERATION_RE.match(value):
-        raise TokenInvalid("Not a keyed operation's record.")
-    return value
-
-
 def _fingerprint(value: Any) -> str | None:
     """The record's fingerprint for a JSON value describing the input: its SHA-256 (hex)."""
     if value is None:
@@ -102,150 +86,8 @@ def _fingerprint(value: Any) -> str | None:
         raise TypeError(f"a fingerprint must be made of JSON values: {exc}") from exc
 
 
-def _not_for_keys(operation: str) -> TypeError:
-    return TypeError(f"{operation} is for issued tokens, not keyed operations")
-
-
-class _Keyed:
-    """Checks shared by both keyed transports."""
-
-    def __init__(self, direct: DirectTransport | AsyncDirectTransport, ttl_seconds: int) -> None:
-        limits = direct.limits
-        check.bounded("ttl_seconds", ttl_seconds, 1, limits.max_ttl_seconds)
-        self.direct = direct
-        self.ttl_seconds = ttl_seconds
-
-    def begin_args(self, use: UseRequest, lease_seconds: int | None) -> tuple[UseRequest, int, int]:
-        """The store's begin arguments: ``use`` with the operation's record name where its token
-        was (a keyed operation's "token" is its key), the lease, and how long an absent record
-        is claimed for."""
-        if use.subject is not None:
-            raise TypeError("a keyed operation has no subject: make it part of the key")
-        record = UseRequest(
-            _operation(use.token),
-            check.scope(use.scope),
-            None,
-            check.text("fingerprint", use.fingerprint, 128),
-            check.text("request_id", use.request_id, 128),
-        )
-        return record, self.direct.lease_seconds(lease_seconds), self.ttl_seconds
-
-    def result_args(self, token: str, lease_id: str, name: str, value: Any) -> tuple[str, str]:
-        check.payload(name, value, self.direct.limits.max_result_bytes)
-        return _operation(token), self.direct.lease_id(lease_id)
-
-    def keep_seconds(self) -> int:
-        """How long an outcome (or a released key) is kept: the key's ttl_seconds, at least the
-        store's result_ttl_seconds (the claim's lease is its key's expiry: no claim time is left
-        in the record to count from)."""
-        return max(self.ttl_seconds, self.direct.store.result_ttl_seconds)
-
-
-class _KeyedTransport(_Keyed):
-    """What :class:`Guard` calls on a client, for ``op:`` records, on the direct transport's store."""
-
-    def __init__(self, direct: DirectTransport, ttl_seconds: int) -> None:
-        super().__init__(direct, ttl_seconds)
-        self.store: TokenStore = direct.store
-
-    def begin(self, use: UseRequest, lease_seconds: int | None) -> Started | Finished:
-        return self.store.begin(*self.begin_args(use, lease_seconds))
-
-    def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
-        record, lease = _operation(token), self.direct.lease_id(lease_id)
-        return self.store.renew(record, lease, self.direct.lease_seconds(lease_seconds))
-
-    def complete(self, token: str, lease_id: str, result: Any) -> Completed:
-        record, lease = self.result_args(token, lease_id, "result", result)
-        return self.store.complete(record, lease, result, self.keep_seconds())
-
-    def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded:
-        record, lease = self.result_args(token, lease_id, "error", error)
-        return self.store.fail(
-            record, lease, retryable=retryable, error=error, keep_seconds=self.keep_seconds()
-        )
-
-    def inspect(self, token: str) -> TokenInfo:
-        return _info(self.store.inspect(_operation(token)))
-
-    def issue(self, *args: Any) -> list[IssuedToken]:
-        raise _not_for_keys("issue")
-
-    def consume(self, *args: Any) -> Consumed:
-        raise _not_for_keys("consume")
-
-    def revoke(self, *args: Any) -> None:
-        raise _not_for_keys("revoke")
-
-    def close(self) -> None:
-        pass  # the client's connections belong to the client the decorator was given
-
-
-class _AsyncKeyedTransport(_Keyed):
-    def __init__(self, direct: AsyncDirectTransport, ttl_seconds: int) -> None:
-        super().__init__(direct, ttl_seconds)
-        self.store: AsyncTokenStore = direct.store
-
-    async def begin(self, use: UseRequest, lease_seconds: int | None) -> Started | Finished:
-        return await self.store.begin(*self.begin_args(use, lease_seconds))
-
-    async def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
-        record, lease = _operation(token), self.direct.lease_id(lease_id)
-        return await self.store.renew(record, lease, self.direct.lease_seconds(lease_seconds))
-
-    async def complete(self, token: str, lease_id: str, result: Any) -> Completed:
-        record, lease = self.result_args(token, lease_id, "result", result)
-        return await self.store.complete(record, lease, result, self.keep_seconds())
-
-    async def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded:
-        record, lease = self.result_args(token, lease_id, "error", error)
-        return await self.store.fail(
-            record, lease, retryable=retryable, error=error, keep_seconds=self.keep_seconds()
-        )
-
-    async def inspect(self, token: str) -> TokenInfo:
-        return _info(await self.store.inspect(_operation(token)))
-
-    async def issue(self, *args: Any) -> list[IssuedToken]:
-        raise _not_for_keys("issue")
-
-    async def consume(self, *args: Any) -> Consumed:
-        raise _not_for_keys("consume")
-
-    async def revoke(self, *args: Any) -> None:
-        raise _not_for_keys("revoke")
-
-    async def close(self) -> None:
-        pass
-
-
-def _keyed_client(client: TokenClient | AsyncTokenClient, ttl_seconds: int) -> TokenClient | AsyncTokenClient:
-    """A client of the same kind, retry policy and call budget whose operations address ``op:`` records."""
-    backend = client._backend
-    if isinstance(client, AsyncTokenClient) and isinstance(backend, AsyncDirectTransport):
-        keyed = _AsyncKeyedTransport(backend, ttl_seconds)
-        return AsyncTokenClient(
-            retry=client.retry,
-            telemetry=client.telemetry,
-            _backend=keyed,
-            _call_timeout_seconds=client._call_timeout_seconds,  # its calls keep the same budget
-        )
-    if isinstance(client, TokenClient) and isinstance(backend, DirectTransport):
-        sync_keyed = _KeyedTransport(backend, ttl_seconds)
-        return TokenClient(
-            retry=client.retry,
-            telemetry=client.telemetry,
-            _backend=sync_keyed,
-            _call_timeout_seconds=client._call_timeout_seconds,
-        )
-    raise TypeError(
-        "keyed operations run on the direct transport: use TokenClient.from_redis(...) "
-        "(or AsyncTokenClient.from_redis) on the service's Redis"
-    )
-
-
 def _guard_for(
-    keyed: TokenClient | AsyncTokenClient,
+    keyed: KeyedCalls,
     scope: str,
     key: Any,
     fingerprint: Any,
@@ -257,7 +99,8 @@ def _guard_for(
     result_type: Any = None,
     hooks: GuardHooks | None = None,
 ) -> Guard | AsyncGuard:
-    guard: Guard | AsyncGuard = keyed.guard(
+    guard = (AsyncGuard if keyed.is_async else Guard)(
+        keyed,  # sync or async as its client is
         operation_token(scope, key),
         scope,
         fingerprint=_fingerprint(fingerprint),
@@ -308,7 +151,7 @@ def keyed_guard(
     within ``lease_seconds``). The guard's hooks: ``hooks=GuardHooks(...)``, or
     ``on_replay``, ``on_conflict``, ``on_mismatch`` and ``on_lease_lost`` by name.
     """
-    keyed = _keyed_client(client, ttl_seconds)
+    keyed = keyed_calls(client, ttl_seconds)
     hooks = hooks_of(hooks, hook_args)  # once: every call's guard gets this one value
     return _guard_for(
         keyed, scope, key, fingerprint, request_id, lease_seconds, terminal, wait_seconds, renew, None, hooks
@@ -406,7 +249,7 @@ def idempotent(
     and ``on_lease_lost(guard, error)``; built into one value once, at decoration.
     """
     check.scope(scope)
-    keyed = _keyed_client(client, ttl_seconds)
+    keyed = keyed_calls(client, ttl_seconds)
     hooks = hooks_of(hooks, hook_args)  # once: every call's guard gets this one value
 
     def decorate(operation: Callable[..., Any]) -> Callable[..., Any]:
@@ -414,7 +257,7 @@ def idempotent(
         read_fingerprint = _key_reader(operation, fingerprint, "fingerprint") if fingerprint else None
         is_async = inspect.iscoroutinefunction(operation)
         typed = return_type(operation)  # once, not per call: results are read back as this type
-        if is_async != isinstance(keyed, AsyncTokenClient):
+        if is_async != keyed.is_async:
             raise TypeError("coroutine functions need an AsyncTokenClient, plain functions a TokenClient")
         if durable is not None:
             if is_async:
