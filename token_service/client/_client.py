@@ -30,6 +30,7 @@ from token_service.store import AsyncTokenStore, TokenStore
 from token_service.tokens import new_request_id
 
 from ._direct import AsyncDirectTransport, DirectLimits, DirectTransport, KeyedRecords, redis_from_url
+from ._engine import BeginOptions
 from ._extras import install, missing
 from ._telemetry import DEFAULT_TELEMETRY, Telemetry
 from ._types import IssuedToken, RetryPolicy, TokenInfo
@@ -559,19 +560,11 @@ class KeyedCalls:
         self.telemetry = client.telemetry
         self.is_async = client._is_async
 
-    def begin(
-        self,
-        token: str,
-        scope: str,
-        *,
-        subject: str | None = None,
-        fingerprint: str | None = None,
-        request_id: str | None = None,
-        lease_seconds: int | None = None,
-    ) -> Any:
+    def begin(self, token: str, scope: str, **options: Unpack[BeginOptions]) -> Any:
         records = self.records
-        use = records.use(token, scope, subject, fingerprint, request_id or new_request_id())
-        lease = records.direct.lease_seconds(lease_seconds)
+        request_id = options["request_id"] or new_request_id()
+        use = records.use(token, scope, options["subject"], options["fingerprint"], request_id)
+        lease = records.direct.lease_seconds(options["lease_seconds"])
         return self._call(lambda: records.begin(use, lease))
 
     def renew(self, token: str, lease_id: str, *, lease_seconds: int | None = None) -> Any:

@@ -55,6 +55,7 @@ log = logging.getLogger("token_service.client.guard")
 
 __all__ = [
     "AsyncGuardClient",
+    "BeginOptions",
     "Flow",
     "GuardClient",
     "GuardEngine",
@@ -81,7 +82,7 @@ _MAX_POLL_SECONDS = 0.25
 _SHORTEST_LEASE_SECONDS = 1.0
 
 
-class _BeginOptions(TypedDict):
+class BeginOptions(TypedDict):
     """What a guard's every begin sends besides the token and scope (one id for all its retries)."""
 
     subject: str | None
@@ -93,7 +94,7 @@ class _BeginOptions(TypedDict):
 class GuardClient(Protocol):
     """What a :class:`Guard` needs of its client (:class:`~token_service.client.TokenClient`)."""
 
-    def begin(self, token: str, scope: str, **options: Unpack[_BeginOptions]) -> Started | Finished: ...
+    def begin(self, token: str, scope: str, **options: Unpack[BeginOptions]) -> Started | Finished: ...
     def renew(self, token: str, lease_id: str, *, lease_seconds: int | None = ...) -> Renewed: ...
     def complete(self, token: str, lease_id: str, result: Any = ...) -> Completed: ...
     def fail(self, token: str, lease_id: str, *, retryable: bool = ..., error: Any = ...) -> FailRecorded: ...
@@ -102,7 +103,7 @@ class GuardClient(Protocol):
 class AsyncGuardClient(Protocol):
     """What an :class:`AsyncGuard` needs of its client (:class:`~token_service.client.AsyncTokenClient`)."""
 
-    async def begin(self, token: str, scope: str, **options: Unpack[_BeginOptions]) -> Started | Finished: ...
+    async def begin(self, token: str, scope: str, **options: Unpack[BeginOptions]) -> Started | Finished: ...
     async def renew(self, token: str, lease_id: str, *, lease_seconds: int | None = ...) -> Renewed: ...
     async def complete(self, token: str, lease_id: str, result: Any = ...) -> Completed: ...
     async def fail(
