@@ -314,8 +314,12 @@ def environment_problems(manifests: Manifests) -> list[str]:
     if any(doc.get("kind") == "Ingress" for docs in manifests.values() for doc in docs) and hops != 1:
         problems.append(f"TOKEN_SERVICE_TRUSTED_PROXY_HOPS={hops}, with one Ingress in front")
     # the image's command binds 0.0.0.0: what `serve --server granian` would refuse, the pod would too
-    if settings.server == "granian" and (refused := granian_serve.exposure_refused(settings, "0.0.0.0")):
-        problems.append(refused)
+    if settings.server == "granian":
+        if refused := granian_serve.exposure_refused(settings, "0.0.0.0"):
+            problems.append(refused)
+        ingress = one(manifests, "Ingress")["metadata"].get("annotations", {})
+        if ingress.get("nginx.ingress.kubernetes.io/proxy-request-buffering", "on") != "on":
+            problems.append("granian behind an Ingress that passes bodies on as they come: no body deadline")
     return problems
 
 
@@ -647,6 +651,15 @@ BREAKAGES: dict[str, tuple[Callable[[Manifests], None], str]] = {
             container(m)["env"].remove(env_item(m, "TOKEN_SERVICE_TRUSTED_PROXY_HOPS")),
         ),
         "needs a proxy in front of it",
+    ),
+    "granian behind an unbuffered ingress": (
+        lambda m: (
+            env_item(m, "TOKEN_SERVICE_SERVER").update(value="granian"),
+            one(m, "Ingress")["metadata"]["annotations"].update(
+                {"nginx.ingress.kubernetes.io/proxy-request-buffering": "off"}
+            ),
+        ),
+        "no body deadline",
     ),
     "gunicorn overridden": (
         lambda m: container(m)["env"].append({"name": "GUNICORN_CMD_ARGS", "value": "--graceful-timeout 60"}),
