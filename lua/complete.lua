@@ -4,7 +4,10 @@
 -- ARGV[4] now_ms ('' = Redis TIME);
 -- ARGV[5], ARGV[6] (optional, together): the record a plain keyed claim wrote, as the caller
 -- wrote it (store.py's SET NX GET PX), and the SUCCEEDED record to put in its place (the same
--- with 'S' for its letter and \31 result_json after it; token_service/records.py builds both)
+-- with 'S' for its letter and \31 result_json after it; token_service/records.py builds both);
+-- ARGV[7] (optional) the payload's rest, appended to what ARGV[2] or ARGV[6] ends with (an
+-- Idempotency-Key's response body after its head, client/_idempotency_store.py: the client
+-- never joins a large body to its head, one more copy of it)
 -- returns 0 (stored) | {'succeeded', 1} (a retry of this complete: the first result stands)
 --       | {'token_invalid'} | {'lease_lost'} | {'invalid_argument', message}
 --       (the usual answer is a bare 0: a table reply costs Redis a sixth of the keyed fast
@@ -20,7 +23,7 @@
 -- itself, before it writes.
 local value = redis.call('GET', KEYS[1])
 if value == ARGV[5] and string.find(value, 'P' .. HEADED .. ARGV[1] .. SEP .. SEP, 1, true) == 1 then
-  redis.call('SET', KEYS[1], ARGV[6], 'PX', ARGV[3])
+  redis.call('SET', KEYS[1], ARGV[6] .. (ARGV[7] or ''), 'PX', ARGV[3])  -- .. '' copies nothing
   return 0
 end
 -- (the helpers of the rest are defined here)
@@ -50,5 +53,5 @@ if token_at > lease_at + 1 then
   keep_ms = math.max(tonumber(string.sub(value, token_at, rest_at - 2)) - now, keep_ms)
 end
 redis.call('SET', KEYS[1], 'S' .. HEADED .. ARGV[1] .. SEP .. SEP .. SEP .. string.sub(value, rest_at)
-  .. SEP .. ARGV[2], 'PX', keep_ms)
+  .. SEP .. ARGV[2] .. (ARGV[7] or ''), 'PX', keep_ms)
 return 0

@@ -2,14 +2,17 @@
 -- KEYS[1] token record key
 -- ARGV[1] lease_id; ARGV[2] retryable ('1' releases the token, '0' records a
 -- terminal failure); ARGV[3] error_json; ARGV[4] result_ttl_ms (positive integer; a
--- released keyed claim is remembered, bound to its fingerprint, this long);
+-- released keyed claim is remembered, bound to its fingerprint, this long; '0' with
+-- retryable '1': it is not remembered, its record goes, as an Idempotency-Key's does);
 -- ARGV[5] now_ms ('' = Redis TIME)
 -- returns {'released', replayed 0|1} | {'failed', replayed 0|1} | {'token_invalid'}
 --       | {'lease_lost'} | {'invalid_argument', message}
 -- transitions: P->I P->F P->0 (lua/model/lease.pml; 0: no record)
 -- As complete: the lease header compared as a prefix, the record sliced, not parsed.
 if ARGV[2] ~= '1' and ARGV[2] ~= '0' then return bad('retryable must be 1 or 0') end
-if not positive_int(ARGV[4]) then return bad('result_ttl_ms must be a positive integer') end
+if not positive_int(ARGV[4]) and not (ARGV[4] == '0' and ARGV[2] == '1') then
+  return bad('result_ttl_ms must be a positive integer (or 0 for a release)')
+end
 local value = redis.call('GET', KEYS[1])
 if not value then return {'token_invalid'} end
 local head = 'P' .. HEADED .. ARGV[1] .. SEP

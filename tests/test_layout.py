@@ -72,6 +72,7 @@ def test_the_operators_tools_never_import_the_server(path: Path) -> None:
 # The SDK's private names ops/ reads its records with (token_service/ops/__init__.py says why)
 OPS_PRIVATE_SDK = {
     ("token_service.client._idempotency_store", "digest"),
+    ("token_service.client._idempotency_store", "read_earlier"),
     ("token_service.client._stored_response", "StoredResponse"),
     ("token_service.client.durable._guard", "database_now"),
     ("token_service.client.durable._schema", "IDEMPOTENCY_RECORDS"),

@@ -23,10 +23,10 @@ its access log names the token, this way. Without an observer an operation
 pays one ``is not None`` test for it.
 
 This is the code that talks to Redis for token records. Two other modules do
-too, on records of their own, with scripts linked by :mod:`token_service.scripts` and
-:func:`translate_errors`: :mod:`token_service.client._idempotency_store` (the
-Idempotency-Key middlewares' records) and :mod:`token_service.ops.admin` (an
-operator's listing, revoking and releasing); :mod:`token_service.connection`
+too, on the same records and scripts (linked by :mod:`token_service.scripts`, errors
+through :func:`translate_errors`): :mod:`token_service.client._idempotency_store` (an
+Idempotency-Key's record, a keyed one under its own key) and :mod:`token_service.ops.admin`
+(an operator's listing, revoking and releasing); :mod:`token_service.connection`
 builds the clients all three use.
 """
 

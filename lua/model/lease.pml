@@ -18,7 +18,11 @@
  *   -DKEYED      a keyed operation (@idempotent, keyed_guard): the plain claim, then begin.lua
  *                when the record it found does not decide alone; begin claims an absent record
  *                (claim_ms); the lease is the key's own expiry (the record vanishes with it);
- *                no consumer; finished records are kept for the whole check
+ *                no consumer; finished records are kept for the whole check. An
+ *                Idempotency-Key request (the WSGI/ASGI/Django middlewares) is one: the same
+ *                record under its own key, its fingerprint the binding, each attempt's owner id
+ *                the lease id, the stored response the result; its release (fail, retryable,
+ *                kept 0 ms) is lua_fail's P->0 move (retryable, the claim's own life over)
  *   -DSTEP       the scripts only, without the clients (tests/model/test_conformance.py)
  *   -DMUTANT=n   a deliberately broken protocol, which the check must refute:
  *                1 complete without the lease-id check, 2 begin takes over a live lease,

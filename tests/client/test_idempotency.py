@@ -10,9 +10,10 @@ import pytest
 from flask import Flask, Response, request
 
 from tests.support.processes import wait_until
-from token_service.client._idempotency_store import Claimed, IdempotencyStore
+from token_service.client._idempotency_store import Claimed, IdempotencyStore, InProgress, Mismatch
 from token_service.client._stored_response import StoredResponse
 from token_service.client.wsgi import IdempotencyMiddleware
+from token_service.records import read_record
 from token_service.scripts import lua_source
 
 KEY = '"8e03978e-40d5-43e8-bc93-6894a57f9324"'
@@ -95,7 +96,8 @@ def test_binary_responses_are_stored_compactly_and_replayed_exactly(redis_client
     assert again.headers["Content-Type"] == "application/octet-stream"
     (record_key,) = redis_client.keys("ts:ik:*")
     raw = redis_client.get(record_key)
-    assert raw.startswith(b"D")
+    assert raw.startswith(b"S\x1e")  # the common record's SUCCEEDED, the response its payload
+    assert read_record(raw.decode("utf-8", "surrogateescape")).state == "S"
     assert raw.endswith(b"\n\x00\xffraw")  # raw bytes, not base64 or escaped JSON
     assert len(raw) < 200
     assert 0 < redis_client.pttl(record_key) <= 60_000
@@ -213,37 +215,48 @@ def test_a_stale_claim_is_fenced_out(redis_client: Any) -> None:
     time.sleep(0.01)
     assert store.begin(key, "fp", "owner-2", lock_seconds=30) == Claimed()
     response = StoredResponse(201, b"late", [("Content-Type", "text/plain")])
-    assert store.store(key, "fp", "owner-1", response, ttl_seconds=60) is False
-    assert store.release(key, "fp", "owner-1") is False
-    assert store.store(key, "fp", "owner-2", response, ttl_seconds=60) is True
+    assert store.store(key, "owner-1", response, ttl_seconds=60) is False
+    assert store.release(key, "owner-1") is False
+    assert store.renew(key, "owner-1", lock_seconds=30) is False
+    assert store.store(key, "owner-2", response, ttl_seconds=60) is True
     assert store.begin(key, "fp", "owner-3", lock_seconds=30) == response
 
 
-@pytest.mark.parametrize(
-    ("script", "args"),
-    [
-        ("idempotency_begin", ["", "owner", "1000"]),
-        ("idempotency_begin", ["fp\x1fx", "owner", "1000"]),
-        ("idempotency_begin", ["fp", "", "1000"]),
-        ("idempotency_begin", ["fp", "owner", "0"]),
-        ("idempotency_store", ["fp", "owner", "head\n", "body", "-5"]),
-        ("idempotency_store", ["fp", "owner", "head\nbody", "60000"]),  # the 4-argument form of old
-        ("idempotency_release", ["fp", ""]),
-    ],
-)
-def test_scripts_reject_bad_arguments_before_writing(redis_client: Any, script: str, args: list[str]) -> None:
-    reply = redis_client.eval(lua_source(script), 1, "ts:ik:test", *args)
+def test_a_release_leaves_no_record_and_the_next_request_claims(redis_client: Any) -> None:
+    # fail.lua with a keep of 0 ms: a released Idempotency-Key is not remembered (no ISSUED record)
+    store = IdempotencyStore(redis_client)
+    key = store.key("alice", "k")
+    assert store.begin(key, "fp", "owner-1", lock_seconds=30) == Claimed()
+    assert store.release(key, "owner-1") is True
+    assert redis_client.exists(key) == 0
+    assert store.begin(key, "another-fp", "owner-2", lock_seconds=30) == Claimed()
+
+
+def test_a_claim_whose_reply_was_lost_is_given_back_to_its_retry(redis_client: Any) -> None:
+    # redis-py sends the SET again after a lost reply: it finds this attempt's own claim, and
+    # begin.lua hands it back (same owner id, same request id), not a 409 against itself
+    store = IdempotencyStore(redis_client)
+    key = store.key("alice", "k")
+    assert store.begin(key, "fp", "owner-1", lock_seconds=30) == Claimed()
+    assert store.begin(key, "fp", "owner-1", lock_seconds=30) == Claimed()
+    in_progress = store.begin(key, "fp", "owner-2", lock_seconds=30)
+    assert isinstance(in_progress, InProgress)
+    assert 1 <= in_progress.retry_after_seconds <= 30
+    assert store.begin(key, "other-fp", "owner-2", lock_seconds=30) == Mismatch()
+
+
+def test_a_stored_response_is_only_refused_by_arguments_checked_before_writing(redis_client: Any) -> None:
+    # fail.lua's keep of 0 ms is for a release only: a terminal failure kept 0 ms is refused
+    store = IdempotencyStore(redis_client)
+    key = store.key("alice", "k")
+    owner = "owner-1"
+    assert store.begin(key, "fp", owner, lock_seconds=30) == Claimed()
+    before = redis_client.get(key)
+    reply = redis_client.eval(lua_source("fail"), 1, key, owner, "0", "null", "0", "")
     assert reply[0] == b"invalid_argument"
-    assert redis_client.exists("ts:ik:test") == 0
-
-
-def test_scripts_open_with_their_contract() -> None:
-    for name in ("idempotency_begin", "idempotency_store", "idempotency_release"):
-        head = lua_source(name).split("\n-- " + name, 1)[1].splitlines()[:8]
-        text = "\n".join(head)
-        assert "KEYS[1]" in text
-        assert "ARGV[1]" in text
-        assert "returns" in text
+    reply = redis_client.eval(lua_source("complete"), 1, key, owner, "x", "0", "")
+    assert reply[0] == b"invalid_argument"
+    assert redis_client.get(key) == before
 
 
 def test_simultaneous_repeats_run_the_request_once(redis_client: Any) -> None:
@@ -434,8 +447,8 @@ def test_a_record_written_by_the_earlier_fingerprint_is_still_replayed(redis_cli
     legacy = base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
     store = IdempotencyStore(redis_client)
     record = store.key("Bearer alice", KEY.strip('"'))
-    assert isinstance(store.begin(record, legacy, "old-owner", 30), Claimed)
-    assert store.store(record, legacy, "old-owner", StoredResponse(201, b'{"order":7}'), 60)
+    # (in the format of before 0.2.0, the only one a version that old wrote)
+    redis_client.set(record, b"D" + legacy.encode() + b"\x1f" + StoredResponse(201, b'{"order":7}').encode())
     replay = post_raw(app, raw)
     assert replay.status_code == 201
     assert replay.headers["Idempotent-Replayed"] == "true"
@@ -478,7 +491,6 @@ def test_the_three_refusals_of_a_key_are_classes_of_the_error_tree_and_keep_thei
 
     from token_service import errors
     from token_service.client._idempotency_core import Answer, IdempotencyCore
-    from token_service.client._idempotency_store import InProgress, Mismatch
 
     core = IdempotencyCore()
     in_use, reused = core.decide(InProgress(7)), core.decide(Mismatch())

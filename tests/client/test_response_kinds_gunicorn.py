@@ -168,7 +168,7 @@ def test_a_client_that_leaves_half_way_never_leaves_the_token_held(
     _leave_half_way(app, "/key/file", headers)
     wait_until(
         lambda: (
-            next(value for key in real_redis.keys("ts:ik:*") if (value := real_redis.get(key)))[:1] == b"D"
+            next(value for key in real_redis.keys("ts:ik:*") if (value := real_redis.get(key)))[:1] == b"S"
         ),
         30,
         what="the key's response to be stored",

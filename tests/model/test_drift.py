@@ -24,10 +24,8 @@ LUA = REPO_ROOT / "lua"
 MODEL = LUA / "model" / "lease.pml"
 
 # The scripts of other records, which the model does not describe: the clients' issuance limits
-# (admit, release) and the Idempotency-Key middlewares' records (their own letters, P and D).
-OTHER_RECORDS = frozenset(
-    {"admit", "release", "idempotency_begin", "idempotency_release", "idempotency_renew", "idempotency_store"}
-)
+# (admit, release). (An Idempotency-Key's record is a keyed operation's: the model's, -DKEYED.)
+OTHER_RECORDS = frozenset({"admit", "release"})
 
 Table = dict[str, set[tuple[str, str]]]
 

@@ -9,7 +9,8 @@ bytes; what to answer is decided here:
 2. :meth:`IdempotencyCore.attempt`: who is asking (no identity → 400
    ``idempotency_identity_required``), the request's fingerprint, the record
    key (per client), a fresh owner id for this attempt.
-3. :meth:`IdempotencyCore.claim` / :meth:`aclaim`: one Lua call. Returns
+3. :meth:`IdempotencyCore.claim` / :meth:`aclaim`: one plain SET (a keyed
+   claim on the common record; ``begin.lua`` on its rare paths). Returns
    ``None`` (this request holds the key: run the app) or the answer: the
    stored response with ``Idempotent-Replayed: true``, 409 with
    ``Retry-After`` (still running), 422 (the key was used for another
@@ -42,11 +43,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import hashlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -163,8 +165,9 @@ class Attempt:
     record: str
     fingerprint: str
     owner: str
-    # the fingerprint earlier versions computed (raw body bytes), for their records still live
-    legacy: str | None = None
+    # the fingerprint earlier versions computed (raw body bytes), for their records still live:
+    # computed only when such a record is found
+    legacy: Callable[[], str | None] = field(default=lambda: None, compare=False)
     # its OpenTelemetry span (IDEMPOTENCY_SPAN_NAME): from the claim to the answer or the settle
     span: GuardSpan = field(default_factory=lambda: GuardSpan(None), compare=False)
     # how long it is held (changed by the claim, its renewals and the settle)
@@ -231,6 +234,10 @@ def _legacy_fingerprint(facts: RequestFacts) -> str | None:
         return None  # no earlier version could have written it
     hasher.update(facts.body)
     return base64.urlsafe_b64encode(hasher.digest()).rstrip(b"=").decode("ascii")
+
+
+def _no_legacy() -> None:
+    return None  # a chosen fingerprint: no earlier version computed it otherwise
 
 
 def _string_end(value: str) -> int:
@@ -356,7 +363,7 @@ class IdempotencyCore:
             store.key(identity, key),
             fingerprint_request(facts, self.options.fingerprint),
             secrets.token_urlsafe(12),
-            _legacy_fingerprint(facts) if self.options.fingerprint is None else None,
+            functools.partial(_legacy_fingerprint, facts) if self.options.fingerprint is None else _no_legacy,
             self.telemetry.start_span(
                 self.options.telemetry_scope,
                 is_async=isinstance(store, AsyncIdempotencyStore),
@@ -375,7 +382,7 @@ class IdempotencyCore:
         while True:
             attempt.clock.held_from = time.monotonic()
             try:
-                outcome = self._begin(store, attempt)
+                outcome = store.begin(*self._claim_args(attempt))
             except (TokenError, ValueError, KeyError, TypeError) as exc:
                 return self._spanned(attempt, outcome=None, answer=self.store_failed(exc), error=exc)
             left = deadline - time.monotonic()
@@ -390,7 +397,7 @@ class IdempotencyCore:
         while True:
             attempt.clock.held_from = time.monotonic()
             try:
-                outcome = await self._abegin(store, attempt)
+                outcome = await store.begin(*self._claim_args(attempt))
             except (TokenError, ValueError, KeyError, TypeError) as exc:
                 return self._spanned(attempt, outcome=None, answer=self.store_failed(exc), error=exc)
             left = deadline - time.monotonic()
@@ -420,35 +427,8 @@ class IdempotencyCore:
         attempt.span.end()
         return answer
 
-    def _begin(self, store: IdempotencyStore, attempt: Attempt) -> Outcome:
-        outcome = store.begin(attempt.record, attempt.fingerprint, attempt.owner, self.options.lock_seconds)
-        if isinstance(outcome, Mismatch) and attempt.legacy is not None:
-            # maybe a record an earlier version wrote (fingerprinted by raw bytes), live until its TTL ends
-            earlier = store.begin(attempt.record, attempt.legacy, attempt.owner, self.options.lock_seconds)
-            if not isinstance(earlier, Claimed):
-                return earlier
-            # the record ran out in between and we just claimed it under the old fingerprint: undo
-            store.release(attempt.record, attempt.legacy, attempt.owner)
-            outcome = store.begin(
-                attempt.record, attempt.fingerprint, attempt.owner, self.options.lock_seconds
-            )
-        return outcome
-
-    async def _abegin(self, store: AsyncIdempotencyStore, attempt: Attempt) -> Outcome:
-        outcome = await store.begin(
-            attempt.record, attempt.fingerprint, attempt.owner, self.options.lock_seconds
-        )
-        if isinstance(outcome, Mismatch) and attempt.legacy is not None:
-            earlier = await store.begin(
-                attempt.record, attempt.legacy, attempt.owner, self.options.lock_seconds
-            )
-            if not isinstance(earlier, Claimed):
-                return earlier
-            await store.release(attempt.record, attempt.legacy, attempt.owner)
-            outcome = await store.begin(
-                attempt.record, attempt.fingerprint, attempt.owner, self.options.lock_seconds
-            )
-        return outcome
+    def _claim_args(self, attempt: Attempt) -> tuple[str, str, str, int, Callable[[], str | None]]:
+        return attempt.record, attempt.fingerprint, attempt.owner, self.options.lock_seconds, attempt.legacy
 
     def decide(self, outcome: Outcome) -> Answer | None:
         if isinstance(outcome, Claimed):
@@ -505,7 +485,7 @@ class IdempotencyCore:
 
         def renew() -> None:
             sent_at = time.monotonic()
-            if not store.renew(attempt.record, attempt.fingerprint, attempt.owner, self.options.lock_seconds):
+            if not store.renew(attempt.record, attempt.owner, self.options.lock_seconds):
                 raise LeaseLost("the Idempotency-Key's claim ran out or was taken over")
             attempt.clock.held_from = max(attempt.clock.held_from, sent_at)
 
@@ -517,9 +497,7 @@ class IdempotencyCore:
     def ahold(self, store: AsyncIdempotencyStore, attempt: Attempt) -> AbstractAsyncContextManager[Any]:
         async def renew() -> None:
             sent_at = time.monotonic()
-            if not await store.renew(
-                attempt.record, attempt.fingerprint, attempt.owner, self.options.lock_seconds
-            ):
+            if not await store.renew(attempt.record, attempt.owner, self.options.lock_seconds):
                 raise LeaseLost("the Idempotency-Key's claim ran out or was taken over")
             attempt.clock.held_from = max(attempt.clock.held_from, sent_at)
 
@@ -559,12 +537,10 @@ class IdempotencyCore:
         while True:
             try:
                 if stored is None:
-                    store.release(attempt.record, attempt.fingerprint, attempt.owner)
+                    store.release(attempt.record, attempt.owner)
                     self._released(attempt)
                 else:
-                    kept = store.store(
-                        attempt.record, attempt.fingerprint, attempt.owner, stored, self.options.ttl_seconds
-                    )
+                    kept = store.store(attempt.record, attempt.owner, stored, self.options.ttl_seconds)
                     self._stored(attempt, kept, unknown=failures > 0)
                 return None
             except ServiceUnavailable as exc:
@@ -585,12 +561,10 @@ class IdempotencyCore:
         while True:
             try:
                 if stored is None:
-                    await store.release(attempt.record, attempt.fingerprint, attempt.owner)
+                    await store.release(attempt.record, attempt.owner)
                     self._released(attempt)
                 else:
-                    kept = await store.store(
-                        attempt.record, attempt.fingerprint, attempt.owner, stored, self.options.ttl_seconds
-                    )
+                    kept = await store.store(attempt.record, attempt.owner, stored, self.options.ttl_seconds)
                     self._stored(attempt, kept, unknown=failures > 0)
                 return None
             except ServiceUnavailable as exc:

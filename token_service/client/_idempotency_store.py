@@ -1,28 +1,42 @@
-"""Redis access for the ``Idempotency-Key`` middlewares: four Lua scripts, one key per client key.
+"""Redis access for the ``Idempotency-Key`` middlewares: a keyed operation's record, per client key.
 
-The sibling of :mod:`token_service.store` (same script loading, same error
-translation at the edge). A key's record is claimed by the first request
-(``idempotency_begin``), kept claimed while the request runs
-(``idempotency_renew``), then either holds that request's response
-(``idempotency_store``) or is freed again (``idempotency_release``). Each
-attempt claims with its own random owner id, so an attempt whose claim ran
-out can neither overwrite nor free the key a later attempt holds.
+An Idempotency-Key's record is the common one (``lua/_record.lua``), as a keyed
+operation's (``@idempotent``) is: the request's fingerprint is its binding, each
+attempt's random owner id its lease id, the stored response (status, headers,
+body: :meth:`StoredResponse.encode`) its payload, opaque. A first request costs
+two round trips and a replay one (``tests/perf/test_idempotency_round_trips.py``):
 
-The record key is a digest of (client identity, Idempotency-Key): neither
-the client's credentials nor its key are stored, and two clients choosing
-the same key never meet.
+- the claim is one plain ``SET key <PROCESSING> NX GET PX lock_ms`` (the lock is
+  the key's own expiry); the record it finds decides here (:func:`decided`): a
+  stored response replayed, another request's key refused. What that record
+  cannot decide alone (another attempt holds it; a lost reply's own claim) goes
+  to ``begin.lua``, as one compare-and-change;
+- ``complete.lua`` stores the response, ``renew.lua`` keeps the claim while the
+  request runs, ``fail.lua`` (retryable, remembered 0 ms) frees the key. All three
+  are fenced by the owner id: an attempt that outlived its lock never overwrites
+  or frees a later attempt's record.
+
+The record key is a digest of (client identity, Idempotency-Key): neither the
+client's credentials nor its key are stored, and two clients choosing the same
+key never meet. Records of the middlewares' own format before 0.2.0 (``'P'
+fingerprint \\31 owner``, ``'D' fingerprint \\31 response``) are read until they
+expire (:func:`decided`); this code never writes one (docs/deployment.md).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from token_service import defaults, records
+from redis import exceptions as redis_errors
+
+from token_service import defaults, records, store_errors
 from token_service.client._stored_response import StoredResponse
 from token_service.errors import InvalidRequest
+from token_service.records import HEADED, UseRequest, read_record
 from token_service.scripts import lua_source
 from token_service.store import translate_errors
 
@@ -35,10 +49,13 @@ __all__ = [
     "Mismatch",
     "Outcome",
     "digest",
+    "read_earlier",
 ]
 
-SCRIPT_NAMES = ("idempotency_begin", "idempotency_renew", "idempotency_store", "idempotency_release")
+# the common scripts an Idempotency-Key's record goes through (the claim itself is a plain SET)
+SCRIPT_NAMES = ("begin", "renew", "complete", "fail")
 _SEP = "\x1f"
+_HEADED = HEADED.encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,98 +73,214 @@ class Mismatch:
     """The key was used for a request with a different fingerprint."""
 
 
+Outcome = Claimed | StoredResponse | InProgress | Mismatch
+
+
 def digest(*parts: str) -> str:
     raw = hashlib.sha256(_SEP.join(parts).encode("utf-8", "surrogateescape")).digest()
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
 
 
-Outcome = Claimed | StoredResponse | InProgress | Mismatch
+# -- the codec: what is sent, and what a reply means (no I/O) -------------------------------------
 
 
-def _check(reply: list[Any]) -> list[Any]:
-    if records.text(reply[0]) == "invalid_argument":
-        raise InvalidRequest(f"Rejected by the store: {records.text(reply[1])}.")
-    return reply
+def _use(fingerprint: str, owner: str) -> UseRequest:
+    # no scope, no subject: the record key already names the client and its key
+    return UseRequest("", "", None, fingerprint, owner)
 
 
-def _outcome(reply: list[Any]) -> Outcome:
-    outcome = records.text(reply[0])
-    if outcome == "started":
+def claim_command(key: str, fingerprint: str, owner: str, lock_seconds: int) -> tuple[Any, ...]:
+    value = records.claim_value(_use(fingerprint, owner), owner, owner)
+    return ("SET", key, value, "NX", "GET", "PX", lock_seconds * 1000)
+
+
+def begin_args(fingerprint: str, owner: str, lock_seconds: int) -> list[str]:
+    return records.begin_args(_use(fingerprint, owner), lock_seconds, owner, "", lock_seconds)
+
+
+def store_args(owner: str, response: StoredResponse, ttl_seconds: int) -> list[Any]:
+    # the response is the payload as it is (bytes), its head and body sent apart: complete.lua
+    # joins them (a large body is never copied once more here to join it), never parses them
+    return [owner, response.encode_head(), str(ttl_seconds * 1000), "", response.body]
+
+
+def _not_a_record() -> InvalidRequest:
+    return InvalidRequest("Rejected by the store: the key holds something that is not an idempotency record.")
+
+
+def decided(previous: Any, fingerprint: str, legacy: Callable[[], str | None]) -> Outcome | None:
+    """What the claim's reply decides alone: claimed (nothing was there), the stored response,
+    a mismatch; None: ``begin.lua`` decides (another attempt's claim, or this one's own).
+
+    ``legacy`` gives the fingerprint versions before the shared one computed, looked at only
+    for a record of the format before 0.2.0 that does not match ``fingerprint``.
+    """
+    if previous is None:
         return Claimed()
-    if outcome == "replay":
+    raw = previous if isinstance(previous, bytes) else str(previous).encode("utf-8", "surrogateescape")
+    letter, headed = raw[:1], raw[1:2] == _HEADED
+    if not headed:
+        return _earlier_format(raw, fingerprint, legacy)
+    if letter not in (b"P", b"S"):
+        raise _not_a_record()
+    found = read_record(raw.decode("utf-8", "surrogateescape"))
+    if found.fingerprint != fingerprint:
+        return Mismatch()
+    if letter == b"P":
+        return None
+    return StoredResponse.decode(found.payload.encode("utf-8", "surrogateescape"))
+
+
+def read_earlier(raw: bytes) -> tuple[str, str, bytes] | None:
+    """A record the middlewares wrote before 0.2.0, or None: its letter (``P`` while its request
+    ran, ``D`` once stored), its fingerprint and the rest (the owner id, the stored response)."""
+    letter = raw[:1]
+    found, separator, rest = raw[1:].partition(b"\x1f")
+    if letter not in (b"P", b"D") or not separator or raw[1:2] == _HEADED:
+        return None
+    return letter.decode(), found.decode("ascii", "replace"), rest
+
+
+def _earlier_format(raw: bytes, fingerprint: str, legacy: Callable[[], str | None]) -> Outcome:
+    """A record of the format before 0.2.0 (:func:`read_earlier`), read until it expires."""
+    earlier = read_earlier(raw)
+    if earlier is None:
+        raise _not_a_record()
+    letter, found, response = earlier
+    if found not in (fingerprint, legacy()):
+        return Mismatch()
+    if letter == "P":
+        return InProgress(retry_after_seconds=1)  # its holder (an instance not yet upgraded) finishes it
+    return StoredResponse.decode(response)
+
+
+def begun(reply: records.Reply) -> Outcome:
+    """``begin.lua``'s answer (the rare path of the claim)."""
+    code = records.text(reply[0])
+    if code == "started":
+        return Claimed()  # a fresh claim, or this attempt's own whose reply was lost
+    if code == "succeeded":
         return StoredResponse.decode(reply[1])
-    if outcome == "in_progress":
+    if code == "token_in_progress":
         return InProgress(retry_after_seconds=max(1, -(-int(reply[1]) // 1000)))
-    return Mismatch()
+    if code == "token_mismatch":
+        return Mismatch()
+    records.raise_for(reply)  # invalid_argument
+    raise _not_a_record()
 
 
-class _Scripts:
-    def __init__(self, client: Any, key_prefix: str) -> None:
+def held(reply: records.Reply) -> bool:
+    """Whether renew/complete/fail found this attempt's claim (False: it ran out or is another's)."""
+    code = records.text(reply[0])
+    if code == "invalid_argument":
+        records.raise_for(reply)
+    return code in ("renewed", "succeeded", "released")
+
+
+def _claim_refused(exc: Exception) -> None:
+    """Redis 6.2 refuses SET with both NX and GET (a syntax error): begin.lua claims there. Any
+    other error is raised, as :func:`translate_errors` translates it."""
+    if isinstance(exc, redis_errors.ResponseError) and "syntax" in str(exc).lower():
+        return
+    unavailable = store_errors.unavailable(exc)
+    if unavailable is None:
+        raise exc
+    raise unavailable from exc
+
+
+class _Store:
+    def __init__(self, client: Any, key_prefix: str = defaults.KEY_PREFIX) -> None:
         self.client = client
         self.key_prefix = key_prefix
         self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
+        self._plain_claim = True  # until a Redis older than 7.0 refuses it
 
     def key(self, identity: str, idempotency_key: str) -> str:
         # 128 bits of the digest, like token record keys
         return f"{self.key_prefix}ik:{digest(identity, idempotency_key)[:22]}"
 
 
-class IdempotencyStore(_Scripts):
-    """The idempotency scripts on a (sync) redis-py client."""
+def _no_legacy() -> None:
+    return None
 
-    def __init__(self, client: Any, *, key_prefix: str = defaults.KEY_PREFIX) -> None:
-        super().__init__(client, key_prefix)
 
-    def _run(self, name: str, key: str, args: list[Any]) -> list[Any]:
+class IdempotencyStore(_Store):
+    """An Idempotency-Key's record on a (sync) redis-py client (see the module docs)."""
+
+    def _run(self, name: str, key: str, args: list[Any]) -> records.Reply:
         with translate_errors():
-            reply: list[Any] = self._scripts[name](keys=[key], args=args)
-        return _check(reply)
+            reply: records.Reply = self._scripts[name](keys=[key], args=args)
+        return reply
 
-    def begin(self, key: str, fingerprint: str, owner: str, lock_seconds: int) -> Outcome:
-        return _outcome(self._run("idempotency_begin", key, [fingerprint, owner, str(lock_seconds * 1000)]))
+    def begin(
+        self,
+        key: str,
+        fingerprint: str,
+        owner: str,
+        lock_seconds: int,
+        legacy: Callable[[], str | None] = _no_legacy,
+    ) -> Outcome:
+        if self._plain_claim:
+            try:
+                previous = self.client.execute_command(
+                    *claim_command(key, fingerprint, owner, lock_seconds), get=True
+                )
+            except Exception as exc:
+                _claim_refused(exc)
+                self._plain_claim = False
+            else:
+                outcome = decided(previous, fingerprint, legacy)
+                if outcome is not None:
+                    return outcome
+        return begun(self._run("begin", key, begin_args(fingerprint, owner, lock_seconds)))
 
-    def renew(self, key: str, fingerprint: str, owner: str, lock_seconds: int) -> bool:
+    def renew(self, key: str, owner: str, lock_seconds: int) -> bool:
         """Hold the claim ``lock_seconds`` more from now; False when this attempt no longer held it."""
-        args = [fingerprint, owner, str(lock_seconds * 1000)]
-        return records.text(self._run("idempotency_renew", key, args)[0]) == "renewed"
+        return held(self._run("renew", key, records.renew_args(owner, lock_seconds, "")))
 
-    def store(
-        self, key: str, fingerprint: str, owner: str, response: StoredResponse, ttl_seconds: int
-    ) -> bool:
+    def store(self, key: str, owner: str, response: StoredResponse, ttl_seconds: int) -> bool:
         """Keep ``response`` for duplicates; False when this attempt no longer held the key."""
-        args = [fingerprint, owner, response.encode_head(), response.body, str(ttl_seconds * 1000)]
-        return records.text(self._run("idempotency_store", key, args)[0]) == "stored"
+        return held(self._run("complete", key, store_args(owner, response, ttl_seconds)))
 
-    def release(self, key: str, fingerprint: str, owner: str) -> bool:
+    def release(self, key: str, owner: str) -> bool:
         """Free the key for a retry; False when this attempt no longer held it."""
-        return records.text(self._run("idempotency_release", key, [fingerprint, owner])[0]) == "released"
+        return held(self._run("fail", key, records.fail_args(owner, True, None, 0, "")))
 
 
-class AsyncIdempotencyStore(_Scripts):
-    """The same scripts on a ``redis.asyncio`` client (the ASGI middleware's)."""
+class AsyncIdempotencyStore(_Store):
+    """The same on a ``redis.asyncio`` client (the ASGI middleware's)."""
 
-    def __init__(self, client: Any, *, key_prefix: str = defaults.KEY_PREFIX) -> None:
-        super().__init__(client, key_prefix)
-
-    async def _run(self, name: str, key: str, args: list[Any]) -> list[Any]:
+    async def _run(self, name: str, key: str, args: list[Any]) -> records.Reply:
         with translate_errors():
-            reply: list[Any] = await self._scripts[name](keys=[key], args=args)
-        return _check(reply)
+            reply: records.Reply = await self._scripts[name](keys=[key], args=args)
+        return reply
 
-    async def begin(self, key: str, fingerprint: str, owner: str, lock_seconds: int) -> Outcome:
-        reply = await self._run("idempotency_begin", key, [fingerprint, owner, str(lock_seconds * 1000)])
-        return _outcome(reply)
+    async def begin(
+        self,
+        key: str,
+        fingerprint: str,
+        owner: str,
+        lock_seconds: int,
+        legacy: Callable[[], str | None] = _no_legacy,
+    ) -> Outcome:
+        if self._plain_claim:
+            command = claim_command(key, fingerprint, owner, lock_seconds)
+            try:
+                previous = await self.client.execute_command(*command, get=True)
+            except Exception as exc:
+                _claim_refused(exc)
+                self._plain_claim = False
+            else:
+                outcome = decided(previous, fingerprint, legacy)
+                if outcome is not None:
+                    return outcome
+        return begun(await self._run("begin", key, begin_args(fingerprint, owner, lock_seconds)))
 
-    async def renew(self, key: str, fingerprint: str, owner: str, lock_seconds: int) -> bool:
-        args = [fingerprint, owner, str(lock_seconds * 1000)]
-        return records.text((await self._run("idempotency_renew", key, args))[0]) == "renewed"
+    async def renew(self, key: str, owner: str, lock_seconds: int) -> bool:
+        return held(await self._run("renew", key, records.renew_args(owner, lock_seconds, "")))
 
-    async def store(
-        self, key: str, fingerprint: str, owner: str, response: StoredResponse, ttl_seconds: int
-    ) -> bool:
-        args = [fingerprint, owner, response.encode_head(), response.body, str(ttl_seconds * 1000)]
-        return records.text((await self._run("idempotency_store", key, args))[0]) == "stored"
+    async def store(self, key: str, owner: str, response: StoredResponse, ttl_seconds: int) -> bool:
+        return held(await self._run("complete", key, store_args(owner, response, ttl_seconds)))
 
-    async def release(self, key: str, fingerprint: str, owner: str) -> bool:
-        reply = await self._run("idempotency_release", key, [fingerprint, owner])
-        return records.text(reply[0]) == "released"
+    async def release(self, key: str, owner: str) -> bool:
+        return held(await self._run("fail", key, records.fail_args(owner, True, None, 0, "")))

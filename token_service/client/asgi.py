@@ -10,7 +10,7 @@
 
 Exactly the semantics of the WSGI middleware (:mod:`token_service.client.wsgi`),
 from the same decisions (:mod:`token_service.client._idempotency_core`) and
-the same Lua scripts, on ``redis.asyncio``: per-client keys, the request's
+the same record, on ``redis.asyncio``: per-client keys, the request's
 fingerprint (a JSON body by its meaning), 400 / 409 / 422, the stored
 response replayed with ``Idempotent-Replayed: true``, answers that are not
 stored (5xx, 401, 403, 407, 408, 409, 425, 429, exceptions) freeing the key, store errors

@@ -21,7 +21,7 @@ Settings, in ``settings.py``::
 
 **The middleware** (sync and async: WSGI under gunicorn, ASGI under uvicorn)
 is the WSGI/ASGI middlewares' semantics, on their shared decisions
-(:mod:`token_service.client._idempotency_core`) and Lua scripts: a key per
+(:mod:`token_service.client._idempotency_core`) and record: a key per
 client (the ``Authorization`` header, else the logged-in user), the request's
 fingerprint (a JSON body by its meaning), the first response stored and
 replayed with ``Idempotent-Replayed: true``, 409 while the first runs, 422 for

@@ -42,7 +42,8 @@ and so does a record the store refuses (e.g. the key holds something else).
 While the app runs, the claim is renewed every third of ``lock_seconds``, so a
 request slower than its lock keeps its key; a process that dies stops
 renewing, and the key is free again ``lock_seconds`` later.
-Everything is one Lua script per step (:mod:`token_service.client._idempotency_store`);
+A first request costs Redis two commands and a replay one, on the record every
+guard shares (:mod:`token_service.client._idempotency_store`);
 the decisions are :mod:`token_service.client._idempotency_core`'s, shared with
 the ASGI middleware. No Flask needed.
 """

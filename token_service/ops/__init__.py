@@ -6,8 +6,10 @@ so they sit above core and the SDK and import both; ``server/`` serves them
 as ``token-service admin`` and the ``/admin/`` routes (docs/operations.md).
 
 Some of the names they use are the SDK's private ones, on purpose: how an
-Idempotency-Key record is keyed (``client._idempotency_store.digest``) and how
-its stored response is encoded (``client._stored_response.StoredResponse``) have one
+Idempotency-Key record is keyed (``client._idempotency_store.digest``), how a
+record of the middlewares' format before 0.2.0 is read (``read_earlier``; the
+record itself is the common one, read by ``records.read_record``) and how its
+stored response is encoded (``client._stored_response.StoredResponse``) have one
 definition, the SDK's, shipped in the same package, and are no public API for
 users; so have the durable backstop's default table, its PROCESSING status and its
 database clock (``client.durable._schema``, ``_guard``), which ``reconcile`` reads the

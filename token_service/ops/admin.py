@@ -39,6 +39,7 @@ from redis import exceptions as redis_errors
 
 from token_service import defaults, records
 from token_service.client._idempotency_store import digest as idempotency_digest
+from token_service.client._idempotency_store import read_earlier
 from token_service.client._stored_response import StoredResponse
 from token_service.errors import InvalidRequest, NotInProgress, RecordNotFound
 from token_service.records import UseRequest, read_record
@@ -75,7 +76,9 @@ TOKEN = "token"  # noqa: S105 - a record kind, not a secret
 IDEMPOTENCY = "idempotency"
 KINDS = (TOKEN, IDEMPOTENCY)
 TOKEN_STATES = {"I": "ISSUED", "P": "PROCESSING", "C": "CONSUMED", "S": "SUCCEEDED", "F": "FAILED"}
-IDEMPOTENCY_STATES = {"P": "PROCESSING", "D": "COMPLETED"}
+# An Idempotency-Key's record is a keyed operation's (PROCESSING, then SUCCEEDED: shown as
+# COMPLETED, its stored response); D is COMPLETED in the format before 0.2.0, read until it expires.
+IDEMPOTENCY_STATES = {"P": "PROCESSING", "S": "COMPLETED", "D": "COMPLETED"}
 STATES = frozenset(TOKEN_STATES.values()) | frozenset(IDEMPOTENCY_STATES.values())
 # A token_ref is base64url; no glob characters can reach a SCAN MATCH pattern.
 REF_RE = re.compile(r"[A-Za-z0-9_-]{6,22}\Z")
@@ -83,7 +86,7 @@ FULL_REF_CHARS = 22
 DEFAULT_COUNT = 1000
 MAX_COUNT = 10000
 BODY_PREVIEW_BYTES = 4096
-_SCRIPTS = ("admin_read", "begin", "complete", "fail", "revoke", "idempotency_release")
+_SCRIPTS = ("admin_read", "begin", "complete", "fail", "revoke")
 
 
 def check_ref(ref: str) -> str:
@@ -138,10 +141,9 @@ class Record:
     result: Any = None
     error: Any = None
     response: dict[str, Any] | None = None
-    # not shown: what release and the reconciler need to act on the record
+    # not shown: what release and the reconciler need to act on the record ('' for an
+    # Idempotency-Key's record of the format before 0.2.0)
     _lease_id: str = field(default="", repr=False, compare=False)
-    _owner: str = field(default="", repr=False, compare=False)
-    _raw_fingerprint: str = field(default="", repr=False, compare=False)
 
     @property
     def lease_expired(self) -> bool:
@@ -235,10 +237,15 @@ def _response_view(raw: bytes) -> dict[str, Any]:
 
 
 def parse_idempotency_record(key: str, ref: str, value: bytes, pttl: int, now: int) -> Record:
-    state_letter = value[:1].decode("ascii", "replace")
-    head, _, tail = value[1:].partition(b"\x1f")
-    fingerprint = head.decode("utf-8", "replace")
-    state = IDEMPOTENCY_STATES.get(state_letter, f"UNKNOWN({state_letter})")
+    earlier = read_earlier(value)
+    if earlier is not None:
+        letter, fingerprint, rest = earlier
+        lease_id = ""
+    else:
+        found = read_record(value.decode("utf-8", "surrogateescape"))  # the one reader of the record
+        letter, fingerprint, lease_id = found.state, found.fingerprint, found.lease_id
+        rest = found.payload.encode("utf-8", "surrogateescape")
+    state = IDEMPOTENCY_STATES.get(letter, f"UNKNOWN({letter})")
     return Record(
         kind=IDEMPOTENCY,
         ref=ref,
@@ -248,10 +255,9 @@ def parse_idempotency_record(key: str, ref: str, value: bytes, pttl: int, now: i
         expires_in_ms=pttl if pttl >= 0 else None,
         fingerprint=fingerprint,
         # while PROCESSING the record's time left is the claim's lock
-        lease_expires_in_ms=pttl if state_letter == "P" and pttl >= 0 else None,
-        response=_response_view(tail) if state_letter == "D" else None,
-        _owner=tail.decode("utf-8", "replace") if state_letter == "P" else "",
-        _raw_fingerprint=fingerprint,
+        lease_expires_in_ms=pttl if letter == "P" and pttl >= 0 else None,
+        response=_response_view(rest) if state == "COMPLETED" else None,
+        _lease_id=lease_id,
     )
 
 
@@ -499,19 +505,23 @@ class Admin:
         if found.state != "PROCESSING":
             self._audit("release", ref, "not_in_progress", kind=found.kind, state=found.state)
             raise NotInProgress(f"The record is {found.state}: there is no operation in progress to release.")
+        if not found._lease_id:
+            self._audit("release", ref, "not_in_progress", kind=found.kind, state=found.state)
+            raise NotInProgress(
+                "The Idempotency-Key's claim was made before 0.2.0: it ends by itself when its lock runs out."
+            )
         if found.kind == TOKEN and found.lease_expired:
             outcome = "lease_expired"
         else:
+            # a token goes back to ISSUED; an Idempotency-Key's record is not remembered (kept 0 ms)
+            keep_ms = str(self.result_ttl_seconds * 1000) if found.kind == TOKEN else "0"
             with translate_errors():
-                if found.kind == TOKEN:
-                    args = [found._lease_id, "1", "null", str(self.result_ttl_seconds * 1000), ""]
-                    reply = self._scripts["fail"](keys=[found.key], args=args)
-                else:
-                    args = [found._raw_fingerprint, found._owner]
-                    reply = self._scripts["idempotency_release"](keys=[found.key], args=args)
+                reply = self._scripts["fail"](
+                    keys=[found.key], args=[found._lease_id, "1", "null", keep_ms, ""]
+                )
             outcome = records.text(reply[0])
-            if outcome == "lease_lost" or outcome == "lost":
-                outcome = "changed"  # the holder finished (or a retry took over) meanwhile
+            if outcome == "lease_lost" or (outcome == "token_invalid" and found.kind == IDEMPOTENCY):
+                outcome = "changed"  # the holder finished (or a retry took over, or its lock ran out)
         self._audit("release", ref, outcome, kind=found.kind, state=found.state)
         if outcome == "changed":
             raise NotInProgress("The record changed while it was being released; show it again.")
