@@ -215,10 +215,10 @@ def test_a_stale_claim_is_fenced_out(redis_client: Any) -> None:
     time.sleep(0.01)
     assert store.begin(key, "fp", "owner-2", lock_seconds=30) == Claimed()
     response = StoredResponse(201, b"late", [("Content-Type", "text/plain")])
-    assert store.store(key, "owner-1", response, ttl_seconds=60) is False
+    assert store.store(key, "fp", "owner-1", response, ttl_seconds=60) is False
     assert store.release(key, "owner-1") is False
     assert store.renew(key, "owner-1", lock_seconds=30) is False
-    assert store.store(key, "owner-2", response, ttl_seconds=60) is True
+    assert store.store(key, "fp", "owner-2", response, ttl_seconds=60) is True
     assert store.begin(key, "fp", "owner-3", lock_seconds=30) == response
 
 

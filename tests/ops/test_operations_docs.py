@@ -65,7 +65,7 @@ def _story(redis_server: RedisServer, workdir: Path) -> tuple[str, str]:
         claims = IdempotencyStore(client)
         key = claims.key("Bearer alice-api-token", "order-7")
         claims.begin(key, "fp", "owner-1", 60)
-        claims.store(key, "owner-1", StoredResponse.json(201, {"order": 7}), 3600)
+        claims.store(key, "fp", "owner-1", StoredResponse.json(201, {"order": 7}), 3600)
     engine = sa.create_engine(f"sqlite:///{workdir / 'shop.db'}")
     durable.create_records_table(engine)
     with engine.begin() as conn:

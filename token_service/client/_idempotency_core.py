@@ -540,7 +540,7 @@ class IdempotencyCore:
                     store.release(attempt.record, attempt.owner)
                     self._released(attempt)
                 else:
-                    kept = store.store(attempt.record, attempt.owner, stored, self.options.ttl_seconds)
+                    kept = store.store(*self._store_args(attempt, stored))
                     self._stored(attempt, kept, unknown=failures > 0)
                 return None
             except ServiceUnavailable as exc:
@@ -564,7 +564,7 @@ class IdempotencyCore:
                     await store.release(attempt.record, attempt.owner)
                     self._released(attempt)
                 else:
-                    kept = await store.store(attempt.record, attempt.owner, stored, self.options.ttl_seconds)
+                    kept = await store.store(*self._store_args(attempt, stored))
                     self._stored(attempt, kept, unknown=failures > 0)
                 return None
             except ServiceUnavailable as exc:
@@ -575,6 +575,11 @@ class IdempotencyCore:
                 await asyncio.sleep(pause)
             except TokenError as exc:
                 return self._settle_failed(attempt, stored, exc)
+
+    def _store_args(
+        self, attempt: Attempt, stored: StoredResponse
+    ) -> tuple[str, str, str, StoredResponse, int]:
+        return attempt.record, attempt.fingerprint, attempt.owner, stored, self.options.ttl_seconds
 
     def _settle_pause(self, attempt: Attempt, failures: int) -> float | None:
         lock_seconds = self.options.lock_seconds

@@ -89,19 +89,28 @@ def _use(fingerprint: str, owner: str) -> UseRequest:
     return UseRequest("", "", None, fingerprint, owner)
 
 
+def _claim_value(fingerprint: str, owner: str) -> str:
+    # no scope, no subject: the record key already names the client and its key
+    return records.claim_value(UseRequest("", "", None, fingerprint), owner, owner)
+
+
 def claim_command(key: str, fingerprint: str, owner: str, lock_seconds: int) -> tuple[Any, ...]:
-    value = records.claim_value(_use(fingerprint, owner), owner, owner)
-    return ("SET", key, value, "NX", "GET", "PX", lock_seconds * 1000)
+    return ("SET", key, _claim_value(fingerprint, owner), "NX", "GET", "PX", lock_seconds * 1000)
 
 
 def begin_args(fingerprint: str, owner: str, lock_seconds: int) -> list[str]:
-    return records.begin_args(_use(fingerprint, owner), lock_seconds, owner, "", lock_seconds)
+    use = UseRequest("", "", None, fingerprint, owner)
+    return records.begin_args(use, lock_seconds, owner, "", lock_seconds)
 
 
-def store_args(owner: str, response: StoredResponse, ttl_seconds: int) -> list[Any]:
-    # the response is the payload as it is (bytes), its head and body sent apart: complete.lua
-    # joins them (a large body is never copied once more here to join it), never parses them
-    return [owner, response.encode_head(), str(ttl_seconds * 1000), "", response.body]
+def store_args(fingerprint: str, owner: str, response: StoredResponse, ttl_seconds: int) -> list[Any]:
+    """complete.lua's ARGV: the response is the payload as it is (bytes), never parsed. Its head
+    and body go apart (ARGV[7] is appended there): a large body is never copied again to join it."""
+    head = response.encode_head()
+    claimed = _claim_value(fingerprint, owner)
+    # ARGV[5], ARGV[6]: the script's fast path, the claim as written and what replaces it
+    succeeded = f"S{claimed[1:]}{_SEP}{head.decode('ascii')}"
+    return [owner, head, str(ttl_seconds * 1000), "", claimed, succeeded, response.body]
 
 
 def _not_a_record() -> InvalidRequest:
@@ -169,8 +178,11 @@ def begun(reply: records.Reply) -> Outcome:
     raise _not_a_record()
 
 
-def held(reply: records.Reply) -> bool:
+def held(reply: records.Reply | int) -> bool:
     """Whether renew/complete/fail found this attempt's claim (False: it ran out or is another's)."""
+    if reply == 0:
+        return True  # complete.lua's usual answer: stored
+    assert isinstance(reply, list)
     code = records.text(reply[0])
     if code == "invalid_argument":
         records.raise_for(reply)
@@ -207,10 +219,9 @@ def _no_legacy() -> None:
 class IdempotencyStore(_Store):
     """An Idempotency-Key's record on a (sync) redis-py client (see the module docs)."""
 
-    def _run(self, name: str, key: str, args: list[Any]) -> records.Reply:
+    def _run(self, name: str, key: str, args: list[Any]) -> Any:
         with translate_errors():
-            reply: records.Reply = self._scripts[name](keys=[key], args=args)
-        return reply
+            return self._scripts[name](keys=[key], args=args)
 
     def begin(
         self,
@@ -238,9 +249,11 @@ class IdempotencyStore(_Store):
         """Hold the claim ``lock_seconds`` more from now; False when this attempt no longer held it."""
         return held(self._run("renew", key, records.renew_args(owner, lock_seconds, "")))
 
-    def store(self, key: str, owner: str, response: StoredResponse, ttl_seconds: int) -> bool:
+    def store(
+        self, key: str, fingerprint: str, owner: str, response: StoredResponse, ttl_seconds: int
+    ) -> bool:
         """Keep ``response`` for duplicates; False when this attempt no longer held the key."""
-        return held(self._run("complete", key, store_args(owner, response, ttl_seconds)))
+        return held(self._run("complete", key, store_args(fingerprint, owner, response, ttl_seconds)))
 
     def release(self, key: str, owner: str) -> bool:
         """Free the key for a retry; False when this attempt no longer held it."""
@@ -250,10 +263,9 @@ class IdempotencyStore(_Store):
 class AsyncIdempotencyStore(_Store):
     """The same on a ``redis.asyncio`` client (the ASGI middleware's)."""
 
-    async def _run(self, name: str, key: str, args: list[Any]) -> records.Reply:
+    async def _run(self, name: str, key: str, args: list[Any]) -> Any:
         with translate_errors():
-            reply: records.Reply = await self._scripts[name](keys=[key], args=args)
-        return reply
+            return await self._scripts[name](keys=[key], args=args)
 
     async def begin(
         self,
@@ -279,8 +291,11 @@ class AsyncIdempotencyStore(_Store):
     async def renew(self, key: str, owner: str, lock_seconds: int) -> bool:
         return held(await self._run("renew", key, records.renew_args(owner, lock_seconds, "")))
 
-    async def store(self, key: str, owner: str, response: StoredResponse, ttl_seconds: int) -> bool:
-        return held(await self._run("complete", key, store_args(owner, response, ttl_seconds)))
+    async def store(
+        self, key: str, fingerprint: str, owner: str, response: StoredResponse, ttl_seconds: int
+    ) -> bool:
+        args = store_args(fingerprint, owner, response, ttl_seconds)
+        return held(await self._run("complete", key, args))
 
     async def release(self, key: str, owner: str) -> bool:
         return held(await self._run("fail", key, records.fail_args(owner, True, None, 0, "")))
