@@ -18,7 +18,7 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVar, Unpack
 
 import redis
 import redis.asyncio
@@ -37,11 +37,13 @@ from ._types import IssuedToken, RetryPolicy, TokenInfo
 from .guard import AsyncGuard, Guard, GuardOptions, guarded
 
 if TYPE_CHECKING:
-    import httpx
+    import httpx  # noqa: F401  # named as a string in the clients' bases: optional at run time
 
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "AsyncTokenClient", "KeyedCalls", "TokenClient", "keyed_calls"]
 
 T = TypeVar("T")
+RedisT = TypeVar("RedisT")  # the redis-py client a client runs on: sync or asyncio
+HttpTransportT = TypeVar("HttpTransportT")  # the httpx transport it may be given: sync or async
 DEFAULT_TIMEOUT_SECONDS = 5.0
 
 
@@ -97,20 +99,68 @@ class _RevokeAttempts:
         return isinstance(exc, TokenInvalid) and self.outcome_unknown
 
 
-class _ClientBase:
-    """All of a client but the waiting (httpx's ``BaseClient``): its settings and how each
-    backend is built. :class:`TokenClient` and :class:`AsyncTokenClient` add the calls."""
+class _ClientBase(Generic[RedisT, HttpTransportT]):
+    """All of a client but the waiting (httpx's ``BaseClient``): its settings, its constructors
+    and how each backend is built. :class:`TokenClient` and :class:`AsyncTokenClient` add the
+    calls; their redis-py client and httpx transport are the sync or the async kind."""
 
     _is_async: ClassVar[bool]
 
     def __init__(
-        self, retry: RetryPolicy | int | None, telemetry: Telemetry | None, call_timeout_seconds: float | None
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        *,
+        retry: RetryPolicy | int | None = None,
+        max_connections: int = 20,
+        transport: HttpTransportT | None = None,
+        telemetry: Telemetry | None = None,
+        max_result_bytes: int = defaults.MAX_RESULT_BYTES,
+        _backend: Any = None,
+        _call_timeout_seconds: float | None = None,
     ) -> None:
         self.retry = _policy(retry)
         self.telemetry = telemetry or DEFAULT_TELEMETRY
         # The budget of one whole call, retries included (None: each attempt has its own timeout)
-        self._call_timeout_seconds = call_timeout_seconds
+        self._call_timeout_seconds = _call_timeout_seconds
         self._unanswered = "Redis did not answer"  # the HTTP client says who did not
+        if _backend is None:
+            _backend = self._over_http(
+                base_url, api_key, timeout, max_connections, transport, max_result_bytes
+            )
+        self._set_backend(_backend, timeout)
+
+    @classmethod
+    def from_redis(
+        cls,
+        url_or_client: str | RedisT,
+        *,
+        key_prefix: str = defaults.KEY_PREFIX,
+        result_ttl_seconds: int = defaults.RESULT_TTL_SECONDS,
+        timeout: float = DEFAULT_TIMEOUT_SECONDS,
+        retry: RetryPolicy | int | None = None,
+        limits: DirectLimits | None = None,
+        telemetry: Telemetry | None = None,
+        max_connections: int = defaults.REDIS_MAX_CONNECTIONS,
+    ) -> Self:
+        """Run the service's Lua scripts on the shared Redis directly (no HTTP hop).
+
+        ``key_prefix`` and ``result_ttl_seconds`` must match the service's
+        ``TOKEN_SERVICE_KEY_PREFIX`` / ``RESULT_TTL_SECONDS`` when both are used.
+        ``timeout`` bounds each whole call: its attempts, reconnects and back-off
+        end within it (a :class:`ServiceUnavailable` then). A client passed in is
+        used as it is (its own timeouts and retry settings included: the budget
+        then only stops further attempts; the async client cancels at it,
+        ``asyncio.timeout``) and not closed by :meth:`close`.
+        ``max_connections`` bounds the connections a URL's client opens (per
+        node): on one server a call beyond them waits for one within its
+        ``timeout``, and (sync) connections unused for a minute are closed.
+        """
+        backend = cls._over_redis(
+            url_or_client, key_prefix, result_ttl_seconds, timeout, limits, max_connections
+        )
+        return cls(retry=retry, telemetry=telemetry, _backend=backend, _call_timeout_seconds=timeout)
 
     def _set_backend(self, backend: Any, timeout: float) -> None:
         """The transport; over HTTP (no backend given), ``timeout`` is the whole call's budget."""
@@ -190,7 +240,7 @@ class _ClientBase:
         return DirectTransport(sync_store, limits, owns_client=owns)
 
 
-class TokenClient(_ClientBase):
+class TokenClient(_ClientBase[redis.Redis, "httpx.BaseTransport"]):
     """The token service for a backend: over HTTP, or straight against Redis (:meth:`from_redis`).
 
     Every method may raise the :mod:`token_service.errors` class of the
@@ -201,57 +251,6 @@ class TokenClient(_ClientBase):
 
     _is_async = False
     _backend: _Transport
-
-    def __init__(
-        self,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        timeout: float = DEFAULT_TIMEOUT_SECONDS,
-        *,
-        retry: RetryPolicy | int | None = None,
-        max_connections: int = 20,
-        transport: httpx.BaseTransport | None = None,
-        telemetry: Telemetry | None = None,
-        max_result_bytes: int = defaults.MAX_RESULT_BYTES,
-        _backend: _Transport | None = None,
-        _call_timeout_seconds: float | None = None,
-    ) -> None:
-        super().__init__(retry, telemetry, _call_timeout_seconds)
-        if _backend is None:
-            _backend = self._over_http(
-                base_url, api_key, timeout, max_connections, transport, max_result_bytes
-            )
-        self._set_backend(_backend, timeout)
-
-    @classmethod
-    def from_redis(
-        cls,
-        url_or_client: str | redis.Redis,
-        *,
-        key_prefix: str = defaults.KEY_PREFIX,
-        result_ttl_seconds: int = defaults.RESULT_TTL_SECONDS,
-        timeout: float = DEFAULT_TIMEOUT_SECONDS,
-        retry: RetryPolicy | int | None = None,
-        limits: DirectLimits | None = None,
-        telemetry: Telemetry | None = None,
-        max_connections: int = defaults.REDIS_MAX_CONNECTIONS,
-    ) -> TokenClient:
-        """Run the service's Lua scripts on the shared Redis directly (no HTTP hop).
-
-        ``key_prefix`` and ``result_ttl_seconds`` must match the service's
-        ``TOKEN_SERVICE_KEY_PREFIX`` / ``RESULT_TTL_SECONDS`` when both are used.
-        ``timeout`` bounds each whole call: its attempts, reconnects and back-off
-        end within it (a :class:`ServiceUnavailable` then). A client passed in is
-        used as it is (its own timeouts and retry settings included: the budget
-        then only stops further attempts) and not closed by :meth:`close`.
-        ``max_connections`` bounds the connections a URL's client opens (per
-        node): on one server a call beyond them waits for one within its
-        ``timeout``, and (sync) connections unused for a minute are closed.
-        """
-        backend = cls._over_redis(
-            url_or_client, key_prefix, result_ttl_seconds, timeout, limits, max_connections
-        )
-        return cls(retry=retry, telemetry=telemetry, _backend=backend, _call_timeout_seconds=timeout)
 
     # -- plumbing -----------------------------------------------------------
 
@@ -379,52 +378,11 @@ class TokenClient(_ClientBase):
         return guarded(self, scope, **options)
 
 
-class AsyncTokenClient(_ClientBase):
+class AsyncTokenClient(_ClientBase[redis.asyncio.Redis, "httpx.AsyncBaseTransport"]):
     """:class:`TokenClient` for asyncio: the same methods, awaited."""
 
     _is_async = True
     _backend: _AsyncTransport
-
-    def __init__(
-        self,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        timeout: float = DEFAULT_TIMEOUT_SECONDS,
-        *,
-        retry: RetryPolicy | int | None = None,
-        max_connections: int = 20,
-        transport: httpx.AsyncBaseTransport | None = None,
-        telemetry: Telemetry | None = None,
-        max_result_bytes: int = defaults.MAX_RESULT_BYTES,
-        _backend: _AsyncTransport | None = None,
-        _call_timeout_seconds: float | None = None,
-    ) -> None:
-        super().__init__(retry, telemetry, _call_timeout_seconds)
-        if _backend is None:
-            _backend = self._over_http(
-                base_url, api_key, timeout, max_connections, transport, max_result_bytes
-            )
-        self._set_backend(_backend, timeout)
-
-    @classmethod
-    def from_redis(
-        cls,
-        url_or_client: str | redis.asyncio.Redis,
-        *,
-        key_prefix: str = defaults.KEY_PREFIX,
-        result_ttl_seconds: int = defaults.RESULT_TTL_SECONDS,
-        timeout: float = DEFAULT_TIMEOUT_SECONDS,
-        retry: RetryPolicy | int | None = None,
-        limits: DirectLimits | None = None,
-        telemetry: Telemetry | None = None,
-        max_connections: int = defaults.REDIS_MAX_CONNECTIONS,
-    ) -> AsyncTokenClient:
-        """As :meth:`TokenClient.from_redis`; ``timeout`` bounds each whole call, a client
-        passed in included (``asyncio.timeout``)."""
-        backend = cls._over_redis(
-            url_or_client, key_prefix, result_ttl_seconds, timeout, limits, max_connections
-        )
-        return cls(retry=retry, telemetry=telemetry, _backend=backend, _call_timeout_seconds=timeout)
 
     async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
         budget = self._call_timeout_seconds
