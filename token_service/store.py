@@ -424,11 +424,12 @@ class TokenStore(_StoreBase):
         """
         return self._execute(("EVALSHA", sha, len(keys), *keys, *args))
 
-    def _execute(self, command: tuple[Any, ...]) -> Any:
-        """One command, as :meth:`_evalsha` sends it (the plain keyed claim's SET too)."""
+    def _execute(self, command: tuple[Any, ...], **options: Any) -> Any:
+        """One command, as :meth:`_evalsha` sends it (the plain keyed claim's SET too). ``options``
+        are for redis-py's reply parser, where the client's ``execute_command`` reads the reply."""
         pool = self._pool
         if pool is None:
-            return self.client.execute_command(*command)  # type: ignore[no-untyped-call]
+            return self.client.execute_command(*command, **options)  # type: ignore[no-untyped-call]
         parked = self._parked
         try:
             generation, conn = parked.pop()  # atomic: two threads never take the same one
@@ -773,7 +774,8 @@ class TokenStore(_StoreBase):
         key = self.key(use.token) if digest is None else digest_key(self.key_prefix, digest)
         value = records.claim_value(use, lease_id, request_id)
         try:
-            previous = self._execute(("SET", key, value, "NX", "GET", "PX", lease_seconds * 1000))
+            # get=True: redis-py's parser of SET's reply gives the value found only when told
+            previous = self._execute(("SET", key, value, "NX", "GET", "PX", lease_seconds * 1000), get=True)
         except Exception as exc:
             self._claim_failed(exc)  # returns on Redis < 7.0 only
             return self.begin(use, lease_seconds, claim_ttl_seconds)
@@ -959,7 +961,7 @@ class AsyncTokenStore(_StoreBase):
         value = records.claim_value(use, lease_id, request_id)
         try:
             previous = await self.client.execute_command(  # type: ignore[no-untyped-call]
-                "SET", key, value, "NX", "GET", "PX", lease_seconds * 1000
+                "SET", key, value, "NX", "GET", "PX", lease_seconds * 1000, get=True
             )
         except Exception as exc:
             self._claim_failed(exc)
