@@ -20,6 +20,7 @@ import pytest
 from tests.support.processes import (
     REPO_ROOT,
     SERVERS,
+    Granian,
     Gunicorn,
     RedisServer,
     free_port,
@@ -146,6 +147,10 @@ def test_log_lines_are_json_with_request_ids_and_no_tokens(service: tuple[Gunico
     assert all({"method", "route", "status", "duration_ms"} <= set(r) for r in access)
     # the server's own messages are JSON too
     assert any(r.get("logger") in ("gunicorn.error", "_granian") for r in records)
+    if isinstance(server, Granian):
+        # what it relies on the proxy for, said once at start (docs/deployment.md)
+        warned = [r for r in records if "relies on the proxy in front" in r.get("message", "")]
+        assert [r["level"] for r in warned] == ["WARNING"]
     log_text = "\n".join(lines)
     for token in tokens:
         assert token not in log_text
