@@ -15,17 +15,7 @@ from typing import Any
 from token_service import defaults
 from token_service.connection import async_client_for, client_for
 from token_service.errors import InvalidRequest
-from token_service.records import (
-    Completed,
-    Consumed,
-    FailRecorded,
-    Finished,
-    Inspection,
-    IssueRequest,
-    Renewed,
-    Started,
-    UseRequest,
-)
+from token_service.records import Inspection, IssueRequest, UseRequest
 from token_service.store import AsyncTokenStore, TokenStore
 
 from . import _validate as check
@@ -85,9 +75,16 @@ def _info(found: Inspection) -> TokenInfo:
     )
 
 
-class _Checks:
-    def __init__(self, limits: DirectLimits) -> None:
+class _Direct:
+    """What both direct transports do alike: each call checked as the API's schemas would, then
+    the store's own. An async store's call returns its awaitable, which the client awaits."""
+
+    def __init__(
+        self, store: TokenStore | AsyncTokenStore, limits: DirectLimits, *, owns_client: bool
+    ) -> None:
+        self.store = store
         self.limits = limits
+        self._owns_client = owns_client
 
     def issue_request(
         self, scope: str, subject: str | None, fingerprint: str | None, ttl_seconds: int | None, count: int
@@ -137,12 +134,31 @@ class _Checks:
     def lease_id(self, value: str) -> str:
         return check.text("lease_id", value, 64) or ""
 
+    def consume(self, use: UseRequest) -> Any:
+        return self.store.consume(self.use(use))
 
-class DirectTransport(_Checks):
-    def __init__(self, store: TokenStore, limits: DirectLimits, *, owns_client: bool) -> None:
-        super().__init__(limits)
-        self.store = store
-        self._owns_client = owns_client
+    def begin(self, use: UseRequest, lease_seconds: int | None) -> Any:
+        return self.store.begin(self.use(use), self.lease_seconds(lease_seconds))
+
+    def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Any:
+        return self.store.renew(
+            check.token(token), self.lease_id(lease_id), self.lease_seconds(lease_seconds)
+        )
+
+    def complete(self, token: str, lease_id: str, result: Any) -> Any:
+        check.payload("result", result, self.limits.max_result_bytes)
+        return self.store.complete(check.token(token), self.lease_id(lease_id), result)
+
+    def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> Any:
+        check.payload("error", error, self.limits.max_result_bytes)
+        return self.store.fail(check.token(token), self.lease_id(lease_id), retryable=retryable, error=error)
+
+    def revoke(self, token: str) -> Any:
+        return self.store.revoke(check.token(token))
+
+
+class DirectTransport(_Direct):
+    store: TokenStore
 
     def issue(
         self, scope: str, subject: str | None, fingerprint: str | None, ttl_seconds: int | None, count: int
@@ -150,41 +166,16 @@ class DirectTransport(_Checks):
         request = self.issue_request(scope, subject, fingerprint, ttl_seconds, count)
         return _issued(request, self.store.issue(request, count))
 
-    def consume(self, use: UseRequest) -> Consumed:
-        return self.store.consume(self.use(use))
-
-    def begin(self, use: UseRequest, lease_seconds: int | None) -> Started | Finished:
-        return self.store.begin(self.use(use), self.lease_seconds(lease_seconds))
-
-    def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
-        return self.store.renew(
-            check.token(token), self.lease_id(lease_id), self.lease_seconds(lease_seconds)
-        )
-
-    def complete(self, token: str, lease_id: str, result: Any) -> Completed:
-        check.payload("result", result, self.limits.max_result_bytes)
-        return self.store.complete(check.token(token), self.lease_id(lease_id), result)
-
-    def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded:
-        check.payload("error", error, self.limits.max_result_bytes)
-        return self.store.fail(check.token(token), self.lease_id(lease_id), retryable=retryable, error=error)
-
     def inspect(self, token: str) -> TokenInfo:
         return _info(self.store.inspect(check.token(token)))
-
-    def revoke(self, token: str) -> None:
-        self.store.revoke(check.token(token))
 
     def close(self) -> None:
         if self._owns_client:
             self.store.client.close()
 
 
-class AsyncDirectTransport(_Checks):
-    def __init__(self, store: AsyncTokenStore, limits: DirectLimits, *, owns_client: bool) -> None:
-        super().__init__(limits)
-        self.store = store
-        self._owns_client = owns_client
+class AsyncDirectTransport(_Direct):
+    store: AsyncTokenStore
 
     async def issue(
         self, scope: str, subject: str | None, fingerprint: str | None, ttl_seconds: int | None, count: int
@@ -192,32 +183,8 @@ class AsyncDirectTransport(_Checks):
         request = self.issue_request(scope, subject, fingerprint, ttl_seconds, count)
         return _issued(request, await self.store.issue(request, count))
 
-    async def consume(self, use: UseRequest) -> Consumed:
-        return await self.store.consume(self.use(use))
-
-    async def begin(self, use: UseRequest, lease_seconds: int | None) -> Started | Finished:
-        return await self.store.begin(self.use(use), self.lease_seconds(lease_seconds))
-
-    async def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed:
-        return await self.store.renew(
-            check.token(token), self.lease_id(lease_id), self.lease_seconds(lease_seconds)
-        )
-
-    async def complete(self, token: str, lease_id: str, result: Any) -> Completed:
-        check.payload("result", result, self.limits.max_result_bytes)
-        return await self.store.complete(check.token(token), self.lease_id(lease_id), result)
-
-    async def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded:
-        check.payload("error", error, self.limits.max_result_bytes)
-        return await self.store.fail(
-            check.token(token), self.lease_id(lease_id), retryable=retryable, error=error
-        )
-
     async def inspect(self, token: str) -> TokenInfo:
         return _info(await self.store.inspect(check.token(token)))
-
-    async def revoke(self, token: str) -> None:
-        await self.store.revoke(check.token(token))
 
     async def close(self) -> None:
         if self._owns_client:
@@ -229,7 +196,7 @@ class KeyedRecords:
     (``keyed.operation_token``: a digest of scope and key, never a token), which begin claims
     when absent. One class for both stores: an async store's call returns its awaitable."""
 
-    def __init__(self, direct: DirectTransport | AsyncDirectTransport, ttl_seconds: int) -> None:
+    def __init__(self, direct: _Direct, ttl_seconds: int) -> None:
         check.bounded("ttl_seconds", ttl_seconds, 1, direct.limits.max_ttl_seconds)
         self.direct = direct
         self.store = direct.store
