@@ -47,17 +47,18 @@ def test_a_keyed_complete_stores_what_the_usual_path_stores(real_redis: redis.Re
     assert replay == Finished(result={"n": 1})
 
 
-def test_the_fast_path_sends_the_claim_and_replies_a_bare_zero(real_redis: redis.Redis) -> None:
+def test_the_fast_path_sends_the_result_once_and_replies_a_bare_zero(real_redis: redis.Redis) -> None:
     store = TokenStore(real_redis)
     lease = claim(store).lease_id
     claimed = store._claims[lease]
     assert real_redis.get(store.key("op-1")) == claimed.encode()
     args = records.complete_args(lease, {"n": 1}, 60, "", claimed)
+    assert len(args) == 3  # the result only inside the SUCCEEDED record, no now_ms
     assert complete_script(real_redis, store.key("op-1"), args) == 0
+    assert real_redis.get(store.key("op-1")) == args[1].encode()
     # a retry of the same complete (its reply lost): the first result stands, the record unchanged
-    before = real_redis.get(store.key("op-1"))
     assert complete_script(real_redis, store.key("op-1"), args) == [b"succeeded", 1]
-    assert real_redis.get(store.key("op-1")) == before
+    assert real_redis.get(store.key("op-1")) == args[1].encode()
 
 
 def test_a_stale_holder_is_fenced_out(real_redis: redis.Redis) -> None:
@@ -71,23 +72,30 @@ def test_a_stale_holder_is_fenced_out(real_redis: redis.Redis) -> None:
         store.complete("op-1", stale, {"n": "stale"})
     assert real_redis.get(store.key("op-1")) == taken
     assert records.read_record(taken or b"").lease_id == other
+    real_redis.delete(store.key("op-1"))  # and once its key is gone too
+    assert complete_script(real_redis, store.key("op-1"), records.complete_args(stale, 1, 60, "", "P")) == [
+        b"token_invalid"
+    ]
+    assert real_redis.exists(store.key("op-1")) == 0
 
 
 @pytest.mark.parametrize("state", ["S", "F"])
-def test_a_finished_record_passed_as_the_claim_is_not_rewritten(real_redis: redis.Redis, state: str) -> None:
+def test_a_finished_record_is_not_rewritten(real_redis: redis.Redis, state: str) -> None:
     store = TokenStore(real_redis)
     lease = claim(store).lease_id
     key = store.key("op-1")
     finished = f"{state}\x1e{lease}\x1f\x1f\x1freq\x1f{SCOPE}\x1f\x1ffp\x1f{{}}"
     real_redis.set(key, finished)
-    reply = complete_script(real_redis, key, records.complete_args(lease, {"n": 2}, 60, "", finished))
+    reply = complete_script(
+        real_redis, key, records.complete_args(lease, {"n": 2}, 60, "", store._claims[lease])
+    )
     assert reply == ([b"succeeded", 1] if state == "S" else [b"lease_lost"])
     assert real_redis.get(key) == finished.encode()
 
 
-def test_a_token_lease_passed_as_the_claim_is_still_checked_for_time(real_redis: redis.Redis) -> None:
-    # a token's PROCESSING record carries its lease's end: the whole-record compare alone would
-    # let its holder finish past that end, so the fast path takes only a claim without one
+def test_a_token_lease_is_never_finished_by_the_keyed_path(real_redis: redis.Redis) -> None:
+    # a token's PROCESSING record carries its lease's end, which only the usual path checks:
+    # the keyed path takes only a claim without one, and otherwise writes nothing
     key = "ts:t:some-token"
     ran_out = f"P\x1eL1\x1f1000\x1f9999999999999\x1freq\x1f{SCOPE}\x1f\x1f"
     real_redis.set(key, ran_out, px=60_000)

@@ -453,14 +453,14 @@ def complete_args(
     lease_id: str, result: Any, result_ttl_seconds: int, now_ms: str, claimed: str | None = None
 ) -> list[str]:
     """complete.lua's ARGV. ``claimed``: the record this caller's plain keyed claim wrote
-    (:func:`claim_value`), for the script's fast path: compared whole with the stored one, and
-    replaced by the SUCCEEDED record built here (the claim with 'S' for 'P', the result last).
-    A ``result`` that is :class:`JsonText` (:func:`check_payload`'s) is stored as it is."""
+    (:func:`claim_value`), for the script's fast path, which puts the SUCCEEDED record built
+    here in its place (the claim with 'S' for 'P', the result last: sent once, in it). A
+    ``result`` that is :class:`JsonText` (:func:`check_payload`'s) is stored as it is."""
     result_json = result if type(result) is JsonText else dump_json(result)
-    args = [_lease(lease_id), result_json, _ttl_ms("result_ttl_seconds", result_ttl_seconds), now_ms]
-    if claimed is not None:
-        args += [claimed, f"S{claimed[1:]}{SEP}{result_json}"]
-    return args
+    keep_ms = _ttl_ms("result_ttl_seconds", result_ttl_seconds)
+    if claimed is not None:  # three arguments: the keyed claim's (complete.lua)
+        return [_lease(lease_id), f"S{claimed[1:]}{SEP}{result_json}", keep_ms]
+    return [_lease(lease_id), result_json, keep_ms, now_ms]
 
 
 _COMPLETED = Completed(replayed=False)
