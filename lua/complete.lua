@@ -2,6 +2,10 @@
 -- KEYS[1] token record key
 -- ARGV[1] lease_id; ARGV[2] result_json; ARGV[3] result_ttl_ms (positive integer);
 -- ARGV[4] now_ms ('' = Redis TIME);
+-- returns 0 (stored) | {'succeeded', 1} (a retry of this complete: the first result stands)
+--       | {'token_invalid'} | {'lease_lost'} | {'invalid_argument', message}
+--       (the usual answer is a bare 0: a table reply costs Redis a sixth of the keyed fast
+--       path below, callgrind, benchmarks/RESULTS.md)
 -- A plain keyed claim's complete (store.py's SET NX GET PX claim) sends three, no now_ms:
 -- ARGV[1] lease_id; ARGV[2] the SUCCEEDED record, built by the caller from the claim it
 -- wrote (records.complete_args: the claim with 'S' for its letter and \31 result_json after
@@ -12,10 +16,6 @@
 -- (optional) the payload's rest, appended to what ARGV[2] or ARGV[6] ends with (an
 -- Idempotency-Key's response body after its head, client/_idempotency_store.py: the client
 -- never joins a large body to its head, one more copy of it)
--- returns 0 (stored) | {'succeeded', 1} (a retry of this complete: the first result stands)
---       | {'token_invalid'} | {'lease_lost'} | {'invalid_argument', message}
---       (the usual answer is a bare 0: a table reply costs Redis a sixth of the keyed fast
---       path below, callgrind, benchmarks/RESULTS.md)
 -- transitions: P->S (lua/model/lease.pml)
 -- The arguments are checked once, in Python (records.complete_args); what this script keeps
 -- is what protects the record from any caller: only the holder of the live lease writes.
