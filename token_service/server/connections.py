@@ -81,14 +81,6 @@ class FinishBody:
         self.redis_budget_seconds = redis_budget_seconds
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        with_body = body.has_body(environ)
-        # Under gunicorn, install() closes the connection; any other server (granian) is told by
-        # the reply's own header, added to the list the app handed over once the body's fate is
-        # known: granian (hyper) reads that list only when the app has returned, and closes the
-        # connection after a reply that says ``Connection: close``.
-        handed: list[list[tuple[str, str]]] = []
-        if with_body and "gunicorn.socket" not in environ:
-            start_response = _remembering(start_response, handed)
         if self.redis_budget_seconds is None:
             reply = self.app(environ, start_response)
         else:
@@ -96,14 +88,13 @@ class FinishBody:
             # request's Redis work runs while the iterable is being sent.
             with deadline.from_first_use(self.redis_budget_seconds):
                 reply = self.app(environ, start_response)
-        if with_body:
+        if body.has_body(environ):
             state = environ.get(body.BODY_STATE)
             if state is None:  # answered without reading it
                 state = self._finish(environ)
             if state != body.READ:
-                _close_after_reply.set(True)
-                if handed:
-                    handed[-1].append(("Connection", "close"))
+                _close_after_reply.set(True)  # gunicorn: install() closes the connection
+                _say_close(start_response)
         return reply
 
     def _finish(self, environ: WSGIEnvironment) -> str:
@@ -118,16 +109,16 @@ class FinishBody:
         return body.READ
 
 
-def _remembering(start_response: StartResponse, handed: list[list[tuple[str, str]]]) -> StartResponse:
-    """``start_response`` that keeps each header list it is given, in ``handed``."""
+def _say_close(start_response: StartResponse) -> None:
+    """Under granian: the reply says ``Connection: close``, which granian (hyper) obeys.
 
-    def remember(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
-        handed.append(headers)
-        if exc_info is None:
-            return start_response(status, headers)
-        return start_response(status, headers, exc_info)
-
-    return remember
+    granian's ``start_response`` is its response object, whose header list it reads only once the
+    app has returned, so the header can still join it here; nothing is added anywhere else (on
+    the failure path only: the replies that keep the connection cost nothing).
+    """
+    headers = getattr(start_response, "headers", None)
+    if isinstance(headers, list):
+        headers.append(("Connection", "close"))
 
 
 def install(worker: Any, send_timeout_seconds: float) -> None:
