@@ -240,12 +240,11 @@ class RequireToken:
             return InvalidRequest(f"The {self.header} header is required.", {self.header: ["Missing."]})
         return token
 
-    def identity(
-        self, request: Any, body: Callable[[], bytes], content_type: str | None
-    ) -> tuple[str | None, str | None]:
+    def identity(self, request: Any, body: Callable[[], bytes], content_type: str | None) -> tuple[Any, Any]:
         """The request's subject and fingerprint, as the token must have been issued with them:
         ``subject(request)``; ``fingerprint(request)``, or the ``fields_fingerprint`` of the body
-        fields it names (``body()``: the request's body, read only then)."""
+        fields it names (``body()``: the request's body, read only then). Each a ``str`` or None;
+        what FastAPI's async callables return is awaited by its adapter."""
         subject = self.subject(request) if self.subject else None
         if self.fields is not None:
             return subject, body_fingerprint(body(), content_type, self.fields)

@@ -57,7 +57,6 @@ from token_service.errors import OutcomeNotRecorded, TokenError
 
 from ._client import AsyncTokenClient
 from ._extras import install, missing
-from ._fingerprint import body_fingerprint
 from ._idempotency_core import declared_length
 from ._require_token_core import (
     DEFAULT_WAIT_SECONDS,
@@ -109,19 +108,13 @@ def _response(answer: Reply) -> Response:
     return response
 
 
-async def _value(source: RequestValue | None, request: Request) -> Any:
-    if source is None:
-        return None
-    value = source(request)
-    return await value if inspect.isawaitable(value) else value
-
-
-async def _fingerprint(spec: Any, fields: Sequence[str] | None, request: Request) -> str | None:
-    if fields is None:
-        value: str | None = await _value(spec, request)
-        return value
-    body = await request.body()  # FastAPI has read it for the endpoint already: cached
-    return body_fingerprint(body, request.headers.get("content-type"), fields)
+async def _identity(core: RequireToken, request: Request) -> tuple[str | None, str | None]:
+    """The core's identity of the request; ``subject`` and ``fingerprint`` may be async here."""
+    # the body only for body fields: FastAPI has read it for the endpoint already (cached)
+    body = await request.body() if core.fields is not None else b""
+    found = core.identity(request, lambda: body, request.headers.get("content-type"))
+    subject, fingerprint = [await value if inspect.isawaitable(value) else value for value in found]
+    return subject, fingerprint
 
 
 def _replay(stored: Any, response: Response) -> Any:
@@ -242,12 +235,7 @@ def require_token(
             token = core.token_of(request.headers.get(header))
             if isinstance(token, TokenError):
                 return problem_response(token)
-            guard = await core.abegin(
-                tokens,
-                token,
-                await _value(subject, request),
-                await _fingerprint(fingerprint, core.fields, request),
-            )
+            guard = await core.abegin(tokens, token, *await _identity(core, request))
             if isinstance(guard, TokenError):
                 return problem_response(guard)
             if isinstance(guard, Replay):
