@@ -529,3 +529,33 @@ def test_the_three_refusals_of_a_key_are_classes_of_the_error_tree_and_keep_thei
         (422, "idempotency_key_mismatch", "Idempotency-Key reused"),
         (400, "idempotency_identity_required", "Unidentified client"),
     ]
+
+
+def test_a_redis_that_refuses_set_nx_get_claims_in_begin_lua(redis_client: Any) -> None:
+    # Redis 6.2 answers SET with both NX and GET with a syntax error: the store claims through
+    # begin.lua from then on, the same outcomes in two round trips
+    import redis as redis_py
+
+    class OldRedis:
+        def __init__(self, client: Any) -> None:
+            self.client, self.sets = client, 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.client, name)
+
+        def execute_command(self, *args: Any, **options: Any) -> Any:
+            if args[0] == "SET" and "GET" in args:
+                self.sets += 1
+                raise redis_py.exceptions.ResponseError("ERR syntax error")
+            return self.client.execute_command(*args, **options)
+
+    old = OldRedis(redis_client)
+    store = IdempotencyStore(old)
+    key = store.key("alice", "k")
+    assert store.begin(key, "fp", "owner-1", lock_seconds=30) == Claimed()
+    assert isinstance(store.begin(key, "fp", "owner-2", lock_seconds=30), InProgress)
+    response = StoredResponse(201, b"done")
+    assert store.store(key, "fp", "owner-1", response, ttl_seconds=60) is True
+    assert store.begin(key, "fp", "owner-3", lock_seconds=30) == response
+    assert store.begin(key, "other", "owner-3", lock_seconds=30) == Mismatch()
+    assert old.sets == 1  # asked once, then never again

@@ -40,7 +40,6 @@ bytes; what to answer is decided here:
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import functools
@@ -54,6 +53,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Unpack
 
+from token_service.client._engine import Flow, drive, drive_async
 from token_service.client._fingerprint import RequestFacts, fingerprint_request
 from token_service.client._idempotency_options import IdempotencyOptionArgs, IdempotencyOptions, options_of
 from token_service.client._idempotency_store import (
@@ -377,33 +377,34 @@ class IdempotencyCore:
         A duplicate of a request still running waits up to ``wait_seconds`` for its
         response (polling the record), then gets 409.
         """
-        deadline = time.monotonic() + self.options.wait_seconds
-        pause = _FIRST_PAUSE_SECONDS
-        while True:
-            attempt.clock.held_from = time.monotonic()
-            try:
-                outcome = store.begin(*self._claim_args(attempt))
-            except (TokenError, ValueError, KeyError, TypeError) as exc:
-                return self._spanned(attempt, outcome=None, answer=self.store_failed(exc), error=exc)
-            left = deadline - time.monotonic()
-            if not isinstance(outcome, InProgress) or left <= 0:
-                return self._spanned(attempt, outcome, self.decide(outcome))
-            time.sleep(min(pause, left))
-            pause = min(pause * 2, _MAX_PAUSE_SECONDS)
+        return drive(self._claiming(store, attempt))
 
     async def aclaim(self, store: AsyncIdempotencyStore, attempt: Attempt) -> Answer | None:
+        return await drive_async(self._claiming(store, attempt))
+
+    def _claiming(
+        self, store: IdempotencyStore | AsyncIdempotencyStore, attempt: Attempt
+    ) -> Flow[Answer | None]:
+        """The claim as a flow (the engine's shape: it yields its store calls and pauses)."""
         deadline = time.monotonic() + self.options.wait_seconds
         pause = _FIRST_PAUSE_SECONDS
         while True:
             attempt.clock.held_from = time.monotonic()
+            args = (
+                attempt.record,
+                attempt.fingerprint,
+                attempt.owner,
+                self.options.lock_seconds,
+                attempt.legacy,
+            )
             try:
-                outcome = await store.begin(*self._claim_args(attempt))
+                outcome = yield functools.partial(store.begin, *args)
             except (TokenError, ValueError, KeyError, TypeError) as exc:
                 return self._spanned(attempt, outcome=None, answer=self.store_failed(exc), error=exc)
             left = deadline - time.monotonic()
             if not isinstance(outcome, InProgress) or left <= 0:
                 return self._spanned(attempt, outcome, self.decide(outcome))
-            await asyncio.sleep(min(pause, left))
+            yield min(pause, left)
             pause = min(pause * 2, _MAX_PAUSE_SECONDS)
 
     @staticmethod
@@ -426,9 +427,6 @@ class IdempotencyCore:
                 attempt.span.record_error(error)
         attempt.span.end()
         return answer
-
-    def _claim_args(self, attempt: Attempt) -> tuple[str, str, str, int, Callable[[], str | None]]:
-        return attempt.record, attempt.fingerprint, attempt.owner, self.options.lock_seconds, attempt.legacy
 
     def decide(self, outcome: Outcome) -> Answer | None:
         if isinstance(outcome, Claimed):
@@ -485,26 +483,27 @@ class IdempotencyCore:
 
         def renew() -> None:
             sent_at = time.monotonic()
-            if not store.renew(attempt.record, attempt.owner, self.options.lock_seconds):
-                raise LeaseLost("the Idempotency-Key's claim ran out or was taken over")
-            attempt.clock.held_from = max(attempt.clock.held_from, sent_at)
+            self._renewed(
+                attempt, store.renew(attempt.record, attempt.owner, self.options.lock_seconds), sent_at
+            )
 
-        def lost(exc: TokenError) -> None:
-            self._claim_lost(attempt, exc)
-
+        lost = functools.partial(self._claim_lost, attempt)
         return _renewing(LeaseRenewer(renew, interval_for(self.options.lock_seconds), on_lost=lost))
 
     def ahold(self, store: AsyncIdempotencyStore, attempt: Attempt) -> AbstractAsyncContextManager[Any]:
         async def renew() -> None:
             sent_at = time.monotonic()
-            if not await store.renew(attempt.record, attempt.owner, self.options.lock_seconds):
-                raise LeaseLost("the Idempotency-Key's claim ran out or was taken over")
-            attempt.clock.held_from = max(attempt.clock.held_from, sent_at)
+            held = await store.renew(attempt.record, attempt.owner, self.options.lock_seconds)
+            self._renewed(attempt, held, sent_at)
 
-        def lost(exc: TokenError) -> None:
-            self._claim_lost(attempt, exc)
-
+        lost = functools.partial(self._claim_lost, attempt)
         return _arenewing(AsyncLeaseRenewer(renew, interval_for(self.options.lock_seconds), on_lost=lost))
+
+    @staticmethod
+    def _renewed(attempt: Attempt, held: bool, sent_at: float) -> None:
+        if not held:
+            raise LeaseLost("the Idempotency-Key's claim ran out or was taken over")
+        attempt.clock.held_from = max(attempt.clock.held_from, sent_at)
 
     def _claim_lost(self, attempt: Attempt, exc: TokenError) -> None:
         if attempt.clock.settling:
@@ -531,40 +530,26 @@ class IdempotencyCore:
         """Store what duplicates get, or free the key (inside :meth:`hold`). Raises no store error:
         a store that cannot answer is tried again while the claim can be held; past that, the
         response that could not be kept is returned as an OutcomeNotRecorded (see the module docs)."""
-        stored = recorder.stored() if recorder is not None else None
-        attempt.clock.settling = True
-        failures = 0
-        while True:
-            try:
-                if stored is None:
-                    store.release(attempt.record, attempt.owner)
-                    self._released(attempt)
-                else:
-                    kept = store.store(*self._store_args(attempt, stored))
-                    self._stored(attempt, kept, unknown=failures > 0)
-                return None
-            except ServiceUnavailable as exc:
-                failures += 1
-                pause = self._settle_pause(attempt, failures)
-                if pause is None:
-                    return self._settle_failed(attempt, stored, exc)
-                time.sleep(pause)
-            except TokenError as exc:
-                return self._settle_failed(attempt, stored, exc)
+        return drive(self._settling(store, attempt, recorder))
 
     async def asettle(
         self, store: AsyncIdempotencyStore, attempt: Attempt, recorder: Recorder | None
     ) -> OutcomeNotRecorded | None:
+        return await drive_async(self._settling(store, attempt, recorder))
+
+    def _settling(
+        self, store: IdempotencyStore | AsyncIdempotencyStore, attempt: Attempt, recorder: Recorder | None
+    ) -> Flow[OutcomeNotRecorded | None]:
         stored = recorder.stored() if recorder is not None else None
         attempt.clock.settling = True
         failures = 0
         while True:
             try:
                 if stored is None:
-                    await store.release(attempt.record, attempt.owner)
+                    yield functools.partial(store.release, attempt.record, attempt.owner)
                     self._released(attempt)
                 else:
-                    kept = await store.store(*self._store_args(attempt, stored))
+                    kept = yield functools.partial(store.store, *self._store_args(attempt, stored))
                     self._stored(attempt, kept, unknown=failures > 0)
                 return None
             except ServiceUnavailable as exc:
@@ -572,7 +557,7 @@ class IdempotencyCore:
                 pause = self._settle_pause(attempt, failures)
                 if pause is None:
                     return self._settle_failed(attempt, stored, exc)
-                await asyncio.sleep(pause)
+                yield pause
             except TokenError as exc:
                 return self._settle_failed(attempt, stored, exc)
 

@@ -1,26 +1,19 @@
 """Redis access for the ``Idempotency-Key`` middlewares: a keyed operation's record, per client key.
 
-An Idempotency-Key's record is the common one (``lua/_record.lua``), as a keyed
-operation's (``@idempotent``) is: the request's fingerprint is its binding, each
-attempt's random owner id its lease id, the stored response (status, headers,
-body: :meth:`StoredResponse.encode`) its payload, opaque. A first request costs
-two round trips and a replay one (``tests/perf/test_idempotency_round_trips.py``):
+The record is the common one (``lua/_record.lua``), as ``@idempotent``'s: the
+request's fingerprint its binding, each attempt's random owner id its lease id,
+the stored response (:meth:`StoredResponse.encode`) its opaque payload. A first
+request costs two round trips, a replay one (tests/perf/test_idempotency_round_trips.py):
+the claim, a plain ``SET key <PROCESSING> NX GET PX lock_ms`` (the lock is the
+key's own expiry) whose found record :func:`decided` reads (``begin.lua`` decides
+what it cannot: another attempt's claim, or this one's own after a lost reply),
+then ``complete.lua``; ``renew.lua`` holds the claim meanwhile, ``fail.lua``
+(retryable, remembered 0 ms) frees it. All are fenced by the owner id.
 
-- the claim is one plain ``SET key <PROCESSING> NX GET PX lock_ms`` (the lock is
-  the key's own expiry); the record it finds decides here (:func:`decided`): a
-  stored response replayed, another request's key refused. What that record
-  cannot decide alone (another attempt holds it; a lost reply's own claim) goes
-  to ``begin.lua``, as one compare-and-change;
-- ``complete.lua`` stores the response, ``renew.lua`` keeps the claim while the
-  request runs, ``fail.lua`` (retryable, remembered 0 ms) frees the key. All three
-  are fenced by the owner id: an attempt that outlived its lock never overwrites
-  or frees a later attempt's record.
-
-The record key is a digest of (client identity, Idempotency-Key): neither the
-client's credentials nor its key are stored, and two clients choosing the same
-key never meet. Records of the middlewares' own format before 0.2.0 (``'P'
-fingerprint \\31 owner``, ``'D' fingerprint \\31 response``) are read until they
-expire (:func:`decided`); this code never writes one (docs/deployment.md).
+The record key is a digest of (client identity, Idempotency-Key): neither is
+stored, and two clients choosing the same key never meet. Records of the format
+before 0.2.0 (``'P' fingerprint \\31 owner``, ``'D' fingerprint \\31 response``) are
+read until they expire, never written (docs/deployment.md, "Upgrading").
 """
 
 from __future__ import annotations
@@ -74,6 +67,8 @@ class Mismatch:
 
 
 Outcome = Claimed | StoredResponse | InProgress | Mismatch
+# the fingerprint versions before the shared one computed (the core's, computed when asked)
+Legacy = Callable[[], str | None]
 
 
 def digest(*parts: str) -> str:
@@ -82,11 +77,6 @@ def digest(*parts: str) -> str:
 
 
 # -- the codec: what is sent, and what a reply means (no I/O) -------------------------------------
-
-
-def _use(fingerprint: str, owner: str) -> UseRequest:
-    # no scope, no subject: the record key already names the client and its key
-    return UseRequest("", "", None, fingerprint, owner)
 
 
 def _claim_value(fingerprint: str, owner: str) -> str:
@@ -117,7 +107,7 @@ def _not_a_record() -> InvalidRequest:
     return InvalidRequest("Rejected by the store: the key holds something that is not an idempotency record.")
 
 
-def decided(previous: Any, fingerprint: str, legacy: Callable[[], str | None]) -> Outcome | None:
+def decided(previous: Any, fingerprint: str, legacy: Legacy) -> Outcome | None:
     """What the claim's reply decides alone: claimed (nothing was there), the stored response,
     a mismatch; None: ``begin.lua`` decides (another attempt's claim, or this one's own).
 
@@ -150,7 +140,7 @@ def read_earlier(raw: bytes) -> tuple[str, str, bytes] | None:
     return letter.decode(), found.decode("ascii", "replace"), rest
 
 
-def _earlier_format(raw: bytes, fingerprint: str, legacy: Callable[[], str | None]) -> Outcome:
+def _earlier_format(raw: bytes, fingerprint: str, legacy: Legacy) -> Outcome:
     """A record of the format before 0.2.0 (:func:`read_earlier`), read until it expires."""
     earlier = read_earlier(raw)
     if earlier is None:
@@ -189,17 +179,6 @@ def held(reply: records.Reply | int) -> bool:
     return code in ("renewed", "succeeded", "released")
 
 
-def _claim_refused(exc: Exception) -> None:
-    """Redis 6.2 refuses SET with both NX and GET (a syntax error): begin.lua claims there. Any
-    other error is raised, as :func:`translate_errors` translates it."""
-    if isinstance(exc, redis_errors.ResponseError) and "syntax" in str(exc).lower():
-        return
-    unavailable = store_errors.unavailable(exc)
-    if unavailable is None:
-        raise exc
-    raise unavailable from exc
-
-
 class _Store:
     def __init__(self, client: Any, key_prefix: str = defaults.KEY_PREFIX) -> None:
         self.client = client
@@ -210,6 +189,21 @@ class _Store:
     def key(self, identity: str, idempotency_key: str) -> str:
         # 128 bits of the digest, like token record keys
         return f"{self.key_prefix}ik:{digest(identity, idempotency_key)[:22]}"
+
+    def _refused(self, exc: Exception) -> object:
+        """Redis 6.2 refuses SET with both NX and GET (a syntax error): from then on begin.lua
+        claims. Any other error is raised, as :func:`translate_errors` translates it."""
+        if not (isinstance(exc, redis_errors.ResponseError) and "syntax" in str(exc).lower()):
+            unavailable = store_errors.unavailable(exc)
+            if unavailable is None:
+                raise exc
+            raise unavailable from exc
+        self._plain_claim = False
+        return _NOT_CLAIMED
+
+
+# what a claim that was not sent (Redis < 7.0) leaves for begin.lua to decide
+_NOT_CLAIMED = object()
 
 
 def _no_legacy() -> None:
@@ -223,27 +217,20 @@ class IdempotencyStore(_Store):
         with translate_errors():
             return self._scripts[name](keys=[key], args=args)
 
+    def _claim(self, command: tuple[Any, ...]) -> Any:
+        try:
+            return self.client.execute_command(*command, get=True) if self._plain_claim else _NOT_CLAIMED
+        except Exception as exc:
+            return self._refused(exc)
+
     def begin(
-        self,
-        key: str,
-        fingerprint: str,
-        owner: str,
-        lock_seconds: int,
-        legacy: Callable[[], str | None] = _no_legacy,
+        self, key: str, fingerprint: str, owner: str, lock_seconds: int, legacy: Legacy = _no_legacy
     ) -> Outcome:
-        if self._plain_claim:
-            try:
-                previous = self.client.execute_command(
-                    *claim_command(key, fingerprint, owner, lock_seconds), get=True
-                )
-            except Exception as exc:
-                _claim_refused(exc)
-                self._plain_claim = False
-            else:
-                outcome = decided(previous, fingerprint, legacy)
-                if outcome is not None:
-                    return outcome
-        return begun(self._run("begin", key, begin_args(fingerprint, owner, lock_seconds)))
+        previous = self._claim(claim_command(key, fingerprint, owner, lock_seconds))
+        outcome = None if previous is _NOT_CLAIMED else decided(previous, fingerprint, legacy)
+        if outcome is None:
+            outcome = begun(self._run("begin", key, begin_args(fingerprint, owner, lock_seconds)))
+        return outcome
 
     def renew(self, key: str, owner: str, lock_seconds: int) -> bool:
         """Hold the claim ``lock_seconds`` more from now; False when this attempt no longer held it."""
@@ -267,26 +254,22 @@ class AsyncIdempotencyStore(_Store):
         with translate_errors():
             return await self._scripts[name](keys=[key], args=args)
 
+    async def _claim(self, command: tuple[Any, ...]) -> Any:
+        try:
+            return (
+                await self.client.execute_command(*command, get=True) if self._plain_claim else _NOT_CLAIMED
+            )
+        except Exception as exc:
+            return self._refused(exc)
+
     async def begin(
-        self,
-        key: str,
-        fingerprint: str,
-        owner: str,
-        lock_seconds: int,
-        legacy: Callable[[], str | None] = _no_legacy,
+        self, key: str, fingerprint: str, owner: str, lock_seconds: int, legacy: Legacy = _no_legacy
     ) -> Outcome:
-        if self._plain_claim:
-            command = claim_command(key, fingerprint, owner, lock_seconds)
-            try:
-                previous = await self.client.execute_command(*command, get=True)
-            except Exception as exc:
-                _claim_refused(exc)
-                self._plain_claim = False
-            else:
-                outcome = decided(previous, fingerprint, legacy)
-                if outcome is not None:
-                    return outcome
-        return begun(await self._run("begin", key, begin_args(fingerprint, owner, lock_seconds)))
+        previous = await self._claim(claim_command(key, fingerprint, owner, lock_seconds))
+        outcome = None if previous is _NOT_CLAIMED else decided(previous, fingerprint, legacy)
+        if outcome is None:
+            outcome = begun(await self._run("begin", key, begin_args(fingerprint, owner, lock_seconds)))
+        return outcome
 
     async def renew(self, key: str, owner: str, lock_seconds: int) -> bool:
         return held(await self._run("renew", key, records.renew_args(owner, lock_seconds, "")))
@@ -294,8 +277,7 @@ class AsyncIdempotencyStore(_Store):
     async def store(
         self, key: str, fingerprint: str, owner: str, response: StoredResponse, ttl_seconds: int
     ) -> bool:
-        args = store_args(fingerprint, owner, response, ttl_seconds)
-        return held(await self._run("complete", key, args))
+        return held(await self._run("complete", key, store_args(fingerprint, owner, response, ttl_seconds)))
 
     async def release(self, key: str, owner: str) -> bool:
         return held(await self._run("fail", key, records.fail_args(owner, True, None, 0, "")))
