@@ -63,6 +63,7 @@ the Idempotency-Key middlewares sit on :mod:`._idempotency_core`):
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -78,12 +79,13 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from token_service.errors import InvalidRequest, OutcomeNotRecorded, TokenError, TokenInProgress
 from token_service.problems import problem_for
 from token_service.records import dump_json
 
+from ._engine import Flow, drive, drive_async
 from ._fingerprint import body_fingerprint
 from ._idempotency_core import Recorder
 from ._stored_response import (
@@ -254,26 +256,31 @@ class RequireToken:
     def truncated() -> TokenError:
         return InvalidRequest("The request body ended before its Content-Length.", {"body": ["Incomplete."]})
 
+    # Sync and async alike: each step below is a flow (the engine's: client/_engine.py) that
+    # yields the guard's calls; begin/settle/raised drive it blocking, abegin/asettle/araised
+    # awaiting what the calls return.
+
     def begin(
         self, client: Any, token: str, subject: str | None, fingerprint: str | None
     ) -> Guard | Replay | TokenError:
-        try:
-            guard: Guard = client.guard(
-                token, self.scope, subject=subject, fingerprint=fingerprint, **self.guard_options
-            )
-            fresh = guard.start()
-        except TokenError as exc:
-            return self._refusal(exc)
-        return self._running(guard) if fresh else Replay(guard.result)
+        """A guard on the token (this request holds its lease), a :class:`Replay`, or the refusal."""
+        begun = drive(self._beginning(client, token, subject, fingerprint))
+        return cast("Guard | Replay | TokenError", begun)  # a TokenClient makes a Guard
 
     async def abegin(
         self, client: Any, token: str, subject: str | None, fingerprint: str | None
     ) -> AsyncGuard | Replay | TokenError:
+        begun = await drive_async(self._beginning(client, token, subject, fingerprint))
+        return cast("AsyncGuard | Replay | TokenError", begun)  # an AsyncTokenClient, an AsyncGuard
+
+    def _beginning(
+        self, client: Any, token: str, subject: str | None, fingerprint: str | None
+    ) -> Flow[Guard | AsyncGuard | Replay | TokenError]:
         try:
-            guard: AsyncGuard = client.guard(
+            guard = client.guard(
                 token, self.scope, subject=subject, fingerprint=fingerprint, **self.guard_options
             )
-            fresh = await guard.start()
+            fresh = yield guard.start
         except TokenError as exc:
             return self._refusal(exc)
         return self._running(guard) if fresh else Replay(guard.result)
@@ -326,45 +333,42 @@ class RequireToken:
         """The view raised ``exc``, which goes on to the framework: an HTTP exception is settled as
         ``render()`` (the response the framework answers it with; None: it cannot be rendered, the
         token is freed), any other is :meth:`failed`."""
-        if self.answered(guard, exc):
-            self.settle(guard, render())
-        else:
-            guard.abandon_quietly(exc)
+        drive(self._raising(guard, exc, render))
 
     async def araised(
         self, guard: AsyncGuard, exc: BaseException, render: Callable[[], Awaitable[Reply | None]]
     ) -> None:
+        await drive_async(self._raising(guard, exc, render))
+
+    def _raising(
+        self, guard: Guard | AsyncGuard, exc: BaseException, render: Callable[[], Any]
+    ) -> Flow[None]:
         if self.answered(guard, exc):
-            await self.asettle(guard, await render())
+            yield from self._settling(guard, (yield render))
         else:
-            await guard.abandon_quietly(exc)
+            yield functools.partial(guard.abandon_quietly, exc)
 
     def settle(self, guard: Guard, reply: Reply | ValueReply | None) -> OutcomeNotRecorded | None:
         """Store what duplicates get, or free the token (``None``: the body broke on its way out).
 
         Returns the error to answer instead of the view's response when its outcome could not be
         recorded (:meth:`not_recorded`); None: the response goes out. Raises no store error."""
-        self._ran(guard)
-        result = self.result(reply)
-        if result is None:
-            guard.abandon_quietly(None, retryable=True)  # a release not recorded: the lease frees it
-            return None
-        try:
-            guard.succeed(result)
-        except OutcomeNotRecorded as exc:
-            return self.not_recorded(exc)
-        except TokenError as exc:
-            self._not_stored(exc)
-        return None
+        return drive(self._settling(guard, reply))
 
     async def asettle(self, guard: AsyncGuard, reply: Reply | ValueReply | None) -> OutcomeNotRecorded | None:
+        return await drive_async(self._settling(guard, reply))
+
+    def _settling(
+        self, guard: Guard | AsyncGuard, reply: Reply | ValueReply | None
+    ) -> Flow[OutcomeNotRecorded | None]:
         self._ran(guard)
         result = self.result(reply)
         if result is None:
-            await guard.abandon_quietly(None, retryable=True)
+            # a release not recorded: the lease frees it
+            yield functools.partial(guard.abandon_quietly, None, retryable=True)
             return None
         try:
-            await guard.succeed(result)
+            yield functools.partial(guard.succeed, result)
         except OutcomeNotRecorded as exc:
             return self.not_recorded(exc)
         except TokenError as exc:
