@@ -84,6 +84,53 @@ def test_a_plain_client_skips_the_command_layer(redis_server: RedisServer, monke
     client.close()
 
 
+def sent_bytes(client: Any, monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """What the client's connections write to Redis, one entry per packed command."""
+    sent: list[bytes] = []
+    original = redis.connection.AbstractConnection.send_packed_command
+
+    def recording(self: Any, command: Any, check_health: bool = True) -> None:
+        sent.append(b"".join(command) if isinstance(command, list) else bytes(command))
+        original(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", recording)
+    return sent
+
+
+@pytest.mark.parametrize("packer", ["hiredis", "python"])
+def test_commands_are_sent_as_redis_py_packs_them(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch, packer: str
+) -> None:
+    # with hiredis the store packs with hiredis.pack_command itself; without, send_command packs
+    client = service_client(redis_server)
+    store = TokenStore(client)
+    warm(store)
+    if packer == "python":
+        monkeypatch.setattr(store_module, "_HIREDIS_PACKER", None)
+    token = issue(store)
+    sent = sent_bytes(client, monkeypatch)
+    assert store.consume(UseRequest(token, SCOPE, request_id="r1")).replayed is False
+    (command,) = sent
+    sha = store._scripts["consume"].sha
+    conn = client.connection_pool.get_connection()
+    try:
+        keys = store._keys("consume", token, None)
+        args = [SCOPE, "", "", "r1", ""]
+        expected = conn._command_packer.pack("EVALSHA", sha, len(keys), *keys, *args)  # type: ignore[attr-defined]
+    finally:
+        client.connection_pool.release(conn)
+    assert command == b"".join(expected)
+    client.close()
+
+
+def test_an_argument_hiredis_cannot_pack_is_refused_as_redis_py_refuses_it(redis_server: RedisServer) -> None:
+    client = service_client(redis_server)
+    store = TokenStore(client)
+    with pytest.raises(redis.exceptions.DataError):
+        store._execute(("GET", {"not": "a string"}))
+    client.close()
+
+
 def test_a_single_connection_client_goes_through_execute_command(redis_server: RedisServer) -> None:
     client = redis_server.client(single_connection_client=True)
     store = TokenStore(client)

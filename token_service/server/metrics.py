@@ -113,6 +113,8 @@ class StoreMetrics:
     def __init__(self, metric_scopes: tuple[str, ...] = ()) -> None:
         self.scopes = scope_labels(MAX_SCOPES, metric_scopes)
         self._zeroed: set[str] = set()  # scope labels whose use outcomes exist (at 0 or more)
+        # (operation, code, scope) -> its outcome counter, for scopes whose label is theirs for good
+        self._counted: dict[tuple[str, str, str | None], Any] = {}
         for scope in metric_scopes:
             self._label(scope)  # the configured scopes' outcomes, at 0 from the first scrape
 
@@ -154,7 +156,16 @@ class StoreMetrics:
         return label
 
     def _outcome(self, operation: str, code: str, scope: str | None) -> None:
-        _outcomes(operation, code, self._label(scope) if scope else NO_SCOPE).inc()
+        key = (operation, code, scope)
+        child = self._counted.get(key)
+        if child is None:
+            label = self._label(scope) if scope else NO_SCOPE
+            child = _outcomes(operation, code, label)
+            # a scope with a label of its own keeps it (scope_labels only ever adds): its counter
+            # is looked up once, not through the label rules on every consume
+            if label == scope or not scope:
+                self._counted[key] = child
+        child.inc()
 
 
 # the operations that issue tokens: they count tokens issued and refusals by a limit
