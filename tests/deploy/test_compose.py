@@ -118,9 +118,11 @@ def nginx_problems(compose: Compose, conf: str | None = None) -> list[str]:
     conf_mounts = [parts for parts in mounts if parts[1:2] == ["/etc/nginx/conf.d/default.conf"]]
     if len(conf_mounts) != 1 or (REPO_ROOT / conf_mounts[0][0]).resolve() != NGINX_CONF:
         problems.append(f"nginx does not mount {NGINX_CONF.relative_to(REPO_ROOT)} as its server block")
+    # tests/edge/test_nginx.py runs it through tests/support/nginx.py's runner
+    runner = (REPO_ROOT / "tests/support/nginx.py").read_text()
     if (
-        '"deploy" / "nginx" / "token-service.conf"'
-        not in (REPO_ROOT / "tests/edge/test_nginx.py").read_text()
+        '"deploy" / "nginx" / "token-service.conf"' not in runner
+        or "tests.support.nginx import" not in (REPO_ROOT / "tests/edge/test_nginx.py").read_text()
     ):
         problems.append("tests/edge/test_nginx.py no longer runs deploy/nginx/token-service.conf")
     # logs: the compose logs show only stdout and stderr
