@@ -33,11 +33,11 @@ def test_a_claim_on_redis_6_falls_back_to_begin_lua_from_then_on(real_redis: red
     sets: list[tuple[Any, ...]] = []
     send = store._execute
 
-    def as_redis_6(command: tuple[Any, ...]) -> Any:
+    def as_redis_6(command: tuple[Any, ...], **options: Any) -> Any:
         if command[0] == "SET" and "NX" in command and "GET" in command:
             sets.append(command)
             raise redis_errors.ResponseError(REDIS_6_REFUSAL)
-        return send(command)
+        return send(command, **options)
 
     store._execute = as_redis_6  # type: ignore[method-assign]
     first = store.begin(_use("op-1"), 30, claim_ttl_seconds=60)
@@ -63,7 +63,7 @@ def test_another_error_of_the_plain_claim_is_the_stores(
 ) -> None:
     store = TokenStore(real_redis)
 
-    def failing(command: tuple[Any, ...]) -> Any:
+    def failing(command: tuple[Any, ...], **options: Any) -> Any:
         raise error
 
     store._execute = failing  # type: ignore[method-assign]
