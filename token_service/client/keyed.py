@@ -86,31 +86,14 @@ def _fingerprint(value: Any) -> str | None:
         raise TypeError(f"a fingerprint must be made of JSON values: {exc}") from exc
 
 
-def _guard_for(
-    keyed: KeyedCalls,
-    scope: str,
-    key: Any,
-    fingerprint: Any,
-    request_id: str | None,
-    lease_seconds: int | None,
-    terminal: Terminal,
-    wait_seconds: float,
-    renew: bool = True,
-    result_type: Any = None,
-    hooks: GuardHooks | None = None,
-) -> Guard | AsyncGuard:
+def _guard_for(keyed: KeyedCalls, scope: str, key: Any, fingerprint: Any, options: dict[str, Any]) -> Any:
+    """The guard of ``key`` in ``scope``; ``options`` are the guard's (made once per decorator)."""
     guard = (AsyncGuard if keyed.is_async else Guard)(
         keyed,  # sync or async as its client is
         operation_token(scope, key),
         scope,
         fingerprint=_fingerprint(fingerprint),
-        request_id=request_id,
-        lease_seconds=lease_seconds,
-        terminal=terminal,
-        wait_seconds=wait_seconds,
-        renew=renew,
-        result_type=result_type,
-        hooks=hooks,
+        **options,
     )
     guard.key = key  # what OutcomeNotRecorded names, for whoever reconciles it
     return guard
@@ -151,11 +134,15 @@ def keyed_guard(
     within ``lease_seconds``). The guard's hooks: ``hooks=GuardHooks(...)``, or
     ``on_replay``, ``on_conflict``, ``on_mismatch`` and ``on_lease_lost`` by name.
     """
-    keyed = keyed_calls(client, ttl_seconds)
-    hooks = hooks_of(hooks, hook_args)  # once: every call's guard gets this one value
-    return _guard_for(
-        keyed, scope, key, fingerprint, request_id, lease_seconds, terminal, wait_seconds, renew, None, hooks
-    )
+    options = {
+        "request_id": request_id,
+        "lease_seconds": lease_seconds,
+        "terminal": terminal,
+        "wait_seconds": wait_seconds,
+        "renew": renew,
+        "hooks": hooks_of(hooks, hook_args),
+    }
+    return _guard_for(keyed_calls(client, ttl_seconds), scope, key, fingerprint, options)
 
 
 def _key_reader(
@@ -256,7 +243,14 @@ def idempotent(
         read_key = _key_reader(operation, key, "key")
         read_fingerprint = _key_reader(operation, fingerprint, "fingerprint") if fingerprint else None
         is_async = inspect.iscoroutinefunction(operation)
-        typed = return_type(operation)  # once, not per call: results are read back as this type
+        options = {  # once, not per call: results are read back as its return type
+            "lease_seconds": lease_seconds,
+            "terminal": terminal,
+            "wait_seconds": wait_seconds,
+            "renew": renew,
+            "result_type": return_type(operation),
+            "hooks": hooks,
+        }
         if is_async != keyed.is_async:
             raise TypeError("coroutine functions need an AsyncTokenClient, plain functions a TokenClient")
         if durable is not None:
@@ -268,19 +262,7 @@ def idempotent(
         def guard_for(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             described = read_fingerprint(args, kwargs) if read_fingerprint else None
             key_value = read_key(args, kwargs)
-            return _guard_for(
-                keyed,
-                scope,
-                key_value,
-                described,
-                None,
-                lease_seconds,
-                terminal,
-                wait_seconds,
-                renew,
-                typed,
-                hooks,
-            )
+            return _guard_for(keyed, scope, key_value, described, options)
 
         if is_async:
 
