@@ -557,6 +557,10 @@ def callgrind_redis(calls: int) -> dict[str, dict[str, int]]:
     """redis-server's instructions per call of each contender, first execution and replay."""
     server = CallgrindRedis().start()
     try:
+        # serverCron runs hz times a second of wall time, and under valgrind a call takes 50x
+        # as long: at the default 10 its share of a call (memory stats, expiry) moved with the
+        # machine's load by several k instructions; at 1 it is a tenth of that
+        server.client().config_set("hz", 1)
         guard = _Guard(server.url)
         contenders: dict[str, Call] = {"ours": _ours(server.url)[0], "guard": guard}
         contenders["powertools"] = _powertools(server.url)[0]
