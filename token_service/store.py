@@ -209,6 +209,17 @@ class _StoreBase:
             raise exc
         raise unavailable from exc
 
+    def _claim_command(
+        self, use: UseRequest, lease_seconds: int, digest: str | None
+    ) -> tuple[tuple[Any, ...], str, str]:
+        """The plain keyed claim's ``SET key <PROCESSING> NX GET PX lease`` (its value at index 2),
+        with the lease id and request id that value holds: one shape for both stores."""
+        lease_id = new_lease_id()
+        request_id = use.request_id or new_request_id()
+        key = self.key(use.token) if digest is None else digest_key(self.key_prefix, digest)
+        value = records.claim_value(use, lease_id, request_id)
+        return ("SET", key, value, "NX", "GET", "PX", lease_seconds * 1000), lease_id, request_id
+
     def _claim_decided(
         self,
         previous: Any,
@@ -790,13 +801,11 @@ class TokenStore(_StoreBase):
         """A keyed begin: one ``SET key <PROCESSING> NX GET PX lease`` (redis-py's Lock shape: the
         lease is the key's own expiry), the usual first claim and the usual replay; what the
         record it found does not decide alone goes to begin.lua (a compare-and-change)."""
-        lease_id = new_lease_id()
-        request_id = use.request_id or new_request_id()
-        key = self.key(use.token) if digest is None else digest_key(self.key_prefix, digest)
-        value = records.claim_value(use, lease_id, request_id)
+        command, lease_id, request_id = self._claim_command(use, lease_seconds, digest)
+        value = command[2]
         try:
             # get=True: redis-py's parser of SET's reply gives the value found only when told
-            previous = self._execute(("SET", key, value, "NX", "GET", "PX", lease_seconds * 1000), get=True)
+            previous = self._execute(command, get=True)
         except Exception as exc:
             self._claim_failed(exc)  # returns on Redis < 7.0 only
             return self.begin(use, lease_seconds, claim_ttl_seconds)
@@ -976,14 +985,10 @@ class AsyncTokenStore(_StoreBase):
         self, use: UseRequest, lease_seconds: int, claim_ttl_seconds: int, digest: str | None = None
     ) -> records.Started | records.Finished:
         """As TokenStore._claim."""
-        lease_id = new_lease_id()
-        request_id = use.request_id or new_request_id()
-        key = self.key(use.token) if digest is None else digest_key(self.key_prefix, digest)
-        value = records.claim_value(use, lease_id, request_id)
+        command, lease_id, request_id = self._claim_command(use, lease_seconds, digest)
+        value = command[2]
         try:
-            previous = await self.client.execute_command(  # type: ignore[no-untyped-call]
-                "SET", key, value, "NX", "GET", "PX", lease_seconds * 1000, get=True
-            )
+            previous = await self.client.execute_command(*command, get=True)  # type: ignore[no-untyped-call]
         except Exception as exc:
             self._claim_failed(exc)
             return await self.begin(use, lease_seconds, claim_ttl_seconds)
