@@ -116,6 +116,14 @@ def serve(args: argparse.Namespace) -> int:
         )
     if settings.embedded:
         workers = 1
+    if settings.redis_url and settings.redis_target.kind == "cluster":
+        # A cluster client asks its nodes for the slot map when it is made, in each worker as it
+        # boots: a node that is no cluster node (or none reachable) would kill every worker with a
+        # traceback. Asked once here, it is the one line `check` says, and serve exits 1.
+        line = _unreachable_line(settings)
+        if line is not None:
+            print(line, file=sys.stderr)
+            return 1
     if (args.server or settings.server) == "granian":
         from token_service.server import granian_serve
 
@@ -155,26 +163,38 @@ def check(args: argparse.Namespace) -> int:
     if settings.embedded:
         print("Store: embedded in-memory (nothing to ping; nothing survives a restart).")
         return 0
-    from token_service.connection import redis_client, request_budget_seconds
-    from token_service.errors import ServiceUnavailable
+    from token_service.connection import request_budget_seconds
 
     # What a proxy's read timeout and the probes' timeouts are set from (docs/configuration.md)
     print(f"Redis budget per request: {request_budget_seconds(settings):g} s (the worst case before a 503)")
+    line = _unreachable_line(settings, load_scripts=True)
+    if line is not None:
+        print(line, file=sys.stderr)
+        return 1
+    print("Redis: reachable, scripts loaded.")
+    return 0
+
+
+def _unreachable_line(settings: Settings, *, load_scripts: bool = False) -> str | None:
+    """None when the Redis of the settings can be reached (with ``load_scripts``, pinged and our
+    scripts loaded; without, only its client made); else the one line that says why not: the
+    setting (its URL, password masked), what it means, and Redis's own words, which name the
+    host and port or the refusal (the service's 503 does not)."""
+    from token_service.connection import redis_client
+    from token_service.errors import ServiceUnavailable
     from token_service.store import TokenStore, translate_errors
 
     try:
         with translate_errors():  # a cluster client asks its nodes for the slot map when made
             client = redis_client(settings)
-        TokenStore(client, key_prefix=settings.key_prefix).ready()
+        if load_scripts:
+            TokenStore(client, key_prefix=settings.key_prefix).ready()
     except ServiceUnavailable as exc:
-        # One line: the setting (its URL, password masked), what it means, and Redis's own
-        # words, which name the host and port or the refusal (the service's 503 does not).
         url = settings.describe()["TOKEN_SERVICE_REDIS_URL"]
         said = f" [{exc.__cause__}]" if exc.__cause__ is not None else ""
-        print(f"Redis: NOT reachable at TOKEN_SERVICE_REDIS_URL={url}: {exc.detail}{said}", file=sys.stderr)
-        return 1
-    print("Redis: reachable, scripts loaded.")
-    return 0
+        return f"Redis: NOT reachable at TOKEN_SERVICE_REDIS_URL={url}: {exc.detail}{said}"
+    client.close()  # the workers make their own; this one was only asked
+    return None
 
 
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
