@@ -1,63 +1,25 @@
 """The request flow of ``@require_token``, once, for Flask, FastAPI and Django.
 
-``client/flask.py``, ``client/fastapi.py`` and ``client/django.py`` only map
-their framework's request and response to and from what is decided here (as
-the Idempotency-Key middlewares sit on :mod:`._idempotency_core`):
+The adapters (``client/flask.py``, ``fastapi.py``, ``django.py``) only map their
+framework's request and response to and from what is decided here, as the
+Idempotency-Key middlewares sit on :mod:`._idempotency_core`. What the decorator
+answers and keeps is docs/integrations/flask.md's (FastAPI's and Django's pages):
 
-1. :meth:`RequireToken.token_of`: the token from its header, or a 400 error;
-   :meth:`RequireToken.truncated`: the 400 for a body shorter than its
-   Content-Length (the token is not touched).
-2. :meth:`RequireToken.begin` / :meth:`abegin`: a guard on the token. Returns the
-   guard (this request holds the lease, renewed while the view runs and its body
-   streams), a :class:`Replay` of the stored result, or the ``TokenError`` to
-   answer as problem+json (403 mismatch, 404 unknown, 409 in progress or used, 503).
-3. The view runs. It raised: :meth:`failed` (a ``terminal`` exception is recorded,
-   any other frees the token) -- unless it is one of its framework's HTTP
-   exceptions (``http_errors``: Werkzeug's ``HTTPException``, ``abort(404)``;
-   Starlette's; Django's ``Http404``, ``PermissionDenied``, ``BadRequest``,
-   ``SuspiciousOperation``). Such an exception is the response it stands for
-   (the framework answers it with one; ``abort(404)`` is ``return ..., 404``
-   written another way), so it is :meth:`answered` like one: the adapter
-   renders it as its framework does and it is settled (step 4: a 404 is kept
-   and replayed; a 409, 429 or 503 frees the token), unless ``terminal`` names
-   it. Flask's adapter then answers with that response, as Flask's own dispatch
-   would; FastAPI's and Django's re-raise it (:meth:`raised` / :meth:`araised`),
-   so the framework answers it as ever and a yield dependency or Django's
-   ``ATOMIC_REQUESTS`` transaction still sees the exception.
-4. :meth:`settle` / :meth:`asettle` with a :class:`Reply` (a status, headers and a
-   body, or an endpoint's value): the one place that decides what is kept.
-
-   - **Storage policy**: ``store_status(status)`` (by default 2xx, 3xx and 4xx
-     but 401/407/408/409/425/429; never a 5xx). Any other status frees the token:
-     a 401 is not the view's answer but a "log in first", after which the same
-     token must run. A view's 403 is its answer to a known user and is kept.
-   - **Body fit**: the body is kept when it is at most ``max_body_bytes`` raw
-     (Flask's option; FastAPI's and Django's decorators have no raw cap) *and* the
-     whole stored result is at most ``max_result_bytes`` once JSON-encoded the way
-     the store counts it (ASCII-only: a CJK character takes 6 bytes). Both, because
-     the raw cap is the operator's "never keep more than this" and the result cap
-     is what the service accepts (``TOKEN_SERVICE_MAX_RESULT_BYTES``): storing over
-     it would be refused and record a terminal failure after the work was done.
-   - **Body omitted**: otherwise the status and ``replay_headers`` are stored with
-     the body's real length: a duplicate gets an empty body marked
-     ``Idempotent-Body-Omitted: <length>``.
-   - A store that cannot answer at this point is waited out for as long as the
-     lease can be held (the guard keeps it renewed and tries again). Past that
-     the view's response does not go out: :meth:`settle` returns the error to
-     answer instead, a 500 ``outcome_not_recorded`` problem (the view ran, its
-     response is not kept; a duplicate is refused ``token_in_progress`` while the
-     lease lasts and may run the view again after it), and a streamed body is
-     broken off before its end. Any other refusal (``lease_lost``: the view
-     outlived its lease) is logged and the response goes out.
-
-   A streamed body (a file, a generator) is never buffered whole:
-   :meth:`record` / :meth:`arecord` wrap it so it passes through, is held up to
-   the caps (the rest only counted) and is settled when its last byte is handed
-   on, when it is closed early (what went out is recorded: the work is done),
-   or freed when it raises. So a streamed body under the caps is replayed byte
-   for byte, one over them as omitted with its real length. A HEAD request sends
-   no body: a streamed answer to it is settled at once as omitted (its declared
-   Content-Length, else 0).
+1. :meth:`RequireToken.token_of`: the token, or a 400 (also :meth:`truncated`:
+   a body shorter than its Content-Length, before the token is touched).
+2. :meth:`RequireToken.begin`: a guard (this request holds the lease, renewed
+   while the view runs and its body streams), a :class:`Replay`, or the refusal.
+3. The view raised: a ``terminal`` exception is recorded, any other frees the
+   token -- unless it is one of the framework's HTTP exceptions (``http_errors``:
+   ``abort(404)``, Starlette's ``HTTPException``, ``Http404``): that is the
+   response it stands for, rendered by the adapter and settled like one.
+4. :meth:`settle` with a :class:`Reply`: the one place that decides what is kept
+   (``store_status``; the body when it fits ``max_body_bytes`` raw and
+   ``max_result_bytes`` JSON-encoded as the store counts it, else omitted with
+   its length). A store that cannot answer is waited out while the lease can be
+   held; past that the response does not go out (500 ``outcome_not_recorded``,
+   a stream broken off). A streamed body is never buffered whole: :meth:`record`
+   passes it through, held up to the caps, and settles it at its end or close.
 """
 
 from __future__ import annotations
@@ -264,16 +226,16 @@ class RequireToken:
         self, client: Any, token: str, subject: str | None, fingerprint: str | None
     ) -> Guard | Replay | TokenError:
         """A guard on the token (this request holds its lease), a :class:`Replay`, or the refusal."""
-        begun = drive(self._beginning(client, token, subject, fingerprint))
+        begun = drive(self.beginning(client, token, subject, fingerprint))
         return cast("Guard | Replay | TokenError", begun)  # a TokenClient makes a Guard
 
     async def abegin(
         self, client: Any, token: str, subject: str | None, fingerprint: str | None
     ) -> AsyncGuard | Replay | TokenError:
-        begun = await drive_async(self._beginning(client, token, subject, fingerprint))
+        begun = await drive_async(self.beginning(client, token, subject, fingerprint))
         return cast("AsyncGuard | Replay | TokenError", begun)  # an AsyncTokenClient, an AsyncGuard
 
-    def _beginning(
+    def beginning(
         self, client: Any, token: str, subject: str | None, fingerprint: str | None
     ) -> Flow[Guard | AsyncGuard | Replay | TokenError]:
         try:
@@ -333,18 +295,16 @@ class RequireToken:
         """The view raised ``exc``, which goes on to the framework: an HTTP exception is settled as
         ``render()`` (the response the framework answers it with; None: it cannot be rendered, the
         token is freed), any other is :meth:`failed`."""
-        drive(self._raising(guard, exc, render))
+        drive(self.raising(guard, exc, render))
 
     async def araised(
         self, guard: AsyncGuard, exc: BaseException, render: Callable[[], Awaitable[Reply | None]]
     ) -> None:
-        await drive_async(self._raising(guard, exc, render))
+        await drive_async(self.raising(guard, exc, render))
 
-    def _raising(
-        self, guard: Guard | AsyncGuard, exc: BaseException, render: Callable[[], Any]
-    ) -> Flow[None]:
+    def raising(self, guard: Guard | AsyncGuard, exc: BaseException, render: Callable[[], Any]) -> Flow[None]:
         if self.answered(guard, exc):
-            yield from self._settling(guard, (yield render))
+            yield from self.settling(guard, (yield render))
         else:
             yield functools.partial(guard.abandon_quietly, exc)
 
@@ -353,12 +313,12 @@ class RequireToken:
 
         Returns the error to answer instead of the view's response when its outcome could not be
         recorded (:meth:`not_recorded`); None: the response goes out. Raises no store error."""
-        return drive(self._settling(guard, reply))
+        return drive(self.settling(guard, reply))
 
     async def asettle(self, guard: AsyncGuard, reply: Reply | ValueReply | None) -> OutcomeNotRecorded | None:
-        return await drive_async(self._settling(guard, reply))
+        return await drive_async(self.settling(guard, reply))
 
-    def _settling(
+    def settling(
         self, guard: Guard | AsyncGuard, reply: Reply | ValueReply | None
     ) -> Flow[OutcomeNotRecorded | None]:
         self._ran(guard)

@@ -1,55 +1,18 @@
 """Django: the ``Idempotency-Key`` middleware and the ``@require_token`` view decorator.
 
-Settings, in ``settings.py``::
+Both are configured from ``settings.TOKEN_SERVICE`` (docs/integrations/django.md: the
+settings, the middleware's ``IDEMPOTENCY_KEY`` options, the decorator's options).
 
-    TOKEN_SERVICE = {
-        "REDIS_URL": "redis://localhost:6379/0",   # the service's Redis (direct transport)
-        # or, over HTTP: "URL": "http://token-service:8000", "API_KEY": "...",
-        "KEY_PREFIX": "ts:",
-        "IDEMPOTENCY_KEY": {                        # the middleware's options
-            "PATHS": ["/api/"],                     # only these path prefixes (default: every path)
-            "METHODS": ["POST", "PATCH"],
-            "REQUIRED": True,
-            "TTL_SECONDS": 86400,
-            "LOCK_SECONDS": 60,
-            "WAIT_SECONDS": 0,
-            "IDENTITY": "myapp.idempotency.client_id",   # optional: a callable or its dotted path
-        },
-    }
-    MIDDLEWARE = [..., "django.contrib.auth.middleware.AuthenticationMiddleware",
-                  "token_service.client.django.IdempotencyKeyMiddleware", ...]
+**The middleware** (sync and async: WSGI or ASGI) is the WSGI/ASGI middlewares'
+semantics on their shared decisions (:mod:`._idempotency_core`); a streamed
+response is stored without its body (``Idempotent-Body-Omitted``).
 
-**The middleware** (sync and async: WSGI under gunicorn, ASGI under uvicorn)
-is the WSGI/ASGI middlewares' semantics, on their shared decisions
-(:mod:`token_service.client._idempotency_core`) and record: a key per
-client (the ``Authorization`` header, else the logged-in user), the request's
-fingerprint (a JSON body by its meaning), the first response stored and
-replayed with ``Idempotent-Replayed: true``, 409 while the first runs, 422 for
-the same key with another request, 400 without a key (when required) or
-without an identity, 5xx and exceptions not stored (the key is freed), store
-errors 503. A streamed response (``StreamingHttpResponse``, ``FileResponse``)
-is stored without its body (``Idempotent-Body-Omitted``).
-
-**The decorator** guards a view with an anti-duplicate token (sync views on a
-:class:`TokenClient`, ``async def`` views on an :class:`AsyncTokenClient`, both
-made from the settings unless ``client=`` is given)::
-
-    @require_token("payment.create", subject=lambda request: str(request.user.pk))
-    def create_payment(request): ...
-
-It is ``token_service.client.flask.require_token`` for Django: the token from
-the ``Idempotency-Token`` header, the response (status, body, the
-``replay_headers``) stored and replayed to duplicates, 5xx and exceptions free
-the token, ``terminal`` exceptions are recorded (409 ``token_failed``), token
-errors are problem+json. ``Http404``, ``PermissionDenied``, ``BadRequest`` and
-``SuspiciousOperation`` are the response Django answers them with, kept or not
-by the same rule as a returned one (then re-raised: Django answers them as
-ever). A streamed response (``StreamingHttpResponse``, ``FileResponse``) is
-recorded as it goes out: replayed byte for byte when it fits
-``max_result_bytes``, else empty with ``Idempotent-Body-Omitted: <length>``
-(the decisions are :mod:`token_service.client._require_token_core`'s, shared
-with Flask and FastAPI). A Django REST framework view works too: decorate
-``MyView.as_view()`` (its response is rendered before it is stored).
+**The decorator** is ``token_service.client.flask.require_token`` for Django, on the
+same decisions (:mod:`._require_token_core`): sync views on a :class:`TokenClient`,
+``async def`` views on an :class:`AsyncTokenClient`, both made from the settings
+unless ``client=`` is given. ``Http404``, ``PermissionDenied``, ``BadRequest`` and
+``SuspiciousOperation`` are the response Django answers them with, settled as one,
+then re-raised (so an ``ATOMIC_REQUESTS`` transaction still rolls back).
 
 Only this module imports Django.
 """
@@ -61,7 +24,6 @@ import dataclasses
 import functools
 import inspect
 import itertools
-import logging
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -74,6 +36,7 @@ from token_service import defaults
 from token_service.errors import OutcomeNotRecorded, TokenError
 
 from ._client import AsyncTokenClient, TokenClient
+from ._engine import Flow, drive, drive_async
 from ._extras import install, missing
 from ._fingerprint import RequestFacts
 from ._idempotency_core import (
@@ -122,8 +85,6 @@ __all__ = [
     "require_token",
     "token_client",
 ]
-
-log = logging.getLogger(__name__)
 
 _ClientT = TypeVar("_ClientT", TokenClient, AsyncTokenClient)
 
@@ -211,14 +172,15 @@ def _on_its_loop(client: AsyncTokenClient) -> AsyncTokenClient:
 
 def problem_response(error: TokenError) -> HttpResponse:
     """``error``'s problem+json answer, as the decorator sends it (a view may answer one too)."""
-    return _answer(error)
+    return _response(answer_of(error))
 
 
-def _answer_response(answer: Answer) -> HttpResponse:
+def _response(answer: Reply | Answer, *, own_length: bool = False) -> HttpResponse:
+    """``answer`` as Django's response (``own_length``: Django counts the body, the stored length goes)."""
     response = HttpResponse(answer.body, status=answer.status)
-    del response["Content-Type"]
+    del response["Content-Type"]  # the answer's own, if it has one
     for name, value in answer.headers:
-        if name.lower() != "content-length":
+        if not (own_length and name.lower() == "content-length"):
             response.headers[name] = value
     return response
 
@@ -287,14 +249,12 @@ class IdempotencyKeyMiddleware:
         prefix = service.get("KEY_PREFIX", defaults.KEY_PREFIX)
         # a URL, or a Redis client of the middleware's kind used as it is (a test's in-memory store:
         # token_service.testing), as TokenClient.from_redis takes either for the decorator
+        kind = redis.asyncio.Redis if self.is_async else redis.Redis
+        connection = kind.from_url(redis_url) if isinstance(redis_url, str) else redis_url
         if self.is_async:
-            self.async_store = AsyncIdempotencyStore(
-                redis.asyncio.Redis.from_url(redis_url) if isinstance(redis_url, str) else redis_url,
-                key_prefix=prefix,
-            )
+            self.async_store = AsyncIdempotencyStore(connection, key_prefix=prefix)
         else:
-            client = redis.Redis.from_url(redis_url) if isinstance(redis_url, str) else redis_url
-            self.store = IdempotencyStore(client, key_prefix=prefix)
+            self.store = IdempotencyStore(connection, key_prefix=prefix)
 
     def _screen(self, request: HttpRequest) -> str | Answer | None:
         if self.paths and not request.path.startswith(self.paths):
@@ -339,10 +299,10 @@ class IdempotencyKeyMiddleware:
         if prepared is None:
             return self.get_response(request)
         if isinstance(prepared, Answer):
-            return _answer_response(prepared)
+            return _response(prepared, own_length=True)
         answer = self.core.claim(self.store, prepared)
         if answer is not None:
-            return _answer_response(answer)
+            return _response(answer, own_length=True)
         recorder = None
         with self.core.hold(self.store, prepared):  # held (renewed) until the outcome is stored
             try:
@@ -351,7 +311,9 @@ class IdempotencyKeyMiddleware:
             finally:
                 not_recorded = self.core.settle(self.store, prepared, recorder)
         if not_recorded is not None:
-            return _answer_response(self.core.not_recorded(not_recorded))  # never a success not kept
+            return _response(
+                self.core.not_recorded(not_recorded), own_length=True
+            )  # never a success not kept
         return response
 
     async def __acall__(self, request: HttpRequest) -> Any:
@@ -359,10 +321,10 @@ class IdempotencyKeyMiddleware:
         if prepared is None:
             return await self.get_response(request)
         if isinstance(prepared, Answer):
-            return _answer_response(prepared)
+            return _response(prepared, own_length=True)
         answer = await self.core.aclaim(self.async_store, prepared)
         if answer is not None:
-            return _answer_response(answer)
+            return _response(answer, own_length=True)
         recorder = None
         async with self.core.ahold(self.async_store, prepared):
             try:
@@ -371,7 +333,7 @@ class IdempotencyKeyMiddleware:
             finally:
                 not_recorded = await self.core.asettle(self.async_store, prepared, recorder)
         if not_recorded is not None:
-            return _answer_response(self.core.not_recorded(not_recorded))
+            return _response(self.core.not_recorded(not_recorded), own_length=True)
         return response
 
 
@@ -385,25 +347,24 @@ def _find_request(args: tuple[Any, ...]) -> HttpRequest:
     raise TypeError("@require_token decorates a view: its first argument must be the request")
 
 
-def _client_of(client: Any, default: Callable[[], _ClientT], kind: type[_ClientT], refusal: str) -> _ClientT:
-    """``client=``, else the settings' one (``default()``), if it is of the ``kind`` the view needs
-    (a sync view a :class:`TokenClient`, an async one an :class:`AsyncTokenClient`); else a
-    TypeError saying so (``refusal``), before the token is touched."""
-    tokens = client or default()
-    if not isinstance(tokens, kind):
-        raise TypeError(refusal)
-    return tokens
+def _client_of(client: Any, is_async: bool) -> TokenClient | AsyncTokenClient:
+    """``client=``, else the settings' one, if it is of the kind the view needs; else an error
+    before the token is touched."""
+    if not is_async:
+        tokens = client or token_client()
+        if not isinstance(tokens, TokenClient):
+            raise TypeError("a sync view needs a TokenClient")
+        return tokens
+    tokens = client or async_token_client()
+    if not isinstance(tokens, AsyncTokenClient):
+        raise TypeError("an async view needs an AsyncTokenClient")
+    return tokens if client is None else _on_its_loop(tokens)
 
 
 def _body_ended_early(request: HttpRequest) -> bool:
-    """A body shorter than its Content-Length: the client sent part of it, then closed.
-
-    gunicorn ends ``wsgi.input`` at the client's end of stream and Django then
-    returns the short body without an error: the view would run on part of the
-    request and use the token up. Read here (Django caches it for the view) before
-    the token is touched; a body larger than ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is left
-    for the view to stream (Django does not hold it in memory).
-    """
+    """A body shorter than its Content-Length: the client sent part of it, then closed (gunicorn
+    then hands Django the short body without an error). Read before the token is touched (Django
+    caches it for the view); one over ``DATA_UPLOAD_MAX_MEMORY_SIZE`` is left for the view to stream."""
     declared = _declared_length(request)
     if not declared:
         return False
@@ -416,15 +377,6 @@ def _body_ended_early(request: HttpRequest) -> bool:
         return False  # read already as a stream, by something before this view
     except OSError:  # UnreadablePostError: the client went away mid-body
         return True
-
-
-def _answer(outcome: TokenError | Replay) -> HttpResponse:
-    answer = answer_of(outcome)
-    response = HttpResponse(answer.body, status=answer.status)
-    del response["Content-Type"]  # the answer's own, if it has one
-    for name, value in answer.headers:
-        response.headers[name] = value
-    return response
 
 
 def _rendered(response: Any) -> HttpResponseBase:
@@ -449,9 +401,8 @@ _HTTP_ERRORS = tuple(kind for kind, _ in _HTTP_STATUSES)
 
 
 def _http_reply(request: HttpRequest, exc: BaseException) -> Reply | None:
-    """The response Django answers one of its HTTP exceptions with (``response_for_exception``'s:
-    the URLconf's ``handler404``/``403``/``400``, its debug pages under DEBUG), without the log
-    line it writes: Django writes that once, when the re-raised exception reaches it."""
+    """The response Django answers one of its HTTP exceptions with (``response_for_exception``'s),
+    without the log line it writes once the re-raised exception reaches it."""
     status = next(code for kind, code in _HTTP_STATUSES if isinstance(exc, kind))
     if settings.DEBUG and isinstance(exc, Http404):
         response = debug.technical_404_response(request, exc)
@@ -485,82 +436,56 @@ def require_token(
     hooks: GuardHooks | None = None,
     **hook_args: Unpack[GuardHookArgs],
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorate a Django view (sync or ``async def``) so each token runs it at most once.
-
-    ``subject`` and ``fingerprint`` (a callable given the request, or body field
-    names) must reproduce what the token was issued with. ``client`` defaults to
-    the one ``settings.TOKEN_SERVICE`` describes (a sync view needs a
-    :class:`TokenClient`, an async one an :class:`AsyncTokenClient`).
-    """
+    """Decorate a Django view (sync or ``async def``) so each token runs it at most once
+    (docs/integrations/django.md). ``client`` defaults to the settings' (a sync view needs a
+    :class:`TokenClient`, an async one an :class:`AsyncTokenClient`)."""
     core = RequireToken.of(locals(), http_errors=_HTTP_ERRORS)  # first: before any other local
 
-    def opened(args: tuple[Any, ...]) -> tuple[HttpRequest, str | HttpResponse]:
-        """The view's request, and its token or the 400 to answer (no header; a body shorter
-        than its Content-Length)."""
-        request = _find_request(args)
-        token = core.token_of(request.headers.get(header))
-        if isinstance(token, TokenError):
-            return request, _answer(token)
-        return request, (_answer(core.truncated()) if _body_ended_early(request) else token)
-
-    def identity(request: HttpRequest) -> tuple[str | None, str | None]:
-        return core.identity(request, lambda: request.body, request.META.get("CONTENT_TYPE"))
-
     def decorate(view: Callable[..., Any]) -> Callable[..., Any]:
-        if inspect.iscoroutinefunction(view) or iscoroutinefunction(view):
+        is_async = inspect.iscoroutinefunction(view) or iscoroutinefunction(view)
+
+        def guarded(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Flow[HttpResponseBase]:
+            # one flow for both kinds of view: driven blocking (a sync view) or awaiting (an async one)
+            request = _find_request(args)
+            token = core.token_of(request.headers.get(header))
+            if isinstance(token, TokenError):
+                return _response(answer_of(token))
+            if _body_ended_early(request):
+                return _response(answer_of(core.truncated()))
+            tokens = _client_of(client, is_async)
+            identity = core.identity(request, lambda: request.body, request.META.get("CONTENT_TYPE"))
+            guard = yield from core.beginning(tokens, token, *identity)
+            if isinstance(guard, TokenError | Replay):
+                return _response(answer_of(guard))
+            try:
+                response = _rendered((yield functools.partial(view, *args, **kwargs)))
+            except BaseException as exc:
+                render = functools.partial(_http_reply, request, exc)
+                # an async view's exception is rendered in a thread, as Django renders it
+                yield from core.raising(
+                    guard, exc, sync_to_async(render, thread_sensitive=False) if is_async else render
+                )
+                raise
+            now = _settle_now(core, guard, request, response)
+            if now is _READ_AHEAD:
+                not_recorded = yield functools.partial(_read_ahead, core, guard, response)
+            else:
+                not_recorded = None if now is None else (yield from core.settling(guard, now))
+            if not_recorded is not None:
+                return _response(answer_of(not_recorded))  # never a success whose outcome was not kept
+            return response
+
+        if is_async:
 
             @functools.wraps(view)
             async def guarded_async_view(*args: Any, **kwargs: Any) -> HttpResponseBase:
-                request, token = opened(args)
-                if isinstance(token, HttpResponse):
-                    return token
-                tokens = _client_of(
-                    client, async_token_client, AsyncTokenClient, "an async view needs an AsyncTokenClient"
-                )
-                if client is not None:
-                    _on_its_loop(tokens)
-                guard = await core.abegin(tokens, token, *identity(request))
-                if isinstance(guard, TokenError | Replay):
-                    return _answer(guard)
-                try:
-                    response = _rendered(await view(*args, **kwargs))
-                except BaseException as exc:
-                    reply = functools.partial(_http_reply, request, exc)
-                    # rendered in a thread, as Django renders an async view's exception
-                    await core.araised(guard, exc, sync_to_async(reply, thread_sensitive=False))
-                    raise
-                now = _settle_now(core, guard, request, response)
-                not_recorded = None
-                if now is _READ_AHEAD:
-                    not_recorded = await _read_ahead(core, guard, response)
-                elif now is not None:
-                    not_recorded = await core.asettle(guard, now)
-                if not_recorded is not None:
-                    return _answer(not_recorded)  # never a success whose outcome was not kept
-                return response
+                return await drive_async(guarded(args, kwargs))
 
             return guarded_async_view
 
         @functools.wraps(view)
         def guarded_view(*args: Any, **kwargs: Any) -> HttpResponseBase:
-            request, token = opened(args)
-            if isinstance(token, HttpResponse):
-                return token
-            tokens = _client_of(client, token_client, TokenClient, "a sync view needs a TokenClient")
-            guard = core.begin(tokens, token, *identity(request))
-            if isinstance(guard, TokenError | Replay):
-                return _answer(guard)
-            try:
-                response = _rendered(view(*args, **kwargs))
-            except BaseException as exc:
-                core.raised(guard, exc, functools.partial(_http_reply, request, exc))
-                raise
-            now = _settle_now(core, guard, request, response)
-            if now is not None:
-                not_recorded = core.settle(guard, now)
-                if not_recorded is not None:
-                    return _answer(not_recorded)  # never a success whose outcome was not kept
-            return response
+            return drive(guarded(args, kwargs))
 
         return guarded_view
 
@@ -593,23 +518,15 @@ _READ_AHEAD = object()
 
 
 async def _read_ahead(
-    core: RequireToken, guard: AsyncGuard, response: StreamingHttpResponse
+    core: RequireToken,
+    guard: Any,
+    response: StreamingHttpResponse,  # an AsyncGuard
 ) -> OutcomeNotRecorded | None:
-    """An async view's stream that Django sends after the view's event loop is gone, where its
-    guard cannot be settled: read here and settled before it goes out (what was read goes out
-    first); freed when it raises while read.
-
-    - A synchronous one (a FileResponse): Django may iterate it after this view's event loop
-      is gone (an async view under WSGI). It is read up to the caps: kept when it ends within
-      them; else omitted with its declared length (0 when it declares none: it cannot be
-      counted before it goes out).
-    - An async one outside ASGI (an async view under WSGI): Django reads such a stream whole
-      into a list before it sends it (``StreamingHttpResponse.__iter__``), on an event loop of
-      its own, where the guard's connection, made on the view's loop, is unusable ("Event loop
-      is closed"), and a generator first read on the view's loop was closed with it. So it is
-      read whole here instead, as Django would: kept when it fits the caps, else omitted with
-      its real length.
-    """
+    """An async view's stream that Django sends after the view's event loop is gone (under WSGI),
+    where its guard cannot be settled: read here and settled before it goes out; freed when it
+    raises while read. A synchronous one (a FileResponse) is read up to the caps, else omitted with
+    its declared length (0 without one: it cannot be counted before it goes out); an async one is
+    read whole, as Django would read it on a loop of its own (``StreamingHttpResponse.__iter__``)."""
     head = Reply(response.status_code, list(response.items()))
     is_async = response.is_async
     read: list[bytes] = []
