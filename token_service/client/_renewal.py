@@ -1,48 +1,36 @@
-"""Keep a lease alive while the guarded work runs.
+"""Keep a lease alive while the guarded work runs: renewed every third of its length until it settles.
 
-A guard's lease (or an Idempotency-Key's lock) is taken for ``lease_seconds``
-so that a holder that dies frees the token on its own. Work that may take
-longer would lose its lease half-way, and a duplicate would run it again. The
-lease is renewed every third of its length, in the background, until the work
-settles:
+A lease (a guard's, an Idempotency-Key's lock) is short so that a holder that dies frees the
+token on its own; work that outlasts it would lose it half-way, and a duplicate would run it again.
 
-- **one scheduler per process** keeps the time of every renewal of sync code:
-  a heap of deadlines and one daemon thread, created with the first lease. A
-  call whose work ends before its first renewal is due costs a heap push and a
-  stop flag: no thread, lock object or finalizer of its own. The heap is shared
-  by every client and guard; its thread never calls the store. Each renewal
-  that falls due runs on a short-lived thread of its own, so a store call that
-  hangs (a Redis that stopped answering, up to the client's timeout and
-  retries) never delays another lease's renewal; threads exist only while
-  renewals are in flight (a long-running lease starts one every third of its
-  length, and it ends with the call);
-- asyncio code is scheduled on its **event loop's own timer heap**
-  (``loop.call_at``, cancelled on stop: a scheduler per loop, which dies with
-  the loop); a renewal that falls due runs as a task of that loop;
-- a guard's renewals go on while its outcome is stored (``complete`` /
-  ``fail``, tried again while the store cannot answer and the lease can be
-  held: :mod:`token_service.client.guard`), and stop once it is: a renewal
-  that lands after the outcome is refused by Redis and means nothing (the
-  guard ignores a loss reported while it settles; the settle's own reply
-  tells). The Idempotency-Key middlewares' :class:`LeaseRenewer` likewise
-  runs until their outcome is stored (:func:`settle_pause` is the rule for how
-  long both keep trying); stopping does not wait for a renewal in flight;
-- the scheduler holds its guards weakly: a guard dropped without being settled
-  is garbage-collected, and its next renewal finds it gone and ends;
-- a process that dies takes its scheduler with it: nothing renews any more, and
-  the lease runs out exactly as it would without renewal. A forked child starts
-  with an empty schedule: it never renews its parent's leases;
-- a renewal refused because the lease is no longer the live one (it ran out
-  while the process was stalled, or the token was revoked) is final: renewing
-  stops and the loss is reported once (the guard's ``on_lease_lost``). The
-  holder's ``complete`` is refused too (``lease_lost``), so a result is never
-  stored over the one of whoever took the token over;
-- a store that cannot answer (``ServiceUnavailable`` after the client's
-  retries) is logged and tried again at the next tick: the lease may still be
-  saved, and if not, the next renewal reports it lost.
+- **one scheduler per process** times the renewals of sync code: a heap of deadlines and one
+  daemon thread, made with the first lease and shared by every client and guard. A call whose
+  work ends before its first renewal is due costs a heap push and a stop flag: no thread, lock
+  or finalizer of its own. The heap's thread never calls the store: each renewal that falls due
+  runs on a short-lived thread of its own, so a store call that hangs (up to the client's timeout
+  and retries) never delays another lease's renewal; threads exist only while renewals are in
+  flight (a long-running lease starts one every third of its length);
+- asyncio code is scheduled on its **event loop's own timer heap** (``loop.call_at``, cancelled
+  on stop: a scheduler per loop, which dies with the loop); a renewal that falls due runs as a
+  task of that loop;
+- a guard's renewals (and the Idempotency-Key middlewares' :class:`LeaseRenewer`'s) go on while
+  its outcome is stored (``complete`` / ``fail``, tried again for as long as the lease can be
+  held: :func:`settle_pause`), and stop once it is; a renewal that lands after the outcome is
+  refused by Redis and means nothing (the settle's own reply tells); stopping does not wait for
+  a renewal in flight;
+- the scheduler holds its guards weakly: a guard dropped without being settled is collected, and
+  its next renewal finds it gone and ends;
+- a process that dies takes its scheduler with it: the lease runs out exactly as it would without
+  renewal. A forked child starts with an empty schedule: it never renews its parent's leases;
+- a renewal refused because the lease is no longer the live one (it ran out while the process was
+  stalled, or the token was revoked) is final: renewing stops and the loss is reported once (the
+  guard's ``on_lease_lost``). The holder's ``complete`` is refused too (``lease_lost``), so a
+  result is never stored over the one of whoever took the token over;
+- a store that cannot answer (``ServiceUnavailable`` after the client's retries) is logged and
+  tried again at the next tick: the lease may still be saved, and if not, the next renewal says so.
 
-The next renewal is due a third of a lease after the previous one was *sent*
-(the lease was extended no earlier than that), on the monotonic clock.
+The next renewal is due a third of a lease after the previous one was *sent* (the lease was
+extended no earlier than that), on the monotonic clock.
 """
 
 from __future__ import annotations
@@ -57,25 +45,16 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable
-from typing import Any, Generic, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from token_service.errors import LeaseLost, TokenError, TokenInvalid
 
 __all__ = [
-    "FIRST_SETTLE_PAUSE_SECONDS",
-    "LOST",
-    "MAX_SETTLE_MARGIN_SECONDS",
-    "MAX_SETTLE_PAUSE_SECONDS",
-    "MIN_INTERVAL_SECONDS",
     "SCHEDULER",
-    "SCHEDULER_THREAD_NAME",
-    "THREAD_NAME",
     "AsyncLeaseRenewer",
-    "AsyncRenewable",
     "AsyncRenewal",
     "LeaseRenewer",
-    "Renewable",
     "Renewal",
     "RenewalScheduler",
     "interval_for",
@@ -117,6 +96,50 @@ def settle_pause(left_seconds: float, lease_seconds: float, failures: int) -> fl
     return min(pause, MAX_SETTLE_PAUSE_SECONDS, left)
 
 
+class Renewable(Protocol):
+    """What is renewed: a guard, or a :class:`LeaseRenewer` (whose ``_renew_lease`` may return an
+    awaitable: the async renewals await it)."""
+
+    def _renew_lease(self) -> Any: ...  # raises a LOST error once the lease is gone
+    def _lost(self, exc: TokenError) -> None: ...  # the lease is gone: report it (once)
+    def _renew_failed(self, exc: TokenError) -> None: ...  # the store could not answer
+
+
+class _Renewals:
+    """What one lease's renewals keep on either clock (:class:`Renewal`, :class:`AsyncRenewal`):
+    the target, weakly when asked to (a guard: dropped unsettled, it stops being renewed),
+    how many renewals Redis acknowledged, and the loss."""
+
+    __slots__ = ("_target", "_weak", "interval_seconds", "lost", "renewals", "stopped")
+
+    def __init__(self, target: Renewable, interval_seconds: float, weak: bool) -> None:
+        self._target: Any = weakref.ref(target) if weak else target
+        self._weak = weak
+        self.interval_seconds = interval_seconds
+        self.stopped = False
+        self.renewals = 0
+        self.lost: TokenError | None = None
+
+    def target(self) -> Renewable | None:
+        return self._target() if self._weak else self._target  # type: ignore[no-any-return]
+
+    def _goes_on(self, target: Renewable, exc: Exception | None) -> bool:
+        """A renewal came back, having raised ``exc`` (None: acknowledged): whether to schedule the next."""
+        if exc is None:
+            self.renewals += 1
+        elif isinstance(exc, LOST):
+            if not self.stopped:  # after stop, a lost lease was settled on purpose: nothing to report
+                self.lost = exc
+                _report(target._lost, exc)
+            return False
+        elif isinstance(exc, TokenError):
+            log.warning("could not renew a lease (will try again): %s", exc)
+            _report(target._renew_failed, exc)
+        else:  # keep renewing: losing the lease is worse
+            log.error("renewing a lease raised", exc_info=exc)
+        return not self.stopped
+
+
 def _report(callback: Callable[[TokenError], Any], exc: TokenError) -> None:
     try:
         callback(exc)
@@ -124,56 +147,15 @@ def _report(callback: Callable[[TokenError], Any], exc: TokenError) -> None:
         log.exception("a lease renewal callback raised")
 
 
-class Renewable(Protocol):
-    """What the scheduler renews: a guard, or a :class:`LeaseRenewer` around three callables."""
+class Renewal(_Renewals):
+    """One lease's renewals on the :class:`RenewalScheduler`: :meth:`stop` ends them."""
 
-    def _renew_lease(self) -> Any: ...  # raises a LOST error once the lease is gone
-    def _lost(self, exc: TokenError) -> None: ...  # the lease is gone: report it (once)
-    def _renew_failed(self, exc: TokenError) -> None: ...  # the store could not answer
-
-
-class AsyncRenewable(Protocol):
-    def _renew_lease(self) -> Awaitable[Any]: ...
-    def _lost(self, exc: TokenError) -> None: ...
-    def _renew_failed(self, exc: TokenError) -> None: ...
-
-
-def _failed(renewal: Renewal | AsyncRenewal, target: Any, exc: Exception) -> bool:
-    """What a renewal that raised means: True when renewing ends (the lease is lost)."""
-    if isinstance(exc, LOST):
-        if not renewal.stopped:  # after stop, a lost lease was settled on purpose: nothing to report
-            renewal.lost = exc
-            _report(target._lost, exc)
-        return True
-    if isinstance(exc, TokenError):
-        log.warning("could not renew a lease (will try again): %s", exc)
-        _report(target._renew_failed, exc)
-    else:  # keep renewing: losing the lease is worse
-        log.error("renewing a lease raised", exc_info=exc)
-    return False
-
-
-class Renewal:
-    """One lease's renewals on the :class:`RenewalScheduler`: :meth:`stop` ends them.
-
-    Holds its target weakly when asked to (a guard: dropped unsettled, it stops
-    being renewed), strongly otherwise (a :class:`LeaseRenewer`).
-    """
-
-    __slots__ = ("_target", "_thread", "_weak", "interval_seconds", "lost", "renewals", "stopped")
+    __slots__ = ("_thread",)
 
     def __init__(self, target: Renewable, interval_seconds: float, weak: bool) -> None:
-        self._target: Any = weakref.ref(target) if weak else target
-        self._weak = weak
-        self.interval_seconds = interval_seconds
-        self.stopped = False
+        super().__init__(target, interval_seconds, weak)
         # the thread running this lease's renewal right now (None: none ran yet)
         self._thread: threading.Thread | None = None
-        self.renewals = 0
-        self.lost: TokenError | None = None
-
-    def target(self) -> Renewable | None:
-        return self._target() if self._weak else self._target  # type: ignore[no-any-return]
 
     def stop(self, timeout_seconds: float | None = 5.0) -> None:
         """Stop renewing; waits (up to ``timeout_seconds``) for a renewal in flight."""
@@ -289,14 +271,12 @@ class RenewalScheduler:
         if target is None or renewal.stopped:
             return
         sent_at = time.monotonic()
+        failed: Exception | None = None
         try:
             target._renew_lease()
         except Exception as exc:
-            if _failed(renewal, target, exc):
-                return
-        else:
-            renewal.renewals += 1
-        if not renewal.stopped:
+            failed = exc
+        if renewal._goes_on(target, failed):
             self._push(renewal, sent_at + renewal.interval_seconds)
 
 
@@ -305,96 +285,19 @@ SCHEDULER = RenewalScheduler()
 os.register_at_fork(after_in_child=SCHEDULER.forget)
 
 
-ReplyT = TypeVar("ReplyT")
-RenewalT = TypeVar("RenewalT", "Renewal", "AsyncRenewal")
-
-
-class _LeaseRenewerBase(Generic[ReplyT, RenewalT]):
-    """What :class:`LeaseRenewer` and :class:`AsyncLeaseRenewer` share: a ``renew`` callable and
-    its two callbacks, handed to a renewal (the process's scheduler or the running loop) that
-    counts renewals and keeps the loss; the subclasses only start and stop it."""
-
-    def __init__(
-        self,
-        renew: Callable[[], ReplyT],
-        interval_seconds: float,
-        *,
-        on_lost: Callable[[TokenError], Any] | None = None,
-        on_error: Callable[[TokenError], Any] | None = None,
-    ) -> None:
-        self._renew = renew
-        self.interval_seconds = interval_seconds
-        self._on_lost = on_lost
-        self._on_error = on_error
-        self._renewal: RenewalT | None = None
-
-    @property
-    def renewals(self) -> int:
-        return self._renewal.renewals if self._renewal is not None else 0
-
-    @property
-    def lost(self) -> TokenError | None:
-        return self._renewal.lost if self._renewal is not None else None
-
-    def _renew_lease(self) -> ReplyT:
-        return self._renew()
-
-    def _lost(self, exc: TokenError) -> None:
-        if self._on_lost is not None:
-            self._on_lost(exc)
-
-    def _renew_failed(self, exc: TokenError) -> None:
-        if self._on_error is not None:
-            self._on_error(exc)
-
-
-class LeaseRenewer(_LeaseRenewerBase[Any, "Renewal"]):
-    """Calls ``renew()`` every ``interval_seconds`` until :meth:`stop`, on the process's scheduler.
-
-    ``on_lost(error)`` is called once when a renewal is refused for good,
-    ``on_error(error)`` when the store could not answer (renewing goes on).
-    """
-
-    def start(self) -> LeaseRenewer:
-        self._renewal = SCHEDULER.schedule(self, self.interval_seconds, weak=False)
-        return self
-
-    def stop(self, timeout_seconds: float | None = 5.0) -> None:
-        if self._renewal is not None:
-            self._renewal.stop(timeout_seconds)
-
-
 # -- asyncio: the event loop's own timer heap ---------------------------------------------------
 
 
-class AsyncRenewal:
+class AsyncRenewal(_Renewals):
     """One lease's renewals on its event loop: a timer (``loop.call_at``), then a task per renewal."""
 
-    __slots__ = (
-        "_loop",
-        "_target",
-        "_task",
-        "_timer",
-        "_weak",
-        "interval_seconds",
-        "lost",
-        "renewals",
-        "stopped",
-    )
+    __slots__ = ("_loop", "_task", "_timer")
 
-    def __init__(self, target: AsyncRenewable, interval_seconds: float, weak: bool) -> None:
-        self._target: Any = weakref.ref(target) if weak else target
-        self._weak = weak
-        self.interval_seconds = interval_seconds
-        self.stopped = False
+    def __init__(self, target: Renewable, interval_seconds: float, weak: bool) -> None:
+        super().__init__(target, interval_seconds, weak)
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None
-        self.renewals = 0
-        self.lost: TokenError | None = None
-
-    def target(self) -> AsyncRenewable | None:
-        return self._target() if self._weak else self._target  # type: ignore[no-any-return]
 
     def _at(self, when: float) -> None:
         self._timer = self._loop.call_at(when, self._due)
@@ -410,14 +313,12 @@ class AsyncRenewal:
         if target is None or self.stopped:
             return
         sent_at = self._loop.time()
+        failed: Exception | None = None
         try:
             await target._renew_lease()
         except Exception as exc:
-            if _failed(self, target, exc):
-                return
-        else:
-            self.renewals += 1
-        if not self.stopped:
+            failed = exc
+        if self._goes_on(target, failed):
             self._at(sent_at + self.interval_seconds)
 
     async def stop(self) -> None:
@@ -434,15 +335,67 @@ class AsyncRenewal:
             await task
 
 
-def renew_on_loop(target: AsyncRenewable, interval_seconds: float, *, weak: bool = True) -> AsyncRenewal:
+def renew_on_loop(target: Renewable, interval_seconds: float, *, weak: bool = True) -> AsyncRenewal:
     """Renew ``target`` every ``interval_seconds`` on the running loop until the renewal is stopped."""
     renewal = AsyncRenewal(target, interval_seconds, weak)
     renewal._at(renewal._loop.time() + interval_seconds)
     return renewal
 
 
-class AsyncLeaseRenewer(_LeaseRenewerBase[Awaitable[Any], "AsyncRenewal"]):
-    """:class:`LeaseRenewer` for asyncio: ``await renew()`` every ``interval_seconds``."""
+# -- a renewal of two callables: the Idempotency-Key middlewares' lock ---------------------------
+
+
+class _Callables:
+    """A :class:`Renewable` made of ``renew`` (an awaitable for :class:`AsyncLeaseRenewer`) and
+    ``on_lost(error)``, called once when a renewal is refused for good."""
+
+    def __init__(
+        self,
+        renew: Callable[[], Any],
+        interval_seconds: float,
+        *,
+        on_lost: Callable[[TokenError], Any] | None = None,
+    ) -> None:
+        self._renew_lease = renew
+        self.interval_seconds = interval_seconds
+        self._on_lost = on_lost
+
+    _renewal: _Renewals | None = None
+
+    @property
+    def renewals(self) -> int:
+        return self._renewal.renewals if self._renewal is not None else 0
+
+    @property
+    def lost(self) -> TokenError | None:
+        return self._renewal.lost if self._renewal is not None else None
+
+    def _lost(self, exc: TokenError) -> None:
+        if self._on_lost is not None:
+            self._on_lost(exc)
+
+    def _renew_failed(self, exc: TokenError) -> None:
+        pass  # logged by the renewal; renewing goes on
+
+
+class LeaseRenewer(_Callables):
+    """Calls ``renew()`` every ``interval_seconds`` until :meth:`stop`, on the process's scheduler."""
+
+    _renewal: Renewal | None = None
+
+    def start(self) -> LeaseRenewer:
+        self._renewal = SCHEDULER.schedule(self, self.interval_seconds, weak=False)
+        return self
+
+    def stop(self, timeout_seconds: float | None = 5.0) -> None:
+        if self._renewal is not None:
+            self._renewal.stop(timeout_seconds)
+
+
+class AsyncLeaseRenewer(_Callables):
+    """:class:`LeaseRenewer` for asyncio: ``await renew()`` every ``interval_seconds``, on its loop."""
+
+    _renewal: AsyncRenewal | None = None
 
     def start(self) -> AsyncLeaseRenewer:
         self._renewal = renew_on_loop(self, self.interval_seconds, weak=False)
