@@ -41,7 +41,7 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from token_service.errors import InvalidRequest, OutcomeNotRecorded, TokenError, TokenInProgress
 from token_service.problems import problem_for
@@ -61,20 +61,11 @@ from .guard import AsyncGuard, Guard, hooks_of
 
 log = logging.getLogger("token_service.client.require_token")
 
-__all__ = [
-    "DEFAULT_WAIT_SECONDS",
-    "Replay",
-    "Reply",
-    "RequireToken",
-    "ValueReply",
-    "answer_of",
-]
+__all__ = ["DEFAULT_WAIT_SECONDS", "Replay", "Reply", "RequireToken", "ValueReply", "answer_of"]
 
-# How long a duplicate waits for the first request's response by default. A double click's
-# second request arrives while the first still runs, which usually takes milliseconds, at most
-# a payment provider's second or two: waiting that long answers it with the first response
-# (replayed) instead of a 409 the shopper's page must handle. A worker (a greenlet under gevent)
-# is held that long at most; wait_seconds=0 refuses at once.
+# How long a duplicate waits for the first request's response by default: a double click's second
+# request arrives while the first runs (milliseconds, a payment provider's second or two), and is
+# better answered with that response replayed than with a 409 the page must handle.
 DEFAULT_WAIT_SECONDS = 2.0
 # the weight of the latest run in the typical run time (an exponential moving average)
 _LATEST_RUN_WEIGHT = 0.2
@@ -92,9 +83,8 @@ class Reply:
 
 @dataclass(frozen=True, slots=True)
 class ValueReply:
-    """What a FastAPI endpoint returned: a JSON-able value, rendered again by FastAPI on a replay.
-
-    ``status`` is the one it set on its injected ``Response`` (None: the route's own)."""
+    """What a FastAPI endpoint returned: a JSON-able value, rendered again by FastAPI on a replay
+    (``status``: the one it set on its injected ``Response``; None: the route's own)."""
 
     status: int | None
     headers: Sequence[tuple[str, str]]
@@ -109,8 +99,7 @@ class Replay:
 
 
 def answer_of(outcome: TokenError | Replay) -> Reply:
-    """What a refused request gets (its problem+json) or a duplicate (the stored response, marked
-    replayed): each adapter only turns it into its framework's response."""
+    """A refusal's problem+json, or a duplicate's stored response marked replayed."""
     if isinstance(outcome, TokenError):
         status, headers, body = problem_for(outcome)
         return Reply(status, list(headers.items()), body)
@@ -118,21 +107,8 @@ def answer_of(outcome: TokenError | Replay) -> Reply:
     return Reply(replayed.status, replayed.replay_headers(), replayed.body)
 
 
-def _fingerprint_fields(spec: Any) -> Sequence[str] | None:
-    """The body field names of ``fingerprint=[...]``, or None (no fingerprint, or a callable)."""
-    if spec is None or callable(spec):
-        return None
-    if isinstance(spec, str):
-        raise TypeError("fingerprint fields must be a sequence of names, not one string")
-    return tuple(spec)
-
-
-# what a decorator hands on to its guards unchanged (the guard's own options and hooks)
-GUARD_OPTIONS = (
-    "lease_seconds",
-    "terminal",
-    "wait_seconds",
-)
+# what a decorator hands on to its guards unchanged, and what is the core's own
+GUARD_OPTIONS = ("lease_seconds", "terminal", "wait_seconds")
 _OWN_OPTIONS = (
     "header",
     "subject",
@@ -161,8 +137,10 @@ class RequireToken:
         guard_options: Mapping[str, Any] | None = None,
         http_errors: tuple[type[BaseException], ...] = (),
     ) -> None:
-        # body field names (checked first: one string is a TypeError), else None
-        self.fields = _fingerprint_fields(fingerprint)
+        if isinstance(fingerprint, str):
+            raise TypeError("fingerprint fields must be a sequence of names, not one string")
+        # body field names, else None (no fingerprint, or a callable given the request)
+        self.fields = None if fingerprint is None or callable(fingerprint) else tuple(fingerprint)
         self.scope = scope
         self.header = header
         # callables given the framework's request (FastAPI's may be async)
@@ -184,14 +162,12 @@ class RequireToken:
     def of(
         cls, arguments: Mapping[str, Any], http_errors: tuple[type[BaseException], ...] = ()
     ) -> RequireToken:
-        """The core of a decorator from its own arguments: ``RequireToken.of(locals(), ...)`` first
-        thing in ``require_token``, so the options are spelled once, in the public signature;
-        ``http_errors``: its framework's exceptions that stand for a response (step 3)."""
+        """The core of a decorator from its own arguments (``RequireToken.of(locals(), ...)``, first
+        thing: the options are spelled once, in the public signature)."""
         own = {name: arguments[name] for name in _OWN_OPTIONS if name in arguments}
         hand_on = {name: arguments[name] for name in GUARD_OPTIONS if name in arguments}
-        # the hooks (hooks= and **hook_args): one GuardHooks, built here once and handed to every
-        # request's guard as it is (given by name, each guard builds its own: 23.0k instead of 15.9k
-        # instructions, 7bf315a); a name that is no hook is the decorator's TypeError
+        # one GuardHooks, built once and handed to every request's guard as it is (given by name,
+        # each guard builds its own: 23.0k instead of 15.9k instructions, 7bf315a)
         hand_on["hooks"] = hooks_of(arguments.get("hooks"), arguments.get("hook_args") or {})
         return cls(arguments["scope"], **own, guard_options=hand_on, http_errors=http_errors)
 
@@ -205,10 +181,8 @@ class RequireToken:
         return token
 
     def identity(self, request: Any, body: Callable[[], bytes], content_type: str | None) -> tuple[Any, Any]:
-        """The request's subject and fingerprint, as the token must have been issued with them:
-        ``subject(request)``; ``fingerprint(request)``, or the ``fields_fingerprint`` of the body
-        fields it names (``body()``: the request's body, read only then). Each a ``str`` or None;
-        what FastAPI's async callables return is awaited by its adapter."""
+        """The subject and fingerprint the token must have been issued with (``body()`` read only for
+        body fields); what FastAPI's async callables return is awaited by its adapter."""
         subject = self.subject(request) if self.subject else None
         if self.fields is not None:
             return subject, body_fingerprint(body(), content_type, self.fields)
@@ -218,22 +192,15 @@ class RequireToken:
     def truncated() -> TokenError:
         return InvalidRequest("The request body ended before its Content-Length.", {"body": ["Incomplete."]})
 
-    # Sync and async alike: each step below is a flow (the engine's: client/_engine.py) that
-    # yields the guard's calls; begin/settle/raised drive it blocking, abegin/asettle/araised
-    # awaiting what the calls return.
+    # Each step is a flow (client/_engine.py) yielding the guard's calls: begin/settle/raised drive
+    # it blocking, abegin/asettle/araised awaiting (Django's adapter drives them inside its own).
 
-    def begin(
-        self, client: Any, token: str, subject: str | None, fingerprint: str | None
-    ) -> Guard | Replay | TokenError:
+    def begin(self, client: Any, token: str, subject: str | None, fingerprint: str | None) -> Any:
         """A guard on the token (this request holds its lease), a :class:`Replay`, or the refusal."""
-        begun = drive(self.beginning(client, token, subject, fingerprint))
-        return cast("Guard | Replay | TokenError", begun)  # a TokenClient makes a Guard
+        return drive(self.beginning(client, token, subject, fingerprint))
 
-    async def abegin(
-        self, client: Any, token: str, subject: str | None, fingerprint: str | None
-    ) -> AsyncGuard | Replay | TokenError:
-        begun = await drive_async(self.beginning(client, token, subject, fingerprint))
-        return cast("AsyncGuard | Replay | TokenError", begun)  # an AsyncTokenClient, an AsyncGuard
+    async def abegin(self, client: Any, token: str, subject: str | None, fingerprint: str | None) -> Any:
+        return await drive_async(self.beginning(client, token, subject, fingerprint))
 
     def beginning(
         self, client: Any, token: str, subject: str | None, fingerprint: str | None
@@ -245,11 +212,10 @@ class RequireToken:
             fresh = yield guard.start
         except TokenError as exc:
             return self._refusal(exc)
-        return self._running(guard) if fresh else Replay(guard.result)
-
-    def _running(self, guard: Any) -> Any:
+        if not fresh:
+            return Replay(guard.result)
         self._started[guard] = time.monotonic()
-        return guard
+        return guard  # type: ignore[no-any-return]
 
     def _ran(self, guard: Any) -> None:
         """A run settled: its time joins the typical one (a moving average; races lose a sample)."""
@@ -263,11 +229,9 @@ class RequireToken:
     def _refusal(self, exc: TokenError) -> TokenError:
         """The refusal to answer; a 409 token_in_progress with a Retry-After that estimates.
 
-        The store says how long the holder's lease has left, which is the longest the holder
-        can take, not how long it will: a double click got ``Retry-After: 30`` (the lease)
-        while the first request finished in milliseconds. The estimate is how long this
-        decorator's runs typically take, rounded up to whole seconds (at least 1, the header's
-        unit; 1 before any run has settled), never more than the lease has left.
+        The lease the store reports left is the longest the holder can take, not how long it will
+        (a double click got ``Retry-After: 30`` for a run of milliseconds): the estimate is this
+        decorator's typical run, in whole seconds (at least 1), never more than the lease has left.
         """
         if not isinstance(exc, TokenInProgress):
             return refusal(exc)
@@ -281,9 +245,8 @@ class RequireToken:
     # -- after the view ----------------------------------------------------------------------
 
     def answered(self, guard: Guard | AsyncGuard, exc: BaseException) -> bool:
-        """Whether the view's exception is the response it stands for (rendered by the adapter,
-        then settled as a returned one) rather than a failure: one of the framework's HTTP
-        exceptions that ``terminal`` does not list (an exception named there is recorded)."""
+        """Whether the view's exception is the response it stands for (one of the framework's HTTP
+        exceptions ``terminal`` does not list), rather than a failure."""
         return isinstance(exc, self.http_errors) and not guard.is_terminal(exc)
 
     @staticmethod
@@ -293,8 +256,7 @@ class RequireToken:
 
     def raised(self, guard: Guard, exc: BaseException, render: Callable[[], Reply | None]) -> None:
         """The view raised ``exc``, which goes on to the framework: an HTTP exception is settled as
-        ``render()`` (the response the framework answers it with; None: it cannot be rendered, the
-        token is freed), any other is :meth:`failed`."""
+        ``render()`` (the framework's response for it; None: the token is freed), any other failed."""
         drive(self.raising(guard, exc, render))
 
     async def araised(
@@ -310,9 +272,7 @@ class RequireToken:
 
     def settle(self, guard: Guard, reply: Reply | ValueReply | None) -> OutcomeNotRecorded | None:
         """Store what duplicates get, or free the token (``None``: the body broke on its way out).
-
-        Returns the error to answer instead of the view's response when its outcome could not be
-        recorded (:meth:`not_recorded`); None: the response goes out. Raises no store error."""
+        Returns the error to answer instead when the outcome could not be recorded; raises no store error."""
         return drive(self.settling(guard, reply))
 
     async def asettle(self, guard: AsyncGuard, reply: Reply | ValueReply | None) -> OutcomeNotRecorded | None:
@@ -332,13 +292,13 @@ class RequireToken:
         except OutcomeNotRecorded as exc:
             return self.not_recorded(exc)
         except TokenError as exc:
-            self._not_stored(exc)
+            # LeaseLost: the view outlived its lease, a duplicate may have run it again
+            log.error("could not store the response of a %s request: %s", self.scope, exc)
         return None
 
     def not_recorded(self, exc: OutcomeNotRecorded) -> OutcomeNotRecorded:
-        """The answer to the client for an outcome that was not recorded (the guard logged ``exc``,
-        with its lease id and the result, for whoever reconciles it): what happened and what a
-        retry gets, the record's ``token_ref``, never the lease id or the response."""
+        """The client's answer for an outcome not recorded (the guard logged ``exc``, lease id and
+        result, for whoever reconciles it): what a retry gets and the ``token_ref``, never the lease id."""
         return OutcomeNotRecorded(
             "The request ran, but its outcome could not be recorded: the token store did not answer. "
             "Do not send it again as a new request: with this token a retry is refused "
@@ -348,15 +308,9 @@ class RequireToken:
             token_ref=exc.token_ref,
         )
 
-    def _not_stored(self, exc: TokenError) -> None:
-        # LeaseLost: the view outlived its lease, a duplicate may have run it again
-        log.error("could not store the response of a %s request: %s", self.scope, exc)
-
     def result(self, reply: Reply | ValueReply | None) -> dict[str, Any] | None:
         """The token's result for ``reply``, or None: not kept (the token is freed)."""
-        if reply is None:
-            return None
-        if not self.store_status(reply.status or 200):
+        if reply is None or not self.store_status(reply.status or 200):
             return None
         kept = [(name, value) for name, value in reply.headers if name.lower() in self.replay_headers]
         if isinstance(reply, ValueReply):
@@ -376,45 +330,36 @@ class RequireToken:
     # -- a streamed body ---------------------------------------------------------------------
 
     def streamed(self, head: Reply, method: str | None, length: int | None) -> Reply | None:
-        """A streamed answer (``head``: its status and headers; ``length``: its declared one): what
-        to settle at once, or None: :meth:`record` it as it goes out. A status that is not kept
-        frees the token, the body untouched; an answer to HEAD sends no body, so it is what it
-        answered: settled as omitted (its declared length, else 0)."""
+        """What to settle at once for a streamed answer, or None: :meth:`record` it as it goes out.
+        A status not kept frees the token (the body untouched); a HEAD sends no body: omitted."""
         if not self.store_status(head.status):
             return head
         if method == "HEAD":
             return Reply(head.status, head.headers, omitted=length or 0)
         return None
 
-    def _recorder(self, status: int, headers: Sequence[tuple[str, str]], length: int | None) -> Recorder:
-        # held up to what could be kept, never more (the rest is only counted)
-        return Recorder(status, list(headers), self.cap_bytes, True, length)
-
-    @staticmethod
-    def reply_of(recorder: Recorder, failed: bool) -> Reply | None:
-        if failed:
-            return None
-        stored = recorder.stored()
-        assert stored is not None
-        return Reply(stored.status, stored.headers, stored.body, stored.omitted)
-
     def record(self, guard: Guard, chunks: Iterable[Any], head: Reply, length: int | None) -> Recording:
-        """``chunks`` (``head``'s body, ``length`` if declared) passed through and recorded;
-        settled at its end or when closed, freed if it raises."""
-        recorder = self._recorder(head.status, head.headers, length)
-        return Recording(chunks, recorder, lambda failed: self.settle(guard, self.reply_of(recorder, failed)))
+        """``chunks`` passed through and recorded; settled at its end or when closed, freed if it raises."""
+        recorder = Recorder(head.status, list(head.headers), self.cap_bytes, True, length)
+        return Recording(chunks, recorder, lambda failed: self.settle(guard, _reply_of(recorder, failed)))
 
     def arecord(
         self, guard: AsyncGuard | Guard, chunks: AsyncIterable[Any], head: Reply, length: int | None
     ) -> AsyncRecording:
-        recorder = self._recorder(head.status, head.headers, length)
+        recorder = Recorder(head.status, list(head.headers), self.cap_bytes, True, length)
 
         async def settle(failed: bool) -> OutcomeNotRecorded | None:
             if isinstance(guard, Guard):  # a sync view's async stream (Django serves it on its event loop)
-                return self.settle(guard, self.reply_of(recorder, failed))
-            return await self.asettle(guard, self.reply_of(recorder, failed))
+                return self.settle(guard, _reply_of(recorder, failed))
+            return await self.asettle(guard, _reply_of(recorder, failed))
 
         return AsyncRecording(chunks, recorder, settle)
+
+
+def _reply_of(recorder: Recorder, failed: bool) -> Reply | None:
+    """What a recorded stream settles as (failed: None, the token is freed)."""
+    stored = None if failed else recorder.stored()
+    return None if stored is None else Reply(stored.status, stored.headers, stored.body, stored.omitted)
 
 
 def _no_close() -> None:
@@ -426,20 +371,25 @@ def _as_bytes(chunk: Any) -> bytes:
     return chunk.encode() if isinstance(chunk, str) else bytes(chunk)
 
 
-class Recording:
+class _Passing:
+    """A body on its way out, recorded by ``recorder``, then settled once with ``settle_with``."""
+
+    def __init__(self, chunks: Any, recorder: Recorder, settle: Callable[[bool], Any]) -> None:
+        self.chunks = chunks
+        self.recorder = recorder
+        self.settle_with = settle
+        self.settled = False
+
+
+class Recording(_Passing):
     """A streamed body on its way out: passed through, recorded, then settled once.
 
     An outcome that could not be recorded breaks the body off (its error is raised before its
     last bytes go out, so the server aborts the response), unless the body was closed early
     (the client left: nothing is sent any more)."""
 
-    def __init__(
-        self, chunks: Iterable[Any], recorder: Recorder, settle: Callable[[bool], OutcomeNotRecorded | None]
-    ) -> None:
-        self.chunks = chunks
-        self.recorder = recorder
-        self.settle_with = settle
-        self.settled = False
+    chunks: Iterable[Any]
+    settle_with: Callable[[bool], OutcomeNotRecorded | None]
 
     def __iter__(self) -> Iterator[Any]:
         try:
@@ -469,7 +419,7 @@ class Recording:
                 raise not_recorded
 
 
-class AsyncRecording:
+class AsyncRecording(_Passing):
     """:class:`Recording` for an async iterator (FastAPI's ``StreamingResponse``, Django's async streams).
 
     Settled at its end, when it is closed early (``aclose``: the client left) or
@@ -477,16 +427,8 @@ class AsyncRecording:
     await in its scope) must still store or free its token, never leave it held.
     """
 
-    def __init__(
-        self,
-        chunks: AsyncIterable[Any],
-        recorder: Recorder,
-        settle: Callable[[bool], Awaitable[OutcomeNotRecorded | None]],
-    ) -> None:
-        self.chunks = chunks
-        self.recorder = recorder
-        self.settle_with = settle
-        self.settled = False
+    chunks: AsyncIterable[Any]
+    settle_with: Callable[[bool], Awaitable[OutcomeNotRecorded | None]]
 
     async def __aiter__(self) -> AsyncIterator[Any]:
         try:

@@ -9,40 +9,13 @@
     async def create_payment(payment: Payment, response: Response) -> Receipt:
         ...
 
-What ``token_service.client.flask.require_token`` does for Flask, on an
-:class:`~token_service.client.AsyncTokenClient`: the token comes from the
-``Idempotency-Token`` header, ``subject`` and ``fingerprint`` from the request
-(callables given the :class:`~fastapi.Request`, sync or async; or
-``fingerprint=["amount", "currency"]``, body fields, as
-``fields_fingerprint`` issues it). The first request runs the endpoint; every
-duplicate gets its response again, marked ``Idempotent-Replayed: true``,
-without the endpoint running:
-
-- an endpoint that returns a value: the value (its JSON form) is stored with
-  the status and the ``replay_headers`` it set on an injected ``Response``;
-  a duplicate returns that value, so FastAPI renders it exactly as the first
-  (same ``status_code``, ``response_model``, response class);
-- an endpoint that returns a ``Response``: its status, body bytes and
-  ``replay_headers`` are stored (:class:`StoredResponse`) and replayed as they are;
-  a ``StreamingResponse`` is recorded as it goes out and a ``FileResponse`` read
-  when it fits, so both replay byte for byte under the caps; over them, or a
-  body over ``max_result_bytes`` of JSON, the replay is empty, marked
-  ``Idempotent-Body-Omitted: <length>``;
-- ``HTTPException`` (Starlette's or FastAPI's): the response it stands for, as
-  the app's exception handler renders it (by default ``{"detail": ...}``), is
-  kept or not by the same rule as a returned one (a 404 is replayed; a 409,
-  429 or 5xx frees the token); the exception then goes on to FastAPI, which
-  answers it as ever.
-
-Any other exception frees the token for a retry, unless it is listed in
-``terminal``: duplicates then get 409 ``token_failed``. Token errors are
-problem+json: missing header 400, unknown token 404, mismatch 403, in
-progress 409 with ``Retry-After`` (or ``wait_seconds`` to wait for the first
-request and replay it), used 409, store down 503. A request FastAPI rejects
-(422: the body does not validate) never reaches the guard: its token is not used.
-
-The lease is renewed while the endpoint runs and while its stream goes out
-(:class:`AsyncGuard`). Only this module imports FastAPI.
+Flask's decorator on an :class:`~token_service.client.AsyncTokenClient`, on the
+same decisions (:mod:`._require_token_core`); docs/integrations/fastapi.md says
+what is stored and replayed. An endpoint's returned value is stored as its JSON
+form, so a duplicate returns it and FastAPI renders it exactly as the first (same
+``status_code``, ``response_model``, response class); a returned ``Response`` is
+stored as bytes; an ``HTTPException`` is the response the app's handler renders,
+then goes on to FastAPI. Only this module imports FastAPI.
 """
 
 from __future__ import annotations
@@ -140,15 +113,9 @@ def _is(annotation: Any, kind: type) -> bool:
 def _signature(
     endpoint: Callable[..., Any], dependency: Callable[..., Any] | None
 ) -> tuple[inspect.Signature, str, str, tuple[str, ...]]:
-    """The endpoint's signature with its annotations resolved and a Request and a Response in it,
-    and a hidden keyword-only parameter FastAPI fills from ``dependency`` (the client's) if given.
-
-    Returns the signature, the names of the Request and Response parameters and which
-    of those two were added (FastAPI injects one of each kind per endpoint: when the
-    endpoint declares its own, the decorator shares it). Annotations are resolved here
-    because FastAPI would resolve string annotations (``from __future__ import
-    annotations``) in this module's globals, not the endpoint's.
-    """
+    """The endpoint's signature, annotations resolved (FastAPI would resolve string ones in this
+    module's globals), with a Request and a Response in it (the endpoint's own, shared, or hidden
+    keyword-only ones: the names of both and which were added) and the client's dependency if given."""
     signature = inspect.signature(endpoint)
     hints = typing.get_type_hints(endpoint, include_extras=True)
     parameters = [
@@ -197,20 +164,9 @@ def require_token(
     hooks: GuardHooks | None = None,
     **hook_args: Unpack[GuardHookArgs],
 ) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]]:
-    """Decorate a FastAPI endpoint (below ``@app.post(...)``) so each token runs it at most once.
-
-    See the module docs. ``subject`` and ``fingerprint`` must reproduce what the
-    token was issued with. ``store_status(status)`` says which responses are kept
-    (the others free the token so the client may retry with it). A response whose
-    stored form is over ``max_result_bytes`` of JSON (the service's
-    ``TOKEN_SERVICE_MAX_RESULT_BYTES``) is kept without its body: duplicates get
-    the status and headers with ``Idempotent-Body-Omitted: <length>``.
-
-    ``client`` is an :class:`AsyncTokenClient`, or a FastAPI dependency that returns one
-    (``def get_tokens() -> AsyncTokenClient``), resolved per request as FastAPI resolves
-    any: ``app.dependency_overrides[get_tokens]`` then points the endpoint elsewhere
-    (a test's ``async_token_client``) without touching the endpoint.
-    """
+    """Decorate a FastAPI endpoint (below ``@app.post(...)``) so each token runs it at most once
+    (docs/integrations/fastapi.md). ``client`` is an :class:`AsyncTokenClient`, or a FastAPI
+    dependency returning one, resolved per request (so ``app.dependency_overrides`` applies)."""
     if not isinstance(client, AsyncTokenClient) and not callable(client):
         raise TypeError("FastAPI's require_token takes an AsyncTokenClient, or a dependency returning one")
     core = RequireToken.of(locals(), http_errors=(HTTPException,))  # first: before any other local

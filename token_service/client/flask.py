@@ -7,30 +7,10 @@
     def create_payment():
         ...
 
-The token comes from the ``Idempotency-Token`` header (configurable). The
-first request with it runs the view; its response (status, body and the
-headers named in ``replay_headers``) is stored as the token's result, and
-every duplicate gets that response again, marked ``Idempotent-Replayed:
-true``, without the view running (a body too large to keep is replayed empty,
-marked ``Idempotent-Body-Omitted: <original length>``). Every kind of response
-works: ``send_file()`` and other direct-passthrough or streamed bodies pass
-through to the client and are recorded as they go (kept up to
-``max_body_bytes``, else recorded as omitted); the outcome is recorded when
-the last byte is handed to the server, or when the server closes the
-response early. A response whose status ``store_status`` does not keep (by
-default a 5xx, 401, 407, 408, 409, 425, 429) or an exception releases
-the token so the client may retry with it; an ``HTTPException`` the view
-raises (``abort(404)``) is the response Flask answers it with, kept or not by
-the same rule (exceptions listed in
-``terminal`` record a terminal failure instead: duplicates get 409
-``token_failed``). Token errors become problem+json: missing header 400,
-unknown token 404, mismatch 403, in progress 409 with ``Retry-After``,
-used 409, store down 503; a response whose outcome could not be stored for as
-long as the lease could be held is never sent as a success: 500
-``outcome_not_recorded`` (a streamed one is broken off).
-
-This is the only SDK module that imports Flask; ``token_service.client``
-itself does not.
+The first request with a token runs the view; every duplicate gets its stored
+response again (``Idempotent-Replayed: true``) without the view running. What is
+kept, replayed or refused is docs/integrations/flask.md's; the decisions are
+:mod:`._require_token_core`'s. This is the only SDK module that imports Flask.
 """
 
 from __future__ import annotations
@@ -83,12 +63,9 @@ def current_guard() -> Guard | None:
 
 
 def _body_ended_early() -> bool:
-    """A body shorter than its Content-Length: the client sent part of it, then closed.
-
-    gunicorn ends ``wsgi.input`` at the client's end of stream, so Werkzeug then
-    returns the short body without an error: the view would run on part of the
-    request and use the token up. Read here (and cached for the view) before the token is touched.
-    """
+    """A body shorter than its Content-Length: the client sent part of it, then closed (gunicorn
+    then hands Werkzeug the short body without an error). Read (and cached for the view) before
+    the token is touched."""
     declared = request.content_length
     if not declared:
         return False
@@ -101,9 +78,8 @@ def _body_ended_early() -> bool:
 def _response_of(
     core: RequireToken, guard: Guard, view: Callable[..., Any], args: Any, kwargs: Any
 ) -> Response:
-    """The view's response; for an ``HTTPException`` it raises (``abort(404)``), the one Flask
-    answers it with, as Flask's own dispatch does: its error handler's, else the exception's page
-    (not when the app traps it, ``TRAP_HTTP_EXCEPTIONS``: then it is raised, as any exception)."""
+    """The view's response; for an ``HTTPException`` it raises, the one Flask's own dispatch answers
+    it with (its error handler's; raised on, as any exception, under ``TRAP_HTTP_EXCEPTIONS``)."""
     try:
         return make_response(view(*args, **kwargs))
     except HTTPException as exc:
@@ -129,22 +105,10 @@ def require_token(
     hooks: GuardHooks | None = None,
     **hook_args: Unpack[GuardHookArgs],
 ) -> Callable[[Callable[..., Any]], Callable[..., Response]]:
-    """Decorate a Flask view so each token runs it at most once (see the module docs).
+    """Decorate a Flask view so each token runs it at most once (docs/integrations/flask.md).
 
-    ``subject`` and ``fingerprint`` are callables given the current request:
-    they must reproduce what the token was issued with (e.g. the user id
-    from the session, an order id from the body). ``fingerprint`` may also be
-    a list of body field names: the token is then issued with
-    ``fields_fingerprint({name: value, ...})`` (JSON or form bodies; key order
-    and whitespace do not matter). A response body over
-    ``max_body_bytes``, or whose stored form is over ``max_result_bytes`` of JSON
-    (set it to the service's ``TOKEN_SERVICE_MAX_RESULT_BYTES``), is not kept:
-    duplicates get the status and headers with ``Idempotent-Body-Omitted: <length>``.
-    ``store_status(status)`` says which responses are kept (the others free the token).
-    The hooks are the guard's: ``hooks=GuardHooks(...)``, or by name (``on_replay(guard)``,
-    ``on_conflict(guard, error)``, ...), made one value once;
-    the lease is renewed while the view runs and its response streams out.
-    """
+    ``subject`` and ``fingerprint`` (callables given the request, or body field names) must
+    reproduce what the token was issued with."""
     core = RequireToken.of(locals(), http_errors=(HTTPException,))  # first: before any other local
 
     def decorate(view: Callable[..., Any]) -> Callable[..., Response]:
