@@ -1,35 +1,12 @@
 """The transactional guard: claim a record, run the business writes, store the response.
 
-Everything happens on the caller's ``Connection`` inside the caller's
-transaction, so the record and the business effect commit together or not at
-all. The claim is one atomic insert-or-detect statement — never a SELECT
-followed by an INSERT, which two requests can both pass:
-
-- PostgreSQL and SQLite: ``INSERT … ON CONFLICT (record_key) DO NOTHING``;
-  one row inserted means we own the key.
-- MySQL/MariaDB: ``INSERT … ON DUPLICATE KEY UPDATE record_key = record_key``.
-  Its row count cannot tell "inserted" from "found" (SQLAlchemy sets
-  CLIENT_FOUND_ROWS), and ``INSERT IGNORE`` would also turn other errors into
-  warnings, so ownership is read back: the row carries our fresh 128-bit
-  lease id only if our INSERT created it.
-
-What a concurrent request sees: the first request's uncommitted row holds the
-unique-index entry, so PostgreSQL and InnoDB make the second INSERT wait until
-the first transaction ends (SQLite serialises writers on the database lock;
-give it a busy timeout). If the first commits, the second finds the row and
-reads it with ``SELECT … FOR UPDATE`` — a locking read, which sees the latest
-committed version even under InnoDB's REPEATABLE READ snapshot — and replays
-the stored response. If the first rolls back (crash, exception), the row is
-gone and the second inserts and runs. Under PostgreSQL REPEATABLE READ or
-SERIALIZABLE the second gets a serialization failure instead: retry the
-whole transaction, as those levels require. InnoDB may report a deadlock when
-several waiters race a rolled-back key; that is also "retry the transaction".
-
-Every time a claim writes or compares is the **database's** clock, read by the
-statement that uses it (:func:`database_now`): two app servers whose clocks
-disagree share their database's, so one whose clock runs ahead cannot take
-over a lease that is still live, and one whose clock lags cannot hold a dead
-one. A ``clock`` argument (tests) replaces it with a Python clock.
+Everything happens on the caller's ``Connection`` inside the caller's transaction, so the record
+and the business effect commit together or not at all. The claim is one atomic insert-or-detect
+statement, never a SELECT then an INSERT (which two requests can both pass); MySQL/MariaDB's row
+count cannot tell "inserted" from "found", so there ownership is read back through the fresh
+lease id. Every time a claim writes or compares is the **database's** clock (:func:`database_now`):
+app servers whose clocks disagree share their database's. docs/durable.md says what each database
+does and what a concurrent duplicate sees (it waits on the first one's row, then replays it).
 """
 
 from __future__ import annotations
@@ -42,15 +19,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, Unpack
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from token_service import defaults
+from token_service.client._engine import GuardEngine
 from token_service.client._stored_response import StoredResponse
-from token_service.client._telemetry import DEFAULT_TELEMETRY, DURABLE_SPAN_NAME, Telemetry
+from token_service.client._telemetry import DURABLE_SPAN_NAME, Telemetry
 from token_service.client.durable._schema import (
     FAILED,
     IDEMPOTENCY_RECORDS,
@@ -70,12 +48,11 @@ from token_service.errors import (
 from token_service.tokens import is_well_formed, token_digest
 
 __all__ = [
-    "DEFAULT_LEASE_SECONDS",
-    "DEFAULT_RECORD_TTL_SECONDS",
     "Claim",
     "Clock",
     "Outcome",
     "Replay",
+    "RunOptions",
     "claim",
     "complete",
     "database_now",
@@ -133,9 +110,7 @@ def database_now(
         # the format SQLAlchemy stores SQLite datetimes in ('%f' is seconds with 3 decimals)
         text = sa.func.strftime("%Y-%m-%d %H:%M:%f000", "now", f"{plus_seconds:+.6f} seconds")
         return sa.type_coerce(text, sa.DateTime())
-    raise NotImplementedError(
-        f"idempotency records support PostgreSQL, MySQL/MariaDB and SQLite, not {dialect}"
-    )
+    raise _unsupported(dialect)
 
 
 @dataclass(frozen=True)
@@ -179,24 +154,26 @@ def _require_transaction(conn: Connection) -> None:
         )
 
 
+def _unsupported(dialect: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"idempotency records support PostgreSQL, MySQL/MariaDB and SQLite, not {dialect}"
+    )
+
+
 def _insert_or_detect(conn: Connection, table: sa.Table, values: dict[str, Any]) -> datetime | None:
     """Insert the claim unless the key exists: its lease's end (the database's clock) when the
     insert can tell that it created the row, else None (the key existed, or MySQL: read it back)."""
     name = conn.dialect.name
-    ends = table.c.lease_expires_at
-    if name == "postgresql":
-        pg = postgresql.insert(table).values(values).on_conflict_do_nothing(index_elements=["record_key"])
-        inserted: datetime | None = conn.execute(pg.returning(ends)).scalar_one_or_none()
-        return inserted
-    if name == "sqlite":
-        lite = sqlite.insert(table).values(values).on_conflict_do_nothing(index_elements=["record_key"])
-        inserted = conn.execute(lite.returning(ends)).scalar_one_or_none()
+    if name in ("postgresql", "sqlite"):
+        insert = (postgresql if name == "postgresql" else sqlite).insert(table).values(values)
+        new = insert.on_conflict_do_nothing(index_elements=["record_key"]).returning(table.c.lease_expires_at)
+        inserted: datetime | None = conn.execute(new).scalar_one_or_none()
         return inserted
     if name in ("mysql", "mariadb"):
         my = mysql.insert(table).values(values)
         conn.execute(my.on_duplicate_key_update(record_key=my.inserted.record_key))
         return None
-    raise NotImplementedError(f"idempotency records support PostgreSQL, MySQL/MariaDB and SQLite, not {name}")
+    raise _unsupported(name)
 
 
 def _stored_response(row: sa.Row[Any]) -> StoredResponse:
@@ -216,13 +193,10 @@ def claim(
 ) -> Claim | Replay:
     """Claim ``key`` on ``conn`` (inside its transaction), or learn what became of it.
 
-    Returns a ``Claim`` when the caller owns the key — new, expired, or a
-    PROCESSING record whose lease ran out (``taken_over``) — or a ``Replay`` of
-    the stored response. Raises ``FingerprintMismatch`` when the key was used
-    for another request, ``RecordFailed`` for a recorded terminal failure and
-    ``RecordInProgress`` while another holder's committed lease is live (only
-    possible in the two-transaction flow, where the claim is committed first).
-    Whether a lease is live is asked of the database's clock (``clock``: tests only).
+    A ``Claim`` when the caller owns the key (new, expired, or a PROCESSING record whose lease
+    ran out: ``taken_over``), else a ``Replay`` of the stored response, or ``FingerprintMismatch``,
+    ``RecordFailed``, ``RecordInProgress`` (a committed claim's live lease: the two-transaction
+    flow). Whether a lease is live is asked of the database's clock (``clock``: tests only).
     """
     _require_transaction(conn)
     check_key(key)
@@ -304,23 +278,24 @@ def _lease_end(conn: Connection, table: sa.Table, key: str) -> datetime:
     return ends
 
 
-def _fenced(table: sa.Table, key: str, lease_id: str) -> list[sa.ColumnElement[bool]]:
-    return [table.c.record_key == key, table.c.status == PROCESSING, table.c.lease_id == lease_id]
-
-
 def _settle(
-    conn: Connection, table: sa.Table, claimed: Claim, what: str, values: dict[str, Any] | None
+    conn: Connection,
+    table: sa.Table,
+    claimed: Claim,
+    what: str,
+    values: dict[str, Any] | None,
+    clock: Clock | None,
 ) -> None:
-    """End the claim: the record takes ``values`` and loses its lease, or is deleted (``None``).
-
-    Fenced by the lease id: a claim another request has taken over raises ``LeaseLost``.
-    """
-    fenced = _fenced(table, claimed.key, claimed.lease_id)
-    statement: Any
-    if values is None:
-        statement = sa.delete(table).where(*fenced)
-    else:
-        statement = sa.update(table).where(*fenced).values(lease_id=None, lease_expires_at=None, **values)
+    """End the claim, in the caller's transaction: the record takes ``values`` and loses its lease,
+    or is deleted (``None``). Fenced by the lease id: a claim taken over raises ``LeaseLost``."""
+    _require_transaction(conn)
+    key = table.c.record_key == claimed.key
+    fenced = (key, table.c.status == PROCESSING, table.c.lease_id == claimed.lease_id)
+    statement: Any = sa.delete(table).where(*fenced)
+    if values is not None:
+        now = database_now(conn.dialect.name, clock=clock)
+        ended = {"lease_id": None, "lease_expires_at": None, "updated_at": now, **values}
+        statement = sa.update(table).where(*fenced).values(ended)
     if conn.execute(statement).rowcount != 1:
         raise LeaseLost(f"the lease on key {claimed.key!r} was taken over; the {what} was not stored")
 
@@ -334,7 +309,6 @@ def complete(
     clock: Clock | None = None,
 ) -> None:
     """Mark the claimed record SUCCEEDED with ``response`` (in the transaction of the business writes)."""
-    _require_transaction(conn)
     if not isinstance(response, StoredResponse):
         raise TypeError(f"store a StoredResponse, not {type(response).__name__}")
     outcome = {
@@ -342,9 +316,8 @@ def complete(
         "response_status": response.status,
         "response_headers": response.headers_json(),
         "response_body": response.body,
-        "updated_at": database_now(conn.dialect.name, clock=clock),
     }
-    _settle(conn, table, claimed, "outcome", outcome)
+    _settle(conn, table, claimed, "outcome", outcome, clock)
 
 
 def fail(
@@ -356,16 +329,21 @@ def fail(
     table: sa.Table = IDEMPOTENCY_RECORDS,
     clock: Clock | None = None,
 ) -> None:
-    """Give the key up: delete the record (``retryable``) or mark it FAILED with ``error`` (JSON)."""
-    _require_transaction(conn)
-    failure = None  # retryable: the record goes, the key is free again
-    if not retryable:
-        failure = {
-            "status": FAILED,
-            "error": json.dumps(error, separators=(",", ":")),
-            "updated_at": database_now(conn.dialect.name, clock=clock),
-        }
-    _settle(conn, table, claimed, "failure", failure)
+    """Give the key up: delete the record (``retryable``: the key is free again) or mark it FAILED
+    with ``error`` (JSON)."""
+    failure = None if retryable else {"status": FAILED, "error": json.dumps(error, separators=(",", ":"))}
+    _settle(conn, table, claimed, "failure", failure, clock)
+
+
+class RunOptions(TypedDict, total=False):
+    """:func:`run_once`'s options, which :func:`run_once_for_token` passes on."""
+
+    fingerprint: str | None
+    ttl_seconds: int
+    table: sa.Table
+    clock: Clock | None
+    telemetry: Telemetry | None
+    telemetry_scope: str
 
 
 def run_once(
@@ -380,70 +358,51 @@ def run_once(
     telemetry: Telemetry | None = None,
     telemetry_scope: str = "durable",
 ) -> Outcome:
-    """Run ``handler(conn)`` at most once per ``key``, in the caller's transaction.
+    """Run ``handler(conn)`` at most once per ``key``, in the caller's transaction (docs/durable.md).
 
-    ::
-
-        with engine.begin() as conn:
-            outcome = run_once(conn, key, lambda conn: charge(conn, order), fingerprint=fp)
-
-    The first call claims the key, runs the handler and stores the response it
-    returns; all of it commits with the caller's transaction. If the handler
-    (or anything later in the transaction) raises, the transaction rolls back
-    and leaves neither the record nor the business writes: the request may be
-    retried. Later calls get ``Outcome(response, replayed=True)`` — the same
-    status, headers and body bytes — without running the handler.
-
-    ``telemetry`` (:class:`~token_service.client.Telemetry`) counts what happened
-    under the SDK's counters (scope ``telemetry_scope``: executions, replays,
-    conflicts, mismatches, lease losses) and traces it as a ``token_service.durable``
-    span, current while the handler runs. An execution is counted when the handler
-    returned and its record was written; the caller's transaction commits later.
+    The first call claims the key, runs the handler and stores the response it returns, all
+    committed with the caller's transaction; if anything in it raises, neither the record nor the
+    business writes are left, and the request may be retried. Later calls get
+    ``Outcome(response, replayed=True)`` without running the handler. ``telemetry`` counts and
+    traces it as the guards do (scope ``telemetry_scope``; a ``token_service.durable`` span,
+    current while the handler runs); an execution counts once its record is written.
     """
-    telemetry = telemetry or DEFAULT_TELEMETRY
-    span = telemetry.start_span(telemetry_scope, name=DURABLE_SPAN_NAME)
-    outcome = "error"
+    # the guards' bookkeeping (what is counted, how the span ends); the store is this module's SQL
+    run = GuardEngine[Any](None, "", telemetry_scope, request_id="-", telemetry=telemetry)
+    span = run._span = run.telemetry.start_span(telemetry_scope, name=DURABLE_SPAN_NAME)
     try:
-        try:
-            claimed = claim(
-                conn, key, fingerprint=fingerprint, ttl_seconds=ttl_seconds, table=table, clock=clock
-            )
-        except FingerprintMismatch:
-            outcome = "mismatch"
-            telemetry.count("mismatches", telemetry_scope, field="fingerprint")
-            raise
-        except (RecordInProgress, RecordFailed) as exc:
-            outcome = "conflict"
-            telemetry.count("conflicts", telemetry_scope, code=exc.code)
-            raise
-        if isinstance(claimed, Replay):
-            outcome = "replayed"
-            telemetry.count("replays", telemetry_scope)
-            return Outcome(claimed.response, replayed=True)
-        try:
-            with span.current():
-                response = handler(conn)
-        except BaseException:
-            outcome = "released"  # the transaction rolls back: no record, no business writes
-            telemetry.count("executions", telemetry_scope, outcome="released")
-            raise
-        try:
-            complete(conn, claimed, response, table=table, clock=clock)
-        except LeaseLost:
-            outcome = "lease_lost"
-            telemetry.count("lease_losses", telemetry_scope)
-            telemetry.count("executions", telemetry_scope, outcome="lease_lost")
-            raise
-        outcome = "executed"
-        telemetry.count("executions", telemetry_scope, outcome="succeeded")
-        return Outcome(response, replayed=False)
-    except BaseException as exc:
-        if outcome in ("error", "released", "lease_lost"):
-            span.record_error(exc)
+        claimed = claim(conn, key, fingerprint=fingerprint, ttl_seconds=ttl_seconds, table=table, clock=clock)
+    except FingerprintMismatch:
+        run._settled("mismatch")
+        run.telemetry.count("mismatches", telemetry_scope, field="fingerprint")
         raise
-    finally:
-        span.set_outcome(outcome)
-        span.end()
+    except (RecordInProgress, RecordFailed) as exc:
+        run._settled("conflict")
+        run.telemetry.count("conflicts", telemetry_scope, code=exc.code)
+        raise
+    except BaseException as exc:
+        run._settled("error", exc)
+        raise
+    if isinstance(claimed, Replay):
+        run._settled("replayed")
+        run.telemetry.count("replays", telemetry_scope)
+        return Outcome(claimed.response, replayed=True)
+    try:
+        with span.current():
+            response = handler(conn)
+    except BaseException as exc:
+        run._executed("released", exc)  # the transaction rolls back: no record, no business writes
+        raise
+    try:
+        complete(conn, claimed, response, table=table, clock=clock)
+    except LeaseLost as lost:
+        run._complete_refused(lost)  # reported and counted as a guard's lost lease is
+        raise
+    except BaseException as exc:
+        run._settled("error", exc)
+        raise
+    run._executed("succeeded")
+    return Outcome(response, replayed=False)
 
 
 def run_once_for_token(
@@ -452,33 +411,15 @@ def run_once_for_token(
     handler: Callable[[Connection], StoredResponse],
     *,
     replay: bool = True,
-    fingerprint: str | None = None,
-    ttl_seconds: int = DEFAULT_RECORD_TTL_SECONDS,
-    table: sa.Table = IDEMPOTENCY_RECORDS,
-    clock: Clock | None = None,
-    telemetry: Telemetry | None = None,
-    telemetry_scope: str = "durable",
+    **options: Unpack[RunOptions],
 ) -> Outcome:
     """``run_once`` keyed by the token's digest: the database backstop behind Redis.
 
-    Consume (or begin) the token in Redis first, then call this in the
-    transaction of the business writes. If Redis ever forgets that the token
-    was used (failover to a replica that missed the write, a restart between
-    fsyncs) and lets it through again, the record refuses the second
-    execution: the stored response is replayed, or with ``replay=False``
-    ``TokenUsed`` is raised, as a one-shot consume would have.
+    Should Redis forget that the token was used and let it through again, the record refuses the
+    second execution: the stored response is replayed, or with ``replay=False`` ``TokenUsed`` is
+    raised, as a one-shot consume would have.
     """
-    outcome = run_once(
-        conn,
-        token_record_key(token),
-        handler,
-        fingerprint=fingerprint,
-        ttl_seconds=ttl_seconds,
-        table=table,
-        clock=clock,
-        telemetry=telemetry,
-        telemetry_scope=telemetry_scope,
-    )
+    outcome = run_once(conn, token_record_key(token), handler, **options)
     if outcome.replayed and not replay:
         raise TokenUsed("this token's operation already ran (database record)")
     return outcome
@@ -508,14 +449,10 @@ def retry_transaction(
     attempts: int = 5,
     backoff_seconds: float = 0.05,
 ) -> _T:
-    """Run ``work(conn)`` in ``engine.begin()``, again if the database reports a deadlock.
-
-    Several requests waiting on the same key may deadlock on InnoDB when the
-    holder rolls back, and PostgreSQL's REPEATABLE READ / SERIALIZABLE report
-    serialization failures; in both cases the database has undone the whole
-    transaction, so running it again (guard included) is safe and gives the
-    right answer — usually the replay of the winner's response.
-    """
+    """Run ``work(conn)`` in ``engine.begin()``, again if the database reports a deadlock or a
+    serialization failure (InnoDB waiters on a key whose holder rolled back, PostgreSQL's
+    REPEATABLE READ / SERIALIZABLE): it undid the whole transaction, guard included, so running
+    it again is safe, and usually replays the winner's response."""
     for attempt in range(1, attempts + 1):
         try:
             with engine.begin() as conn:
