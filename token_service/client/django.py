@@ -126,10 +126,8 @@ def async_token_client() -> AsyncTokenClient:
 
 
 def _forget_clients(*, setting: str, **_: Any) -> None:
-    """``settings.TOKEN_SERVICE`` changed (``override_settings``, pytest-django's ``settings``): the
-    clients made from the old value are dropped, so the next request's come from the new one (a
-    test pointing the views at its own store: token_service.testing). Not closed: a request in
-    flight may still hold one, and a dropped client's connections close when it is collected."""
+    """``settings.TOKEN_SERVICE`` changed (``override_settings``): the next request's clients come
+    from the new value. The old ones are not closed (a request in flight may hold one): collected."""
     global _sync_client
     if setting == "TOKEN_SERVICE":
         with _lock:
@@ -141,8 +139,7 @@ setting_changed.connect(_forget_clients, dispatch_uid="token_service.client.djan
 
 
 def _from_settings(kind: type[_ClientT]) -> _ClientT:
-    """A client of ``kind`` as ``settings.TOKEN_SERVICE`` describes it: straight to Redis
-    (``REDIS_URL``, ``KEY_PREFIX``) or over HTTP to the service (``URL``, ``API_KEY``)."""
+    """A ``kind`` of client: to Redis (``REDIS_URL``, ``KEY_PREFIX``) or to the service (``URL``)."""
     options = _settings()
     if options.get("REDIS_URL"):
         prefix = options.get("KEY_PREFIX", defaults.KEY_PREFIX)
@@ -152,35 +149,18 @@ def _from_settings(kind: type[_ClientT]) -> _ClientT:
     raise TypeError("settings.TOKEN_SERVICE needs REDIS_URL, or URL and API_KEY")
 
 
-def _on_its_loop(client: AsyncTokenClient) -> AsyncTokenClient:
-    """``client`` (an async view's ``client=``) if this is the event loop it first served, else a
-    RuntimeError before the token is touched: its pooled connections belong to that loop, and on
-    another one (under WSGI Django runs each request of an async view on a loop of its own, closed
-    after it) a request failed with a 500 and left its token PROCESSING until the lease ran out."""
-    loop = asyncio.get_running_loop()
-    with _lock:
-        first = _first_loops.setdefault(client, weakref.ref(loop))()
-    if first is not loop:
-        raise RuntimeError(
-            "require_token(client=...): this AsyncTokenClient serves the event loop it first served, "
-            "and this request runs on another (under WSGI each request of an async view has a loop of "
-            "its own). Leave client= unset (the settings' client, one per event loop), make the client "
-            "in the request, or serve the app over ASGI."
-        )
-    return client
-
-
 def problem_response(error: TokenError) -> HttpResponse:
     """``error``'s problem+json answer, as the decorator sends it (a view may answer one too)."""
     return _response(answer_of(error))
 
 
-def _response(answer: Reply | Answer, *, own_length: bool = False) -> HttpResponse:
-    """``answer`` as Django's response (``own_length``: Django counts the body, the stored length goes)."""
+def _response(answer: Reply | Answer) -> HttpResponse:
+    """``answer`` as Django's response, with the answer's own Content-Type (if any), never a stored
+    Content-Length (Django's handler frames the body it sends)."""
     response = HttpResponse(answer.body, status=answer.status)
-    del response["Content-Type"]  # the answer's own, if it has one
+    del response["Content-Type"]
     for name, value in answer.headers:
-        if not (own_length and name.lower() == "content-length"):
+        if name.lower() != "content-length":
             response.headers[name] = value
     return response
 
@@ -249,12 +229,12 @@ class IdempotencyKeyMiddleware:
         prefix = service.get("KEY_PREFIX", defaults.KEY_PREFIX)
         # a URL, or a Redis client of the middleware's kind used as it is (a test's in-memory store:
         # token_service.testing), as TokenClient.from_redis takes either for the decorator
-        kind = redis.asyncio.Redis if self.is_async else redis.Redis
-        connection = kind.from_url(redis_url) if isinstance(redis_url, str) else redis_url
-        if self.is_async:
-            self.async_store = AsyncIdempotencyStore(connection, key_prefix=prefix)
-        else:
-            self.store = IdempotencyStore(connection, key_prefix=prefix)
+        kind, store = (
+            (redis.asyncio.Redis, AsyncIdempotencyStore) if self.is_async else (redis.Redis, IdempotencyStore)
+        )
+        self.store: Any = store(
+            kind.from_url(redis_url) if isinstance(redis_url, str) else redis_url, key_prefix=prefix
+        )
 
     def _screen(self, request: HttpRequest) -> str | Answer | None:
         if self.paths and not request.path.startswith(self.paths):
@@ -278,8 +258,7 @@ class IdempotencyKeyMiddleware:
         if declared is not None and len(body) < declared:
             # the client sent less than it declared (then closed): neither claim the key nor run the view
             return core.truncated()
-        store = self.async_store if self.is_async else self.store
-        return core.attempt(store, self.identity(request), screened, _facts(request, body))
+        return core.attempt(self.store, self.identity(request), screened, _facts(request, body))
 
     def _recorded(self, response: HttpResponseBase) -> Any:
         recorder = self.core.recorder(response.status_code, list(response.items()))
@@ -296,13 +275,11 @@ class IdempotencyKeyMiddleware:
         if self.is_async:
             return self.__acall__(request)
         prepared = self._prepare(request)
-        if prepared is None:
-            return self.get_response(request)
-        if isinstance(prepared, Answer):
-            return _response(prepared, own_length=True)
+        if not isinstance(prepared, Attempt):  # not guarded, or answered without the view
+            return self.get_response(request) if prepared is None else _response(prepared)
         answer = self.core.claim(self.store, prepared)
         if answer is not None:
-            return _response(answer, own_length=True)
+            return _response(answer)
         recorder = None
         with self.core.hold(self.store, prepared):  # held (renewed) until the outcome is stored
             try:
@@ -311,29 +288,25 @@ class IdempotencyKeyMiddleware:
             finally:
                 not_recorded = self.core.settle(self.store, prepared, recorder)
         if not_recorded is not None:
-            return _response(
-                self.core.not_recorded(not_recorded), own_length=True
-            )  # never a success not kept
+            return _response(self.core.not_recorded(not_recorded))  # never a success not kept
         return response
 
     async def __acall__(self, request: HttpRequest) -> Any:
         prepared = self._prepare(request)
-        if prepared is None:
-            return await self.get_response(request)
-        if isinstance(prepared, Answer):
-            return _response(prepared, own_length=True)
-        answer = await self.core.aclaim(self.async_store, prepared)
+        if not isinstance(prepared, Attempt):
+            return await self.get_response(request) if prepared is None else _response(prepared)
+        answer = await self.core.aclaim(self.store, prepared)
         if answer is not None:
-            return _response(answer, own_length=True)
+            return _response(answer)
         recorder = None
-        async with self.core.ahold(self.async_store, prepared):
+        async with self.core.ahold(self.store, prepared):
             try:
                 response = await self.get_response(request)
                 recorder = self._recorded(response)
             finally:
-                not_recorded = await self.core.asettle(self.async_store, prepared, recorder)
+                not_recorded = await self.core.asettle(self.store, prepared, recorder)
         if not_recorded is not None:
-            return _response(self.core.not_recorded(not_recorded), own_length=True)
+            return _response(self.core.not_recorded(not_recorded))
         return response
 
 
@@ -348,8 +321,10 @@ def _find_request(args: tuple[Any, ...]) -> HttpRequest:
 
 
 def _client_of(client: Any, is_async: bool) -> TokenClient | AsyncTokenClient:
-    """``client=``, else the settings' one, if it is of the kind the view needs; else an error
-    before the token is touched."""
+    """``client=``, else the settings' one, if it is of the kind the view needs; else an error before
+    the token is touched. An async view's own ``client=`` serves the event loop it first served (its
+    pooled connections belong to it): on another (under WSGI each request of an async view runs on a
+    loop of its own) a request failed with a 500 and left its token PROCESSING until the lease ran out."""
     if not is_async:
         tokens = client or token_client()
         if not isinstance(tokens, TokenClient):
@@ -358,7 +333,17 @@ def _client_of(client: Any, is_async: bool) -> TokenClient | AsyncTokenClient:
     tokens = client or async_token_client()
     if not isinstance(tokens, AsyncTokenClient):
         raise TypeError("an async view needs an AsyncTokenClient")
-    return tokens if client is None else _on_its_loop(tokens)
+    loop = asyncio.get_running_loop()
+    with _lock:
+        first = loop if client is None else _first_loops.setdefault(tokens, weakref.ref(loop))()
+    if first is not loop:
+        raise RuntimeError(
+            "require_token(client=...): this AsyncTokenClient serves the event loop it first served, "
+            "and this request runs on another (under WSGI each request of an async view has a loop of "
+            "its own). Leave client= unset (the settings' client, one per event loop), make the client "
+            "in the request, or serve the app over ASGI."
+        )
+    return tokens
 
 
 def _body_ended_early(request: HttpRequest) -> bool:

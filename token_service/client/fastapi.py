@@ -26,7 +26,7 @@ import typing
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Unpack
 
-from token_service.errors import OutcomeNotRecorded, TokenError
+from token_service.errors import TokenError
 
 from ._client import AsyncTokenClient
 from ._extras import install, missing
@@ -174,12 +174,12 @@ def require_token(
 
     def decorate(endpoint: Callable[..., Any]) -> Callable[..., Awaitable[Any]]:
         signature, request_name, response_name, added = _signature(endpoint, dependency)
-        is_async = inspect.iscoroutinefunction(endpoint)
-
-        async def call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-            if is_async:
-                return await endpoint(*args, **kwargs)
-            return await run_in_threadpool(endpoint, *args, **kwargs)
+        # a plain endpoint runs in a thread, as FastAPI runs it
+        run = (
+            endpoint
+            if inspect.iscoroutinefunction(endpoint)
+            else functools.partial(run_in_threadpool, endpoint)
+        )
 
         @functools.wraps(endpoint)
         async def guarded_endpoint(*args: Any, **kwargs: Any) -> Any:
@@ -187,7 +187,10 @@ def require_token(
             response: Response = kwargs[response_name]
             for name in added:
                 del kwargs[name]
-            tokens = client if dependency is None else _resolved_client(kwargs.pop(_CLIENT), dependency)
+            tokens = client if dependency is None else kwargs.pop(_CLIENT)
+            if not isinstance(tokens, AsyncTokenClient):
+                name, kind = getattr(dependency, "__qualname__", repr(dependency)), type(tokens).__name__
+                raise TypeError(f"require_token's dependency {name} returned {kind}, not an AsyncTokenClient")
             token = core.token_of(request.headers.get(header))
             if isinstance(token, TokenError):
                 return problem_response(token)
@@ -198,17 +201,13 @@ def require_token(
                 return _replay(guard.result, response)
             request.state.token_guard = guard
             try:
-                value = await call(args, kwargs)
+                value = await run(*args, **kwargs)
             except BaseException as exc:
                 await core.araised(guard, exc, functools.partial(_http_reply, request, exc))
                 raise  # FastAPI answers it as ever (and a yield dependency sees it)
             try:
-                if isinstance(value, Response):
-                    not_recorded = await _settle_response(core, guard, request, value)
-                else:
-                    document = jsonable_encoder(value)
-                    reply = ValueReply(response.status_code, response.headers.items(), document)
-                    not_recorded = await core.asettle(guard, reply)
+                reply = await _reply_for(core, guard, request, value, response)
+                not_recorded = None if reply is None else await core.asettle(guard, reply)
             except BaseException:
                 # not answerable (a FileResponse whose file is missing: a 500): freed, as after an exception
                 await core.asettle(guard, None)
@@ -223,35 +222,27 @@ def require_token(
     return decorate
 
 
-def _resolved_client(value: Any, dependency: Callable[..., Any]) -> AsyncTokenClient:
-    if not isinstance(value, AsyncTokenClient):
-        name = getattr(dependency, "__qualname__", repr(dependency))
-        raise TypeError(
-            f"require_token's dependency {name} returned {type(value).__name__}, not an AsyncTokenClient"
-        )
-    return value
-
-
-async def _settle_response(
-    core: RequireToken, guard: AsyncGuard, request: Request, value: Response
-) -> OutcomeNotRecorded | None:
-    """Settle a returned ``Response``; a streamed one is recorded as it goes out. Returns the error
-    to answer instead when its outcome could not be recorded."""
+async def _reply_for(
+    core: RequireToken, guard: AsyncGuard, request: Request, value: Any, response: Response
+) -> Reply | ValueReply | None:
+    """What to settle for the endpoint's ``value`` (its injected ``response``: the status and headers
+    it set); None: a stream, recorded as it goes out."""
+    if not isinstance(value, Response):
+        return ValueReply(response.status_code, response.headers.items(), jsonable_encoder(value))
     status, headers = value.status_code, list(value.headers.items())
     if isinstance(value, FileResponse):
         # sent by Starlette from its path: kept when it fits the caps (read now), else its size
         size = (await anyio.Path(value.path).stat()).st_size
         if size > core.cap_bytes or request.method == "HEAD":
-            return await core.asettle(guard, Reply(status, headers, omitted=size))
-        return await core.asettle(guard, Reply(status, headers, await anyio.Path(value.path).read_bytes()))
-    if isinstance(value, StreamingResponse):
-        length = declared_length(value.headers.get("content-length", ""))
-        now = core.streamed(Reply(status, headers), request.method, length)
-        if now is not None:
-            return await core.asettle(guard, now)
+            return Reply(status, headers, omitted=size)
+        return Reply(status, headers, await anyio.Path(value.path).read_bytes())
+    if not isinstance(value, StreamingResponse):
+        return _reply_of(value)
+    length = declared_length(value.headers.get("content-length", ""))
+    now = core.streamed(Reply(status, headers), request.method, length)
+    if now is None:
         value.body_iterator = core.arecord(guard, value.body_iterator, Reply(status, headers), length)
-        return None
-    return await core.asettle(guard, _reply_of(value))
+    return now
 
 
 def _reply_of(value: Response) -> Reply:
