@@ -1,62 +1,30 @@
 """Celery tasks that run at most once per key, however often their message is delivered.
 
-::
-
-    tokens = TokenClient.from_redis("redis://localhost:6379/0")
-
-    @app.task(base=IdempotentTask, token_client=tokens, acks_late=True)
-    def send_receipt(order_id: str) -> dict:
-        ...
-
-    @app.task(base=IdempotentTask, token_client=tokens, idempotency_key="order_id")
-    def charge(order_id: str, amount: int) -> dict:
-        ...
-
-By default the key is the task id: a redelivered message (a worker died before
-acking it, a visibility timeout ran out) and ``apply_async`` twice with the
-same ``task_id`` run the body once. ``idempotency_key`` keys on the arguments
-instead (an argument name, several, or a callable given the task's arguments):
-two messages for the same order run once. It is :func:`token_service.client.idempotent`
-underneath: a lease while the body runs, released when it raises (Celery's own
-retries then run it again), terminal failures recorded (``idempotency_terminal``),
-and the stored result returned to every duplicate without running the body.
-
-A duplicate that arrives while another worker holds the key is retried
-(``self.retry``, not counted against ``max_retries``) when that lease could
-next run out or after ``idempotency_poll_seconds``, whichever is sooner, so a worker killed
-mid-task (SIGKILL, OOM) is taken over after its lease: set ``acks_late=True``
-so the message is redelivered at all, and ``task_reject_on_worker_lost=True``
-when a prefork child (not the whole worker) may die.
-
-When the keys' Redis cannot answer, the body does not run (fail closed) and
-the message is retried (``self.retry``, within ``max_retries``).
-
-Once the body has run, a Redis that goes away while its result is stored is
-waited out for as long as the lease can be held (the guard keeps renewing it
-and trying again). Past that the task fails with
-:class:`~token_service.errors.OutcomeNotRecorded`, logged at error level with
-what reconciling it takes (task id, key, token_ref, lease id, the result that
-was not stored); it is never retried, by this class or by ``autoretry_for``: the
-body ran. To the key it is a crashed holder: a redelivery or a new message for
-the same key after the lease runs the body again (docs/integrations/celery.md).
-
-A task called directly (``send_receipt("o-1")``, no message) and keyed by its
-task id has no id to key on: it runs unguarded, as any function call does.
-Only this module imports Celery.
+``@app.task(base=IdempotentTask, token_client=tokens)`` keys on the task id (a redelivered
+message, ``apply_async`` twice with one ``task_id``); ``idempotency_key`` on the arguments (a
+name, several, or a callable). It is :func:`token_service.client.idempotent` underneath, and
+docs/integrations/celery.md says what each duplicate sees. What is Celery's own here: a duplicate
+that finds the key held is retried (``self.retry``, not counted against ``max_retries``) when that
+lease could next run out, so a worker killed mid-task is taken over (with ``acks_late=True``); a
+Redis that cannot answer before the body runs is a retry within ``max_retries`` (fail closed); an
+outcome not recorded after the body ran (:class:`~token_service.errors.OutcomeNotRecorded`) fails
+the task, never retried: the body ran. A task called directly and keyed by its task id has no id
+to key on: it runs unguarded, as any function call does. Only this module imports Celery.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from token_service.errors import OutcomeNotRecorded, ServiceUnavailable, TokenInProgress
 from token_service.tokens import SCOPE_RE
 
-from ._client import TokenClient
+from ._client import KeyedCalls, TokenClient, keyed_calls
 from ._extras import install, missing
 from .guard import Guard, Terminal
-from .keyed import DEFAULT_KEY_TTL_SECONDS, KeySpec, _key_reader, keyed_guard
+from .keyed import DEFAULT_KEY_TTL_SECONDS, KeySpec, _guard_for, _key_reader
 
 try:
     from celery import Task
@@ -95,27 +63,28 @@ class IdempotentTask(Task):  # type: ignore[misc]  # Celery ships no type hints
             )
         return scope
 
-    def _key(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self.idempotency_key is None:
-            return self.request.id
-        return _key_reader(self.run, self.idempotency_key, "key")(args, kwargs)
+    # what each call's guard is made of: made on the task's first guarded call in this process
+    _guarding: tuple[KeyedCalls, str, dict[str, Any], Callable[..., Any] | None] | None = None
 
     def idempotency_guard(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Guard | None:
         """The guard of this call, or None for a direct call keyed by a task id it does not have."""
         if self.token_client is None:
             raise TypeError(f"task {self.name!r}: set token_client (a TokenClient.from_redis(...))")
-        key = self._key(args, kwargs)
-        if key is None and self.idempotency_key is None:
+        if self.idempotency_key is None and self.request.id is None:
             return None
-        guard: Guard = keyed_guard(
-            self.token_client,
-            self._scope(),
-            key,
-            ttl_seconds=self.idempotency_ttl_seconds,
-            lease_seconds=self.idempotency_lease_seconds,
-            terminal=self.idempotency_terminal,
-            wait_seconds=self.idempotency_wait_seconds,
-        )
+        if self._guarding is None:
+            options = {
+                "lease_seconds": self.idempotency_lease_seconds,
+                "terminal": self.idempotency_terminal,
+                "wait_seconds": self.idempotency_wait_seconds,
+            }
+            spec = self.idempotency_key
+            read_key = None if spec is None else _key_reader(self.run, spec, "key")
+            keyed = keyed_calls(self.token_client, self.idempotency_ttl_seconds)
+            self._guarding = (keyed, self._scope(), options, read_key)
+        keyed, scope, options, read_key = self._guarding
+        key = self.request.id if read_key is None else read_key(args, kwargs)
+        guard: Guard = _guard_for(keyed, scope, key, None, options)
         return guard
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -127,12 +96,10 @@ class IdempotentTask(Task):  # type: ignore[misc]  # Celery ships no type hints
         except TokenInProgress as busy:
             if self.request.called_directly:
                 raise
-            # Another worker holds the key (or held it and died): come back when its lease
-            # could next run out. Never counted against max_retries: the holder finishes or
-            # stops renewing, so this ends.
-            # A duration from the store's answer. Celery turns it into an ETA on this worker's
-            # clock and the next worker compares that with its own: a skewed worker only
-            # retries early or late, and the retry's begin is again decided by Redis's clock.
+            # Another worker holds the key (or held it and died): back when its lease could next
+            # run out, never counted against max_retries (the holder finishes or stops renewing).
+            # A duration from the store's answer: a worker whose clock is off only retries early
+            # or late, and the retry's begin is again decided by Redis's clock.
             countdown = min(busy.retry_after_seconds, self.idempotency_poll_seconds)
             log.info(
                 "task %s[%s]: key in progress elsewhere; retry in %s s", self.name, self.request.id, countdown
