@@ -1,12 +1,10 @@
-"""Deleting expired records in small batches.
+"""Deleting expired records in small batches, each its own short transaction.
 
-One big ``DELETE … WHERE expires_at < :cutoff`` would hold its row locks (and,
-on InnoDB, gap locks on the index) until it finished, stalling the very
-inserts it races with, and would bloat one transaction's undo/WAL. Instead
-each batch is its own short transaction: pick at most ``batch_size`` keys by
-the ``expires_at`` index, then delete those keys — re-checking the expiry, so
-that a record reset by a new claim in between is kept. (MySQL does not allow
-``LIMIT`` in an ``IN`` subquery, hence the two statements.)
+One big ``DELETE … WHERE expires_at < :cutoff`` would hold its row (and InnoDB's gap) locks
+until it finished, stalling the very inserts it races with, in one huge transaction. A batch
+picks at most ``batch_size`` keys by the ``expires_at`` index, then deletes those keys
+re-checking the expiry (a record reset by a new claim in between is kept): two statements, as
+MySQL allows no ``LIMIT`` in an ``IN`` subquery.
 """
 
 from __future__ import annotations
@@ -35,11 +33,9 @@ def delete_expired(
 ) -> int:
     """Delete records that expired more than ``older_than_seconds`` ago; returns how many.
 
-    ``progress(deleted_in_batch, deleted_so_far)`` is called after each batch;
-    ``pause_seconds`` between batches leaves room for other writers on a busy
-    database. "Expired" is by the database's clock (``clock``: tests only), the one
-    the expiries were written by: a host whose clock runs ahead must not delete a
-    record that still refuses a second execution.
+    ``progress(deleted_in_batch, deleted_so_far)`` after each batch, ``pause_seconds`` between
+    them. "Expired" is by the database's clock (``clock``: tests only), which wrote the expiries:
+    a host whose clock runs ahead must not delete a record that still refuses a second execution.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")

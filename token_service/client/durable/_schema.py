@@ -1,15 +1,10 @@
 """The idempotency record table, its DDL per database, and ``create_records_table``.
 
-One row per key. Times are naive UTC everywhere (``DATETIME``/``timestamp``
-without zone): the three databases agree on nothing else. Every time the SDK
-writes or compares is the database's own clock, read in the statement that uses
-it (``database_now``), so app servers whose clocks disagree still agree on it.
-
-MySQL/MariaDB compare strings case- and trailing-space-insensitively by
-default; two different token digests that differ only in case would then be
-one record and one caller would be handed another's response. So the key is
-``ascii`` with the binary ``ascii_bin`` collation there, and keys are
-restricted to visible ASCII (see ``check_key``).
+Times are naive UTC everywhere (the three databases agree on nothing else), written by the
+database's own clock (``database_now``). MySQL/MariaDB compare strings case- and
+trailing-space-insensitively by default, and two token digests that differ only in case would
+share a record (one caller handed another's response): there the key is ``ascii_bin``, and keys
+are visible ASCII (``check_key``).
 """
 
 from __future__ import annotations
@@ -23,14 +18,10 @@ from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.schema import CreateIndex, CreateTable
 
 __all__ = [
-    "DEFAULT_TABLE_NAME",
     "DIALECTS",
     "FAILED",
     "IDEMPOTENCY_RECORDS",
-    "MAX_FINGERPRINT_CHARS",
-    "MAX_KEY_CHARS",
     "PROCESSING",
-    "STATUSES",
     "SUCCEEDED",
     "check_fingerprint",
     "check_key",
@@ -42,7 +33,6 @@ __all__ = [
 PROCESSING = "PROCESSING"
 SUCCEEDED = "SUCCEEDED"
 FAILED = "FAILED"
-STATUSES = (PROCESSING, SUCCEEDED, FAILED)
 
 DEFAULT_TABLE_NAME = "idempotency_records"
 MAX_KEY_CHARS = 255

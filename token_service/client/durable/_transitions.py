@@ -20,19 +20,8 @@ __all__ = ["StateMachine", "update_versioned"]
 
 
 class StateMachine:
-    """A declared transition table over one status column of one table.
-
-    ::
-
-        ORDER_STATES = StateMachine(orders, {
-            "CREATED": {"PAID", "CANCELLED"},
-            "PAID": {"SHIPPED", "REFUNDING"},
-            "SHIPPED": {"COMPLETED"},
-            "REFUNDING": {"REFUNDED"},
-            "COMPLETED": set(), "CANCELLED": set(), "REFUNDED": set(),
-        })
-        ORDER_STATES.transition(conn, order_id, "PAID")
-    """
+    """A declared transition table over one status column of one table: ``{state: {targets}}``,
+    every target a declared state (docs/durable.md, State machines)."""
 
     def __init__(
         self,
@@ -86,17 +75,14 @@ class StateMachine:
         allowed sources to the state the caller believes the row is in. Moves
         the table does not allow are refused before any SQL runs.
         """
-        if target not in self.transitions:
-            raise IllegalTransition(
-                f"{target!r} is not a state of this machine", row_id=row_id, target=target
-            )
+        for state in (target, expected):
+            if state is not None and state not in self.transitions:
+                raise IllegalTransition(
+                    f"{state!r} is not a state of this machine", row_id=row_id, target=target
+                )
         sources = self.allowed_from(target)
         if expected is not None:
-            if expected not in self.transitions:
-                raise IllegalTransition(
-                    f"{expected!r} is not a state of this machine", row_id=row_id, target=target
-                )
-            sources = sources & {expected}
+            sources &= {expected}
         if not sources:
             raise IllegalTransition(
                 f"{expected or 'no state'} → {target} is not an allowed transition",
@@ -173,10 +159,9 @@ def _update_if(
     values: Mapping[str, Any],
     found: sa.Column[Any],
 ) -> Any:
-    """Write ``values`` to row ``row_id`` in one UPDATE that also asks ``where``: None when it
-    held. Else the row is read, to say why: its ``found`` column (the state, the version) is
-    returned, ``RowNotFound`` raised when there is no row (or that value is NULL: nothing to
-    tell either). The one shape of :meth:`StateMachine.transition` and :func:`update_versioned`."""
+    """Write ``values`` to row ``row_id`` in one UPDATE that also asks ``where``: None when it held,
+    else the row's ``found`` column (its state, its version), read to say why; ``RowNotFound``
+    when there is no row (or that value is NULL: nothing to tell either)."""
     if conn.execute(sa.update(table).where(key == row_id, where).values(values)).rowcount == 1:
         return None
     value = conn.execute(sa.select(found).where(key == row_id)).scalar_one_or_none()
