@@ -107,17 +107,8 @@ def answer_of(outcome: TokenError | Replay) -> Reply:
     return Reply(replayed.status, replayed.replay_headers(), replayed.body)
 
 
-# what a decorator hands on to its guards unchanged, and what is the core's own
+# what a decorator hands on to its guards unchanged
 GUARD_OPTIONS = ("lease_seconds", "terminal", "wait_seconds")
-_OWN_OPTIONS = (
-    "header",
-    "subject",
-    "fingerprint",
-    "replay_headers",
-    "max_body_bytes",
-    "max_result_bytes",
-    "store_status",
-)
 
 
 class RequireToken:
@@ -164,7 +155,8 @@ class RequireToken:
     ) -> RequireToken:
         """The core of a decorator from its own arguments (``RequireToken.of(locals(), ...)``, first
         thing: the options are spelled once, in the public signature)."""
-        own = {name: arguments[name] for name in _OWN_OPTIONS if name in arguments}
+        # the core's own options: what __init__ takes by keyword (no decorator has a guard_options)
+        own = {name: arguments[name] for name in cls.__init__.__kwdefaults__ or () if name in arguments}
         hand_on = {name: arguments[name] for name in GUARD_OPTIONS if name in arguments}
         # one GuardHooks, built once and handed to every request's guard as it is (given by name,
         # each guard builds its own: 23.0k instead of 15.9k instructions, 7bf315a)
@@ -248,11 +240,6 @@ class RequireToken:
         """Whether the view's exception is the response it stands for (one of the framework's HTTP
         exceptions ``terminal`` does not list), rather than a failure."""
         return isinstance(exc, self.http_errors) and not guard.is_terminal(exc)
-
-    @staticmethod
-    def failed(guard: Guard, exc: BaseException) -> None:
-        """The view raised: record a terminal failure, or free the token for a retry."""
-        guard.abandon_quietly(exc)
 
     def raised(self, guard: Guard, exc: BaseException, render: Callable[[], Reply | None]) -> None:
         """The view raised ``exc``, which goes on to the framework: an HTTP exception is settled as

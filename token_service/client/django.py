@@ -33,7 +33,7 @@ import redis
 import redis.asyncio
 
 from token_service import defaults
-from token_service.errors import OutcomeNotRecorded, TokenError
+from token_service.errors import TokenError
 
 from ._client import AsyncTokenClient, TokenClient
 from ._engine import Flow, drive, drive_async
@@ -453,9 +453,12 @@ def require_token(
                 raise
             now = _settle_now(core, guard, request, response)
             if now is _READ_AHEAD:
-                not_recorded = yield functools.partial(_read_ahead, core, guard, response)
-            else:
-                not_recorded = None if now is None else (yield from core.settling(guard, now))
+                try:
+                    now = yield functools.partial(_read_ahead, core, response)
+                except BaseException:
+                    yield from core.settling(guard, None)  # it broke before it went out: freed
+                    raise
+            not_recorded = None if now is None else (yield from core.settling(guard, now))
             if not_recorded is not None:
                 return _response(answer_of(not_recorded))  # never a success whose outcome was not kept
             return response
@@ -502,36 +505,28 @@ def _settle_now(core: RequireToken, guard: Guard | AsyncGuard, request: HttpRequ
 _READ_AHEAD = object()
 
 
-async def _read_ahead(
-    core: RequireToken,
-    guard: Any,
-    response: StreamingHttpResponse,  # an AsyncGuard
-) -> OutcomeNotRecorded | None:
-    """An async view's stream that Django sends after the view's event loop is gone (under WSGI),
-    where its guard cannot be settled: read here and settled before it goes out; freed when it
-    raises while read. A synchronous one (a FileResponse) is read up to the caps, else omitted with
-    its declared length (0 without one: it cannot be counted before it goes out); an async one is
-    read whole, as Django would read it on a loop of its own (``StreamingHttpResponse.__iter__``)."""
+async def _read_ahead(core: RequireToken, response: StreamingHttpResponse) -> Reply:
+    """What to settle for an async view's stream that Django sends after the view's event loop is
+    gone (under WSGI), where its guard cannot be settled: read before it goes out. A synchronous one
+    (a FileResponse) is read up to the caps, else omitted with its declared length (0 without one: it
+    cannot be counted before it goes out); an async one is read whole, as Django would read it on a
+    loop of its own (``StreamingHttpResponse.__iter__``)."""
     head = Reply(response.status_code, list(response.items()))
     is_async = response.is_async
     read: list[bytes] = []
     rest: Iterator[bytes] = iter(())
-    try:
-        if is_async:
-            read = [chunk async for chunk in response.streaming_content]
-            whole = True
-        else:
-            rest = iter(response.streaming_content)
-            whole = await sync_to_async(_read_up_to)(rest, read, core.cap_bytes)
-    except BaseException:
-        await core.asettle(guard, None)  # the body broke before it went out: freed, as a broken stream is
-        raise
+    if is_async:
+        read = [chunk async for chunk in response.streaming_content]
+        whole = True
+    else:
+        rest = iter(response.streaming_content)
+        whole = await sync_to_async(_read_up_to)(rest, read, core.cap_bytes)
     response.streaming_content = itertools.chain(read, rest)
     size = sum(map(len, read))
     if whole and size <= core.cap_bytes:
-        return await core.asettle(guard, dataclasses.replace(head, body=b"".join(read)))
+        return dataclasses.replace(head, body=b"".join(read))
     omitted = size if is_async else declared_length(str(response.get("Content-Length") or "")) or 0
-    return await core.asettle(guard, dataclasses.replace(head, omitted=omitted))
+    return dataclasses.replace(head, omitted=omitted)
 
 
 def _read_up_to(chunks: Iterator[bytes], read: list[bytes], cap: int) -> bool:

@@ -126,7 +126,7 @@ def require_token(
             try:
                 response = _response_of(core, guard, view, args, kwargs)
             except BaseException as exc:
-                core.failed(guard, exc)
+                guard.abandon_quietly(exc)  # a terminal exception is recorded, any other frees the token
                 raise
             head = Reply(response.status_code, list(response.headers.items()))
             if not (response.is_streamed or response.direct_passthrough):
