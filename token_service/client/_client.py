@@ -1,24 +1,30 @@
-"""TokenClient and AsyncTokenClient: one surface over either transport.
+"""TokenClient and AsyncTokenClient: one surface over either transport, each method written once.
 
-The client adds what every caller would otherwise get wrong: a request id on
-every consume and begin (generated when the caller gives none), and retries
-of transport failures with backoff that resend that SAME id. The Lua scripts
-recognise a retry of the request that already won and answer it as a win
-(``replayed=True``), so a reply lost on the way back never turns into
-``TokenUsed``.
-
-``timeout`` is the budget of the whole call, on both transports: one deadline
-on the monotonic clock from the moment of the call, which every attempt,
-reconnect, read and back-off spends (:mod:`token_service.deadline`).
+What every caller would otherwise get wrong: a request id on every consume and begin, resent
+by every retry (a lost win is answered as one, ``replayed=True``, never ``TokenUsed``), and
+``timeout`` as the budget of the whole call (docs/sdk.md, "Timeouts: one budget per call").
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVar, Unpack
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Concatenate,
+    Generic,
+    ParamSpec,
+    Protocol,
+    Self,
+    TypeVar,
+    Unpack,
+    overload,
+)
 
 import redis
 import redis.asyncio
@@ -42,6 +48,9 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_TIMEOUT_SECONDS", "AsyncTokenClient", "KeyedCalls", "TokenClient", "keyed_calls"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
+C = TypeVar("C")
 RedisT = TypeVar("RedisT")  # the redis-py client a client runs on: sync or asyncio
 HttpTransportT = TypeVar("HttpTransportT")  # the httpx transport it may be given: sync or async
 DEFAULT_TIMEOUT_SECONDS = 5.0
@@ -61,18 +70,40 @@ class _Transport(Protocol):
     def close(self) -> None: ...
 
 
-class _AsyncTransport(Protocol):
-    async def issue(
-        self, scope: str, subject: str | None, fingerprint: str | None, ttl_seconds: int | None, count: int
-    ) -> list[IssuedToken]: ...
-    async def consume(self, use: UseRequest) -> Consumed: ...
-    async def begin(self, use: UseRequest, lease_seconds: int | None) -> Started | Finished: ...
-    async def renew(self, token: str, lease_id: str, lease_seconds: int | None) -> Renewed: ...
-    async def complete(self, token: str, lease_id: str, result: Any) -> Completed: ...
-    async def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> FailRecorded: ...
-    async def inspect(self, token: str) -> TokenInfo: ...
-    async def revoke(self, token: str) -> None: ...
-    async def close(self) -> None: ...
+if TYPE_CHECKING:
+
+    class _Method(Generic[P, R]):
+        """A method written once in :class:`_ClientBase`, awaited on :class:`AsyncTokenClient`."""
+
+        @overload
+        def __get__(self, client: AsyncTokenClient, owner: object) -> Callable[P, Coroutine[Any, Any, R]]: ...
+        @overload
+        def __get__(self, client: object, owner: object) -> Callable[P, R]: ...
+        def __get__(self, client: object, owner: object) -> Any: ...
+
+    def _method(function: Callable[Concatenate[Any, P], R]) -> _Method[P, R]: ...
+else:
+
+    def _method(function):
+        function.awaited_on_async = True
+        return function
+
+
+def _awaiting(cls: type[C]) -> type[C]:
+    """The async client: each shared method as a coroutine function awaiting its reply (what
+    ``guarded`` and every ``inspect.iscoroutinefunction`` caller looks for)."""
+
+    def awaited(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        @functools.wraps(method)
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            return await method(*args, **kwargs)
+
+        return call
+
+    for name, method in vars(_ClientBase).items():
+        if getattr(method, "awaited_on_async", False):
+            setattr(cls, name, awaited(method))
+    return cls
 
 
 def _policy(retry: RetryPolicy | int | None) -> RetryPolicy:
@@ -83,28 +114,19 @@ def _policy(retry: RetryPolicy | int | None) -> RetryPolicy:
     return retry
 
 
-class _RevokeAttempts:
-    """Around each attempt of one revoke: after an attempt whose reply was lost, TokenInvalid
-    means that attempt revoked it (the caller asked for the token to be gone, and it is)."""
-
-    def __init__(self) -> None:
-        self.outcome_unknown = False
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
-        if isinstance(exc, ServiceUnavailable):
-            self.outcome_unknown = True
-        return isinstance(exc, TokenInvalid) and self.outcome_unknown
-
-
 class _ClientBase(Generic[RedisT, HttpTransportT]):
     """All of a client but the waiting (httpx's ``BaseClient``): its settings, its constructors
     and how each backend is built. :class:`TokenClient` and :class:`AsyncTokenClient` add the
     calls; their redis-py client and httpx transport are the sync or the async kind."""
 
     _is_async: ClassVar[bool]
+    _backend: _Transport  # or, on the async client, the same methods returning awaitables
+
+    if TYPE_CHECKING:  # as the sync client has them; the async one's are coroutine functions
+
+        def _call(self, operation: Callable[..., T], *args: Any) -> T: ...
+        def _first(self, tokens: list[IssuedToken]) -> IssuedToken: ...
+        def guard(self, token: str, scope: str, **options: Unpack[GuardOptions]) -> Guard | AsyncGuard: ...
 
     def __init__(
         self,
@@ -126,10 +148,18 @@ class _ClientBase(Generic[RedisT, HttpTransportT]):
         self._call_timeout_seconds = _call_timeout_seconds
         self._unanswered = "Redis did not answer"  # the HTTP client says who did not
         if _backend is None:
-            _backend = self._over_http(
-                base_url, api_key, timeout, max_connections, transport, max_result_bytes
-            )
-        self._set_backend(_backend, timeout)
+            if base_url is None:
+                raise ValueError(f"base_url is required (or use {type(self).__name__}.from_redis)")
+            try:
+                from . import _http  # httpx is only needed for this transport
+            except ModuleNotFoundError as exc:
+                missing(exc, f"{type(self).__name__} over HTTP", ("httpx",), install("client"))
+            kind = _http.AsyncHttpTransport if self._is_async else _http.HttpTransport
+            _backend = kind(base_url, api_key, timeout, max_connections, transport, max_result_bytes)
+            # over HTTP, ``timeout`` is the budget of the whole call too
+            self._call_timeout_seconds = timeout
+            self._unanswered = "The token service did not answer"
+        self._backend = _backend
 
     @classmethod
     def from_redis(
@@ -146,33 +176,14 @@ class _ClientBase(Generic[RedisT, HttpTransportT]):
     ) -> Self:
         """Run the service's Lua scripts on the shared Redis directly (no HTTP hop).
 
-        ``key_prefix`` and ``result_ttl_seconds`` must match the service's
-        ``TOKEN_SERVICE_KEY_PREFIX`` / ``RESULT_TTL_SECONDS`` when both are used.
-        ``timeout`` bounds each whole call: its attempts, reconnects and back-off
-        end within it (a :class:`ServiceUnavailable` then). A client passed in is
-        used as it is (its own timeouts and retry settings included: the budget
-        then only stops further attempts; the async client cancels at it,
-        ``asyncio.timeout``) and not closed by :meth:`close`.
-        ``max_connections`` bounds the connections a URL's client opens (per
-        node): on one server a call beyond them waits for one within its
-        ``timeout``, and (sync) connections unused for a minute are closed.
+        ``key_prefix`` and ``result_ttl_seconds`` must match the service's settings. ``timeout``
+        bounds each whole call; a client passed in keeps its own timeouts and is not closed by
+        :meth:`close` (docs/sdk.md, "Timeouts"). ``max_connections``: per node, for a URL.
         """
         backend = cls._over_redis(
             url_or_client, key_prefix, result_ttl_seconds, timeout, limits, max_connections
         )
         return cls(retry=retry, telemetry=telemetry, _backend=backend, _call_timeout_seconds=timeout)
-
-    def _set_backend(self, backend: Any, timeout: float) -> None:
-        """The transport; over HTTP (no backend given), ``timeout`` is the whole call's budget."""
-        self._backend = backend
-        if getattr(backend, "keeps_call_deadline", False):
-            self._call_timeout_seconds = timeout
-            self._unanswered = "The token service did not answer"
-
-    def _ends_at(self) -> float:
-        """The monotonic time a call starting now must be done by (infinity: no budget)."""
-        budget = self._call_timeout_seconds
-        return math.inf if budget is None else time.monotonic() + budget
 
     def _retry_delay(self, failures: int, ends_at: float, error: ServiceUnavailable) -> float:
         """The wait before the next attempt; raises ``error`` when there is to be none: the
@@ -188,33 +199,6 @@ class _ClientBase(Generic[RedisT, HttpTransportT]):
             f"{self._unanswered} within the call's timeout ({self._call_timeout_seconds:g} s)."
         ) from error
 
-    def _over_http(
-        self,
-        base_url: str | None,
-        api_key: str | None,
-        timeout: float,
-        max_connections: int,
-        transport: Any,
-        max_result_bytes: int,
-    ) -> Any:
-        """The HTTP transport; ``transport`` is an httpx transport of this client's kind."""
-        if base_url is None:
-            raise ValueError(f"base_url is required (or use {type(self).__name__}.from_redis)")
-        try:
-            from . import _http  # httpx is only needed for this transport
-        except ModuleNotFoundError as exc:
-            missing(exc, f"{type(self).__name__} over HTTP", ("httpx",), install("client"))
-
-        kind = _http.AsyncHttpTransport if self._is_async else _http.HttpTransport
-        return kind(
-            base_url,
-            api_key=api_key,
-            timeout=timeout,
-            max_connections=max_connections,
-            transport=transport,
-            max_result_bytes=max_result_bytes,
-        )
-
     @classmethod
     def _over_redis(
         cls,
@@ -223,7 +207,7 @@ class _ClientBase(Generic[RedisT, HttpTransportT]):
         result_ttl_seconds: int,
         timeout: float,
         limits: DirectLimits | None,
-        max_connections: int = defaults.REDIS_MAX_CONNECTIONS,
+        max_connections: int,
     ) -> Any:
         """The direct transport: a client passed in is used as it is and not closed with ours."""
         owns = isinstance(url_or_client, str)
@@ -232,57 +216,15 @@ class _ClientBase(Generic[RedisT, HttpTransportT]):
             if owns
             else url_or_client
         )
-        limits = limits or DirectLimits()
-        if cls._is_async:
-            store = AsyncTokenStore(client, key_prefix=key_prefix, result_ttl_seconds=result_ttl_seconds)
-            return AsyncDirectTransport(store, limits, owns_client=owns)
-        sync_store = TokenStore(client, key_prefix=key_prefix, result_ttl_seconds=result_ttl_seconds)
-        return DirectTransport(sync_store, limits, owns_client=owns)
+        store = (AsyncTokenStore if cls._is_async else TokenStore)(
+            client, key_prefix=key_prefix, result_ttl_seconds=result_ttl_seconds
+        )
+        direct = AsyncDirectTransport if cls._is_async else DirectTransport
+        return direct(store, limits or DirectLimits(), owns_client=owns)
 
+    # -- the operations: written once, awaited on the async client ---------------------------
 
-class TokenClient(_ClientBase[redis.Redis, "httpx.BaseTransport"]):
-    """The token service for a backend: over HTTP, or straight against Redis (:meth:`from_redis`).
-
-    Every method may raise the :mod:`token_service.errors` class of the
-    service's error code; :class:`ServiceUnavailable` only after the retries
-    are spent. Use it as a context manager (or call :meth:`close`) to release
-    its connections.
-    """
-
-    _is_async = False
-    _backend: _Transport
-
-    # -- plumbing -----------------------------------------------------------
-
-    def _call(self, operation: Callable[[], T]) -> T:
-        """``operation``, tried ``retry.attempts`` times in all while the service is unavailable,
-        all within the call's budget (the deadline each Redis step of the attempts keeps to)."""
-        budget = self._call_timeout_seconds
-        if budget is None:
-            return self._attempts(operation, math.inf)
-        with deadline.within(budget) as ends_at:
-            return self._attempts(operation, ends_at)
-
-    def _attempts(self, operation: Callable[[], T], ends_at: float) -> T:
-        failures = 0
-        while True:
-            try:
-                return operation()
-            except ServiceUnavailable as error:
-                failures += 1
-                time.sleep(self._retry_delay(failures, ends_at, error))
-
-    def close(self) -> None:
-        self._backend.close()
-
-    def __enter__(self) -> TokenClient:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    # -- operations ---------------------------------------------------------
-
+    @_method
     def generate(
         self,
         scope: str,
@@ -292,8 +234,9 @@ class TokenClient(_ClientBase[redis.Redis, "httpx.BaseTransport"]):
         ttl_seconds: int | None = None,
     ) -> IssuedToken:
         """Issue one token. A retry after a lost reply issues a fresh one (the lost one just expires)."""
-        return self._call(lambda: self._backend.issue(scope, subject, fingerprint, ttl_seconds, 1))[0]
+        return self._first(self._call(self._backend.issue, scope, subject, fingerprint, ttl_seconds, 1))
 
+    @_method
     def generate_batch(
         self,
         scope: str,
@@ -304,8 +247,9 @@ class TokenClient(_ClientBase[redis.Redis, "httpx.BaseTransport"]):
         ttl_seconds: int | None = None,
     ) -> list[IssuedToken]:
         """Issue ``count`` tokens in one round trip."""
-        return self._call(lambda: self._backend.issue(scope, subject, fingerprint, ttl_seconds, count))
+        return self._call(self._backend.issue, scope, subject, fingerprint, ttl_seconds, count)
 
+    @_method
     def consume(
         self,
         token: str,
@@ -318,8 +262,9 @@ class TokenClient(_ClientBase[redis.Redis, "httpx.BaseTransport"]):
         """Use a token once. ``replayed`` is true when a retry of this request finds its own win."""
         # every retry resends its request id: a lost win is found again
         use = UseRequest(token, scope, subject, fingerprint, request_id or new_request_id())
-        return self._call(lambda: self._backend.consume(use))
+        return self._call(self._backend.consume, use)
 
+    @_method
     def begin(
         self,
         token: str,
@@ -332,37 +277,88 @@ class TokenClient(_ClientBase[redis.Redis, "httpx.BaseTransport"]):
     ) -> Started | Finished:
         """Take a lease (:class:`Started`) or find the stored result (:class:`Finished`)."""
         use = UseRequest(token, scope, subject, fingerprint, request_id or new_request_id())
-        return self._call(lambda: self._backend.begin(use, lease_seconds))
+        return self._call(self._backend.begin, use, lease_seconds)
 
+    @_method
     def renew(self, token: str, lease_id: str, *, lease_seconds: int | None = None) -> Renewed:
         """Extend the live lease to ``lease_seconds`` from now; LeaseLost when it is not the live one."""
-        return self._call(lambda: self._backend.renew(token, lease_id, lease_seconds))
+        return self._call(self._backend.renew, token, lease_id, lease_seconds)
 
+    @_method
     def complete(self, token: str, lease_id: str, result: Any = None) -> Completed:
         """Finish a two-phase operation and store its JSON ``result`` for duplicates."""
-        return self._call(lambda: self._backend.complete(token, lease_id, result))
+        return self._call(self._backend.complete, token, lease_id, result)
 
+    @_method
     def fail(self, token: str, lease_id: str, *, retryable: bool = True, error: Any = None) -> FailRecorded:
         """Release the token for a retry (``retryable``) or record a terminal failure with ``error``."""
-        return self._call(lambda: self._backend.fail(token, lease_id, retryable, error))
+        return self._call(self._backend.fail, token, lease_id, retryable, error)
 
+    @_method
     def verify(self, token: str) -> TokenInfo:
         """The token's state and bindings; changes nothing. Raises TokenInvalid when it is gone."""
-        return self._call(lambda: self._backend.inspect(token))
+        return self._call(self._backend.inspect, token)
 
     inspect = verify
 
+    @_method
     def revoke(self, token: str) -> None:
-        """Delete a token whatever its state. Raises TokenInvalid when there was none."""
-        attempts = _RevokeAttempts()
+        """Delete a token whatever its state. Raises TokenInvalid when there was none.
 
-        def attempt() -> None:
-            with attempts:
-                self._backend.revoke(token)
+        After an attempt whose reply was lost, TokenInvalid means that attempt revoked it:
+        the caller asked for the token to be gone, and it is (``_attempts``)."""
+        return self._call(self._backend.revoke, token)
 
-        self._call(attempt)
+    def guarded(self, scope: str, **options: Any) -> Callable[[Callable[..., T]], Callable[..., T]]:
+        """Decorator form of :meth:`guard`; see :func:`token_service.client.guard.guarded`."""
+        return guarded(self, scope, **options)
 
-    # -- the two-phase guard --------------------------------------------------
+
+class TokenClient(_ClientBase[redis.Redis, "httpx.BaseTransport"]):
+    """The token service for a backend: over HTTP, or straight against Redis (:meth:`from_redis`).
+
+    Every method may raise the :mod:`token_service.errors` class of the
+    service's error code; :class:`ServiceUnavailable` only after the retries
+    are spent. Use it as a context manager (or call :meth:`close`) to release
+    its connections.
+    """
+
+    _is_async = False
+
+    def _call(self, operation: Callable[..., T], *args: Any) -> T:
+        """``operation(*args)``, tried ``retry.attempts`` times in all while the service is
+        unavailable, all within the call's budget (the deadline each Redis step keeps to)."""
+        budget = self._call_timeout_seconds
+        if budget is None:
+            return self._attempts(math.inf, operation, args)
+        with deadline.within(budget) as ends_at:
+            return self._attempts(ends_at, operation, args)
+
+    def _attempts(self, ends_at: float, operation: Callable[..., T], args: tuple[Any, ...]) -> T:
+        failures = 0
+        while True:
+            try:
+                return operation(*args)
+            except ServiceUnavailable as error:
+                failures += 1
+                time.sleep(self._retry_delay(failures, ends_at, error))
+            except TokenInvalid:
+                if not failures or operation != self._backend.revoke:
+                    raise
+                return None  # type: ignore[return-value]  # see _ClientBase.revoke
+
+    @staticmethod
+    def _first(tokens: list[IssuedToken]) -> IssuedToken:
+        return tokens[0]
+
+    def close(self) -> None:
+        self._backend.close()
+
+    def __enter__(self) -> TokenClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     def guard(self, token: str, scope: str, **options: Unpack[GuardOptions]) -> Guard:
         """A :class:`~token_service.client.guard.Guard` for one token (context manager).
@@ -373,25 +369,24 @@ class TokenClient(_ClientBase[redis.Redis, "httpx.BaseTransport"]):
         """
         return Guard(self, token, scope, **options)
 
-    def guarded(self, scope: str, **options: Any) -> Callable[[Callable[..., T]], Callable[..., T]]:
-        """Decorator form of :meth:`guard`; see :func:`token_service.client.guard.guarded`."""
-        return guarded(self, scope, **options)
 
-
+@_awaiting
 class AsyncTokenClient(_ClientBase[redis.asyncio.Redis, "httpx.AsyncBaseTransport"]):
     """:class:`TokenClient` for asyncio: the same methods, awaited."""
 
     _is_async = True
-    _backend: _AsyncTransport
+    _backend: Any  # _Transport's methods, each returning an awaitable
 
-    async def _call(self, operation: Callable[[], Awaitable[T]]) -> T:
+    async def _call(self, operation: Callable[..., Awaitable[T]], *args: Any) -> T:  # type: ignore[override]
         budget = self._call_timeout_seconds
         if budget is None:
-            return await self._attempts(operation, math.inf)
+            return await self._attempts(math.inf, operation, args)
         with deadline.within(budget) as ends_at:  # the task's own: what the HTTP streams keep to
-            return await self._attempts(operation, ends_at)
+            return await self._attempts(ends_at, operation, args)
 
-    async def _attempts(self, operation: Callable[[], Awaitable[T]], ends_at: float) -> T:
+    async def _attempts(
+        self, ends_at: float, operation: Callable[..., Awaitable[T]], args: tuple[Any, ...]
+    ) -> T:
         # the HTTP transport keeps the deadline at every read itself: cancelling it at the
         # deadline would race that (and leave connections in httpcore's pool, encode/httpcore#1093)
         cancel = ends_at != math.inf and not getattr(self._backend, "keeps_call_deadline", False)
@@ -399,25 +394,32 @@ class AsyncTokenClient(_ClientBase[redis.asyncio.Redis, "httpx.AsyncBaseTranspor
         while True:
             try:
                 if not cancel:
-                    return await operation()
-                return await self._before(ends_at, operation)
+                    return await operation(*args)
+                return await self._before(ends_at, operation(*args))
             except ServiceUnavailable as error:
                 failures += 1
                 await asyncio.sleep(self._retry_delay(failures, ends_at, error))
+            except TokenInvalid:
+                if not failures or operation != self._backend.revoke:
+                    raise
+                return None  # type: ignore[return-value]  # see _ClientBase.revoke
 
-    async def _before(self, ends_at: float, operation: Callable[[], Awaitable[T]]) -> T:
-        """``operation()``, cancelled at ``ends_at`` (ServiceUnavailable then). redis.asyncio drops
+    async def _before(self, ends_at: float, reply: Awaitable[T]) -> T:
+        """``reply``, cancelled at ``ends_at`` (ServiceUnavailable then). redis.asyncio drops
         a connection whose command was cancelled, so no later command reads its reply."""
         budget = asyncio.timeout(ends_at - time.monotonic())
         try:
             async with budget:
-                return await operation()
+                return await reply
         except TimeoutError as exc:
             if not budget.expired():
                 raise
             raise ServiceUnavailable(
                 f"{self._unanswered} within the call's timeout ({self._call_timeout_seconds:g} s)."
             ) from exc
+
+    async def _first(self, tokens: Awaitable[list[IssuedToken]]) -> IssuedToken:  # type: ignore[override]
+        return (await tokens)[0]
 
     async def close(self) -> None:
         await self._backend.close()
@@ -428,83 +430,9 @@ class AsyncTokenClient(_ClientBase[redis.asyncio.Redis, "httpx.AsyncBaseTranspor
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def generate(
-        self,
-        scope: str,
-        *,
-        subject: str | None = None,
-        fingerprint: str | None = None,
-        ttl_seconds: int | None = None,
-    ) -> IssuedToken:
-        return (await self._call(lambda: self._backend.issue(scope, subject, fingerprint, ttl_seconds, 1)))[0]
-
-    async def generate_batch(
-        self,
-        scope: str,
-        count: int,
-        *,
-        subject: str | None = None,
-        fingerprint: str | None = None,
-        ttl_seconds: int | None = None,
-    ) -> list[IssuedToken]:
-        return await self._call(lambda: self._backend.issue(scope, subject, fingerprint, ttl_seconds, count))
-
-    async def consume(
-        self,
-        token: str,
-        scope: str,
-        *,
-        subject: str | None = None,
-        fingerprint: str | None = None,
-        request_id: str | None = None,
-    ) -> Consumed:
-        use = UseRequest(token, scope, subject, fingerprint, request_id or new_request_id())
-        return await self._call(lambda: self._backend.consume(use))
-
-    async def begin(
-        self,
-        token: str,
-        scope: str,
-        *,
-        subject: str | None = None,
-        fingerprint: str | None = None,
-        request_id: str | None = None,
-        lease_seconds: int | None = None,
-    ) -> Started | Finished:
-        use = UseRequest(token, scope, subject, fingerprint, request_id or new_request_id())
-        return await self._call(lambda: self._backend.begin(use, lease_seconds))
-
-    async def renew(self, token: str, lease_id: str, *, lease_seconds: int | None = None) -> Renewed:
-        return await self._call(lambda: self._backend.renew(token, lease_id, lease_seconds))
-
-    async def complete(self, token: str, lease_id: str, result: Any = None) -> Completed:
-        return await self._call(lambda: self._backend.complete(token, lease_id, result))
-
-    async def fail(
-        self, token: str, lease_id: str, *, retryable: bool = True, error: Any = None
-    ) -> FailRecorded:
-        return await self._call(lambda: self._backend.fail(token, lease_id, retryable, error))
-
-    async def verify(self, token: str) -> TokenInfo:
-        return await self._call(lambda: self._backend.inspect(token))
-
-    inspect = verify
-
-    async def revoke(self, token: str) -> None:
-        attempts = _RevokeAttempts()
-
-        async def attempt() -> None:
-            with attempts:
-                await self._backend.revoke(token)
-
-        await self._call(attempt)
-
     def guard(self, token: str, scope: str, **options: Unpack[GuardOptions]) -> AsyncGuard:
         """An :class:`~token_service.client.guard.AsyncGuard` (``async with``)."""
         return AsyncGuard(self, token, scope, **options)
-
-    def guarded(self, scope: str, **options: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        return guarded(self, scope, **options)
 
 
 class KeyedCalls:
@@ -523,16 +451,16 @@ class KeyedCalls:
         request_id = options["request_id"] or new_request_id()
         use = records.use(token, scope, options["subject"], options["fingerprint"], request_id)
         lease = records.direct.lease_seconds(options["lease_seconds"])
-        return self._call(lambda: records.begin(use, lease))
+        return self._call(records.begin, use, lease)
 
     def renew(self, token: str, lease_id: str, *, lease_seconds: int | None = None) -> Any:
-        return self._call(lambda: self.records.renew(token, lease_id, lease_seconds))
+        return self._call(self.records.renew, token, lease_id, lease_seconds)
 
     def complete(self, token: str, lease_id: str, result: Any = None) -> Any:
-        return self._call(lambda: self.records.complete(token, lease_id, result))
+        return self._call(self.records.complete, token, lease_id, result)
 
     def fail(self, token: str, lease_id: str, *, retryable: bool = True, error: Any = None) -> Any:
-        return self._call(lambda: self.records.fail(token, lease_id, retryable, error))
+        return self._call(self.records.fail, token, lease_id, retryable, error)
 
 
 def keyed_calls(client: TokenClient | AsyncTokenClient, ttl_seconds: int) -> KeyedCalls:

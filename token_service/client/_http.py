@@ -281,7 +281,6 @@ class _HttpOperations:
     def __init__(
         self,
         base_url: str,
-        *,
         api_key: str | None,
         timeout: float,
         max_connections: int = 20,

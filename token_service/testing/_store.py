@@ -199,7 +199,7 @@ class _KitAsyncClient(AsyncTokenClient):
     def _kit_bind(self, store: InMemoryStore) -> None:
         self._kit_store, self._kit_generation, self._kit_test = store, store._generation, store._test_name
 
-    async def _call(self, *args: Any, **kwargs: Any) -> Any:
+    async def _call(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         if self._kit_store is not None:
             self._kit_store._check(self._kit_generation, self._kit_test)
         loop = asyncio.get_running_loop()
