@@ -18,10 +18,14 @@ from tests.durable.databases import Db
 from token_service.client import Telemetry
 from token_service.client.durable import (
     FingerprintMismatch,
+    RecordFailed,
     StoredResponse,
+    claim,
+    fail,
     request_fingerprint,
     run_once,
 )
+from token_service.errors import LeaseLost
 
 SCOPE = "payment.durable"
 
@@ -83,3 +87,44 @@ def test_run_once_counts_and_traces_each_outcome(db: Db, observed: Observed) -> 
     assert charge.parent is not None
     assert charge.parent.span_id == durable[0].context.span_id  # the handler's spans nest under it
     assert durable[-1].events[0].name == "exception"
+
+
+def test_a_conflict_and_a_lost_lease_are_counted_and_traced_as_a_guards_are(
+    db: Db, observed: Observed, caplog: pytest.LogCaptureFixture
+) -> None:
+    options: dict[str, Any] = {"table": db.records, "telemetry": observed.telemetry, "telemetry_scope": SCOPE}
+    with db.engine.begin() as conn:
+        fail(
+            conn,
+            claim(conn, "pay-3", table=db.records),
+            retryable=False,
+            error={"declined": True},
+            table=db.records,
+        )
+
+    def taken_over(conn: sa.Connection) -> StoredResponse:
+        # another request took the claim over while this one ran: its complete is fenced out
+        conn.execute(
+            sa.update(db.records).where(db.records.c.record_key == "pay-4").values(lease_id="theirs")
+        )
+        return StoredResponse.json(201, {"charged": True})
+
+    with pytest.raises(RecordFailed), db.engine.begin() as conn:
+        run_once(conn, "pay-3", taken_over, **options)
+    with pytest.raises(LeaseLost), db.engine.begin() as conn:
+        run_once(conn, "pay-4", taken_over, **options)
+
+    assert observed.count("conflicts", code="record_failed") == 1
+    assert observed.count("lease_losses") == 1
+    assert observed.count("executions", outcome="lease_lost") == 1
+    durable = [
+        span for span in observed.exporter.get_finished_spans() if span.name == "token_service.durable"
+    ]
+    assert [(span.attributes or {}).get("token_service.outcome") for span in durable] == [
+        "conflict",
+        "lease_lost",
+    ]
+    assert [event.name for event in durable[-1].events] == ["lease_lost", "exception"]
+    assert [record.levelname for record in caplog.records if "lost its lease" in record.getMessage()] == [
+        "ERROR"
+    ]
