@@ -240,3 +240,155 @@ def test_every_console_value_and_message_stays_on_its_line() -> None:
         " method=POST route=/token/generate status=201 duration_ms=1.234 client=127.0.0.1"
         " token_ref=abcdefgh request_id=" + "r" * 32
     )
+
+
+# -- the access line written without a LogRecord (logs.DirectLines) ------------------------------
+
+
+@pytest.fixture
+def service_logging(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """logging_config() applied, its handler writing to a buffer; logging put back afterwards."""
+    import io
+    import logging.config
+
+    names = ["", "gunicorn.error", "gunicorn.access", "token_service.access"]
+    saved = [
+        (lg, lg.level, list(lg.handlers), list(lg.filters), lg.propagate, lg.disabled)
+        for lg in (logging.getLogger(name) for name in names)
+    ]
+    logging.config.dictConfig(logging_config())
+    buffer = io.StringIO()
+    (handler,) = logging.getLogger().handlers
+    handler.setStream(buffer)  # type: ignore[attr-defined]
+    # one instant for both paths: 1.9995 s into a second, where the milliseconds round
+    monkeypatch.setattr("time.time", lambda: 1_765_000_000.9995)
+    monkeypatch.setattr("time.time_ns", lambda: 1_765_000_000_999_500_000)
+    yield buffer, handler
+    for lg, level, handlers, filters, propagate, disabled in saved:
+        lg.setLevel(level)
+        lg.handlers[:] = handlers
+        lg.filters[:] = filters
+        lg.propagate, lg.disabled = propagate, disabled
+
+
+def only_the_service_handler(handler: logging.Handler) -> None:
+    """pytest's logging plugin adds its capture handlers to the root logger around each test's
+    body (so no line goes directly under pytest): take them off for this test."""
+    logging.getLogger().handlers[:] = [handler]
+
+
+def access_line(token_ref: str | None, direct: bool) -> None:
+    from token_service.server import telemetry
+    from token_service.server.request_context import RequestInfo
+
+    info = RequestInfo("r" * 32, token_ref)
+    if direct:
+        telemetry.record(info, "POST", "/token/consume", 200, 0.0012345, "10.0.0.1")
+        return
+    write = telemetry._direct_access.write
+    telemetry._direct_access.write = lambda *args: False  # type: ignore[method-assign]
+    try:
+        telemetry.record(info, "POST", "/token/consume", 200, 0.0012345, "10.0.0.1")
+    finally:
+        telemetry._direct_access.write = write  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("token_ref", [None, "abcdefghijklmnopqrstuv"])
+def test_the_direct_access_line_is_the_records_line(service_logging: Any, token_ref: str | None) -> None:
+    from token_service.server import telemetry
+
+    buffer, handler = service_logging
+    only_the_service_handler(handler)
+    assert telemetry._direct_access.handler() is handler
+    access_line(token_ref, direct=True)
+    direct = buffer.getvalue()
+    buffer.seek(0)
+    buffer.truncate()
+    access_line(token_ref, direct=False)
+    assert direct == buffer.getvalue()
+    assert direct.count("\n") == 1
+    assert json.loads(direct)["status"] == 200
+
+
+def _another_handler(handler: logging.Handler) -> None:
+    logging.getLogger("token_service.access").addHandler(logging.NullHandler())
+
+
+def _a_filter_on_the_logger(handler: logging.Handler) -> None:
+    logging.getLogger("token_service.access").addFilter(lambda record: True)
+
+
+def _a_filter_on_the_handler(handler: logging.Handler) -> None:
+    handler.addFilter(lambda record: True)
+
+
+def _the_console_format(handler: logging.Handler) -> None:
+    handler.setFormatter(ConsoleFormatter())
+
+
+def _another_json_format(handler: logging.Handler) -> None:
+    handler.setFormatter(JsonFormatter("%(asctime)s %(process)d %(message)s"))
+
+
+def _a_level_above_info(handler: logging.Handler) -> None:
+    handler.setLevel(logging.WARNING)
+
+
+def _no_propagation(handler: logging.Handler) -> None:
+    logging.getLogger("token_service.access").propagate = False
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        _another_handler,
+        _a_filter_on_the_logger,
+        _a_filter_on_the_handler,
+        _the_console_format,
+        _another_json_format,
+        _a_level_above_info,
+        _no_propagation,
+    ],
+)
+def test_any_other_logging_setup_gets_its_record(service_logging: Any, change: Any) -> None:
+    from token_service.server import telemetry
+
+    handler = service_logging[1]
+    only_the_service_handler(handler)
+    change(handler)
+    assert telemetry._direct_access.handler() is None
+    seen: list[logging.LogRecord] = []
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    logging.getLogger("token_service.access").addHandler(Seen())
+    access_line(None, direct=True)
+    assert [record.getMessage() for record in seen] == ["request"]
+    assert seen[0].route == "/token/consume"  # type: ignore[attr-defined]
+
+
+def test_a_record_factory_of_ones_own_gets_its_record(service_logging: Any) -> None:
+    from token_service.server import telemetry
+
+    only_the_service_handler(service_logging[1])
+    factory = logging.getLogRecordFactory()
+    logging.setLogRecordFactory(lambda *args, **kwargs: factory(*args, **kwargs))
+    try:
+        assert telemetry._direct_access.handler() is None
+    finally:
+        logging.setLogRecordFactory(factory)
+    assert telemetry._direct_access.handler() is not None
+
+
+def test_a_failed_write_is_the_handlers_to_report(
+    service_logging: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    buffer, handler = service_logging
+    only_the_service_handler(handler)
+    reported: list[logging.LogRecord] = []
+    monkeypatch.setattr(handler, "handleError", reported.append)
+    buffer.close()  # writing to it raises ValueError, as StreamHandler.emit would meet it
+    access_line(None, direct=True)
+    assert [record.getMessage() for record in reported] == ["request"]

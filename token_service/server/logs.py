@@ -12,7 +12,9 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from pythonjsonlogger.json import JsonEncoder
@@ -23,6 +25,7 @@ from token_service.server import json_text, request_context
 __all__ = [
     "JSON_FORMAT",
     "ConsoleFormatter",
+    "DirectLines",
     "JsonFormatter",
     "RequestIdFilter",
     "console_value",
@@ -33,6 +36,8 @@ JSON_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 # Sets of record attributes (a record's extra fields) a JSON formatter remembers the names of:
 # the access line's few, the app's own log calls; beyond that, worked out line by line.
 _MAX_SHAPES = 64
+# The record fields a line written without a record (JsonFormatter.direct_line) can fill in.
+_DIRECT_FIELDS = frozenset({"asctime", "levelname", "name", "message"})
 
 
 class RequestIdFilter(logging.Filter):
@@ -73,6 +78,15 @@ class JsonFormatter(_LibraryJsonFormatter):
         )
         self._time_cache = (-1, "")
         self._extras: dict[tuple[str, ...], list[tuple[str, str]]] = {}
+        # whether direct_line writes this formatter's line for a record it never sees
+        self.direct = (
+            self._fast
+            and not self.datefmt
+            and bool(self.default_msec_format)
+            and _DIRECT_FIELDS.issuperset(self._required_fields)
+            and type(self).format is JsonFormatter.format
+            and type(self).formatTime is JsonFormatter.formatTime
+        )
 
     def _extras_of(self, shape: tuple[str, ...]) -> list[tuple[str, str]]:
         """The record attributes a line writes after the required fields, each with its name."""
@@ -89,13 +103,38 @@ class JsonFormatter(_LibraryJsonFormatter):
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         if datefmt or not self.default_msec_format:
             return super().formatTime(record, datefmt)
+        return self._time_text(record.created, record.msecs)
+
+    def _time_text(self, created: float, msecs: float) -> str:
         # logging's text, with the strftime done once per second (one tuple: thread-safe)
-        second = int(record.created)
+        second = int(created)
         cached = self._time_cache
         if cached[0] != second:
-            cached = (second, time.strftime(self.default_time_format, self.converter(record.created)))
+            cached = (second, time.strftime(self.default_time_format, self.converter(created)))
             self._time_cache = cached
-        return self.default_msec_format % (cached[1], record.msecs)
+        # its callers have checked that there is a default_msec_format
+        return self.default_msec_format % (cached[1], msecs)  # type: ignore[operator]
+
+    def direct_line(
+        self, created: float, msecs: float, level: int, name: str, message: str, fields: Mapping[str, Any]
+    ) -> str | None:
+        """The line :meth:`format` writes for a plain record of ``name`` made at ``created`` (and
+        ``msecs``) with ``message`` and the extra ``fields`` (none of them a LogRecord attribute),
+        without the record; None when only the library's encoder can write a value (or
+        :attr:`direct` is false)."""
+        if not self.direct:
+            return None
+        known = {"levelname": logging.getLevelName(level), "name": name, "message": message}
+        if self._wants_asctime:
+            known["asctime"] = self._time_text(created, msecs)
+        data = {out: known.get(field) for field, out in self._required}
+        rename = self.rename_fields
+        for key, value in fields.items():
+            data[rename.get(key, key)] = value
+        try:
+            return json_text.spaced(data)
+        except (TypeError, ValueError, RecursionError):
+            return None
 
     def format(self, record: logging.LogRecord) -> str:
         if (
@@ -123,6 +162,90 @@ class JsonFormatter(_LibraryJsonFormatter):
             return json_text.spaced(data)  # json.dumps(data)'s text
         except (TypeError, ValueError, RecursionError):  # a value only the library's encoder can write
             return self.jsonify_log_record(data)
+
+
+def record_time() -> tuple[float, float]:
+    """``created`` and ``msecs`` of a LogRecord made now, as this Python's logging works them out."""
+    if sys.version_info >= (3, 13):
+        now_ns = time.time_ns()
+        created = now_ns / 1e9
+        msecs = (now_ns % 1_000_000_000) // 1_000_000 + 0.0
+        if msecs == 999.0 and int(created) != now_ns // 1_000_000_000:
+            msecs = 0.0  # the float seconds rounded up into the next second
+        return created, msecs
+    now = time.time()
+    return now, int((now - int(now)) * 1000) + 0.0
+
+
+class DirectLines:
+    """One logger's plain INFO lines written to its handler without a LogRecord, when nothing else
+    would see the record: logging set up as :func:`logging_config` sets it up (one stream handler
+    on the logger's path, its JSON formatter and :class:`RequestIdFilter`, no filter on the
+    logger, the stock record factory).
+
+    Every request writes an access line, and making the record (time, pid, thread, process
+    name, source) and passing it through the logger and the handler cost more than formatting
+    it. :meth:`write` gives the same text to the same stream under the handler's lock, and says
+    False whenever anything else is set up (another handler, pytest's capture, a filter, another
+    format): the caller then logs as usual.
+    """
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+
+    def handler(self) -> logging.StreamHandler[Any] | None:
+        """The one handler a record of this logger would reach, if a line can go to it directly."""
+        logger = self.logger
+        if logger.filters or logger.disabled or logging.getLogRecordFactory() is not logging.LogRecord:
+            return None
+        found: logging.Handler | None = None
+        current: logging.Logger | None = logger
+        while current is not None:  # the handlers Logger.callHandlers would call
+            for handler in current.handlers:
+                if found is not None:
+                    return None
+                found = handler
+            if not current.propagate:
+                break
+            current = current.parent
+        if type(found) is not logging.StreamHandler or found.level > logging.INFO:
+            return None
+        formatter = found.formatter
+        filters = found.filters
+        if not isinstance(formatter, JsonFormatter) or not formatter.direct:
+            return None
+        # RequestIdFilter adds request_id only to a record without one: the caller's fields have it
+        if len(filters) != 1 or type(filters[0]) is not RequestIdFilter:
+            return None
+        return found
+
+    def write(self, message: str, fields: Mapping[str, Any]) -> bool:
+        """Write an INFO line of ``message`` and ``fields`` (which hold a ``request_id``, and no
+        LogRecord attribute); False if it has to be logged as usual instead."""
+        handler = self.handler()
+        if handler is None:
+            return False
+        formatter: JsonFormatter = handler.formatter  # type: ignore[assignment]
+        created, msecs = record_time()
+        line = formatter.direct_line(created, msecs, logging.INFO, self.logger.name, message, fields)
+        if line is None:
+            return False
+        handler.acquire()
+        try:
+            # StreamHandler.emit and flush, as one
+            stream = handler.stream
+            stream.write(line + handler.terminator)
+            if hasattr(stream, "flush"):
+                stream.flush()
+        except RecursionError:
+            raise
+        except Exception:
+            handler.handleError(
+                self.logger.makeRecord(self.logger.name, logging.INFO, "", 0, message, (), None, extra=fields)
+            )
+        finally:
+            handler.release()
+        return True
 
 
 # What every LogRecord has; the rest of a record's attributes are its ``extra`` fields.

@@ -19,6 +19,7 @@ from typing import Any
 from flask import Flask, Response, g, request
 
 from token_service.server import request_context
+from token_service.server.logs import DirectLines
 from token_service.server.metrics import LATENCY, REQUESTS
 from token_service.server.request_context import RequestInfo
 from token_service.tokens import new_request_id
@@ -40,6 +41,8 @@ UNMATCHED = "unmatched"
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 access_log = logging.getLogger("token_service.access")
+# the access line without a LogRecord where logging is the service's own (logs.DirectLines)
+_direct_access = DirectLines(access_log)
 
 
 def current_route() -> str:
@@ -98,6 +101,8 @@ def record(
         }
         if info.token_ref:
             fields["token_ref"] = info.token_ref
+        if _direct_access.write("request", fields):
+            return
         access = access_log.makeRecord(
             access_log.name, logging.INFO, *_ACCESS_SOURCE, "request", (), None, extra=fields
         )
