@@ -186,10 +186,18 @@ def _load_json(raw: str) -> Any:
         return raw  # shown as stored
 
 
+def _common(kind: str, key: str, ref: str, letter: str, pttl: int, now: int) -> dict[str, Any]:
+    """The fields of a record that either kind shows alike: the state its letter names
+    (``UNKNOWN(x)`` for a letter this version does not know), its time left in Redis (a
+    negative ``pttl``: none)."""
+    names = TOKEN_STATES if kind == TOKEN else IDEMPOTENCY_STATES
+    state, left = names.get(letter, f"UNKNOWN({letter})"), pttl if pttl >= 0 else None
+    return {"kind": kind, "ref": ref, "key": key, "state": state, "now_ms": now, "expires_in_ms": left}
+
+
 def parse_token_record(key: str, ref: str, value: str, pttl: int, now: int) -> Record:
     found = read_record(value)  # the one reader of the record, either layout
     state_letter = found.state
-    state = TOKEN_STATES.get(state_letter, f"UNKNOWN({state_letter})")
     lease_left = token_left = None
     if state_letter == "P":
         if found.lease_expires_ms is None:
@@ -199,12 +207,7 @@ def parse_token_record(key: str, ref: str, value: str, pttl: int, now: int) -> R
             lease_left = found.lease_expires_ms - now
             token_left = (found.token_expires_ms or 0) - now
     return Record(
-        kind=TOKEN,
-        ref=ref,
-        key=key,
-        state=state,
-        now_ms=now,
-        expires_in_ms=pttl if pttl >= 0 else None,
+        **_common(TOKEN, key, ref, state_letter, pttl, now),
         scope=found.scope,
         subject=found.subject or None,
         fingerprint=found.fingerprint or None,
@@ -245,18 +248,12 @@ def parse_idempotency_record(key: str, ref: str, value: bytes, pttl: int, now: i
         found = read_record(value.decode("utf-8", "surrogateescape"))  # the one reader of the record
         letter, fingerprint, lease_id = found.state, found.fingerprint, found.lease_id
         rest = found.payload.encode("utf-8", "surrogateescape")
-    state = IDEMPOTENCY_STATES.get(letter, f"UNKNOWN({letter})")
     return Record(
-        kind=IDEMPOTENCY,
-        ref=ref,
-        key=key,
-        state=state,
-        now_ms=now,
-        expires_in_ms=pttl if pttl >= 0 else None,
+        **_common(IDEMPOTENCY, key, ref, letter, pttl, now),
         fingerprint=fingerprint,
         # while PROCESSING the record's time left is the claim's lock
         lease_expires_in_ms=pttl if letter == "P" and pttl >= 0 else None,
-        response=_response_view(rest) if state == "COMPLETED" else None,
+        response=_response_view(rest) if IDEMPOTENCY_STATES.get(letter) == "COMPLETED" else None,
         _lease_id=lease_id,
     )
 
@@ -274,6 +271,10 @@ class Page:
         return self.cursor == "0"
 
 
+# Filter's fields that a record meets by having the same value (its attribute of that name)
+_EQUALS = ("kind", "state", "scope", "request_id", "lease_expired")
+
+
 @dataclass(frozen=True)
 class Filter:
     kind: str | None = None
@@ -284,17 +285,11 @@ class Filter:
     lease_expired: bool | None = None
 
     def matches(self, record: Record) -> bool:
-        if self.kind is not None and record.kind != self.kind:
-            return False
+        """Whether ``record`` meets every filter given: its ref starts with ``ref_prefix``, and
+        each of the others equals the record's own of that name."""
         if self.ref_prefix is not None and not record.ref.startswith(self.ref_prefix):
             return False
-        if self.state is not None and record.state != self.state:
-            return False
-        if self.scope is not None and record.scope != self.scope:
-            return False
-        if self.request_id is not None and record.request_id != self.request_id:
-            return False
-        return self.lease_expired is None or record.lease_expired == self.lease_expired
+        return all(getattr(self, name) in (None, getattr(record, name)) for name in _EQUALS)
 
 
 def _letters(state: str | None) -> frozenset[str] | None:
