@@ -259,9 +259,11 @@ class ReplayingClient:
 def test_the_hooks_are_one_value_built_once_and_handed_to_every_guard() -> None:
     # as @idempotent does (guard.py's docs say both do): not four keywords folded again per request
     replays: list[Any] = []
-    arguments = {"scope": "op", "lease_seconds": None, "terminal": (), "wait_seconds": 0.0}
-    # a decorator's locals(): hooks= and the hooks given by name (**hook_args)
-    core = RequireToken.of({**arguments, "hooks": None, "hook_args": {"on_replay": replays.append}})
+    options = {"lease_seconds": None, "terminal": (), "wait_seconds": 0.0}
+    # a decorator's locals(): hooks= and the hooks given by name, in its **options
+    core = RequireToken.of(
+        {"scope": "op", "options": {**options, "hooks": None, "on_replay": replays.append}}
+    )
     client = ReplayingClient()
     assert isinstance(core.begin(client, "t-1", None, None), Replay)
     assert isinstance(core.begin(client, "t-2", None, None), Replay)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import logging
 import math
 import time
@@ -41,7 +42,7 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from token_service.errors import InvalidRequest, OutcomeNotRecorded, TokenError, TokenInProgress
 from token_service.problems import problem_for
@@ -52,16 +53,26 @@ from ._fingerprint import body_fingerprint
 from ._idempotency_core import Recorder
 from ._stored_response import (
     DEFAULT_MAX_RESULT_BYTES,
+    DEFAULT_REPLAY_HEADERS,
     StoredResponse,
     StorePolicy,
     default_store_status,
     refusal,
 )
-from .guard import AsyncGuard, Guard, hooks_of
+from .guard import AsyncGuard, Guard, GuardHookArgs, GuardHooks, Terminal, hooks_of
 
 log = logging.getLogger("token_service.client.require_token")
 
-__all__ = ["DEFAULT_WAIT_SECONDS", "Replay", "Reply", "RequireToken", "ValueReply", "answer_of"]
+__all__ = [
+    "DEFAULT_WAIT_SECONDS",
+    "Replay",
+    "Reply",
+    "RequireToken",
+    "RequireTokenArgs",
+    "ValueReply",
+    "answer_of",
+    "with_options",
+]
 
 # How long a duplicate waits for the first request's response by default: a double click's second
 # request arrives while the first runs (milliseconds, a payment provider's second or two), and is
@@ -107,8 +118,52 @@ def answer_of(outcome: TokenError | Replay) -> Reply:
     return Reply(replayed.status, replayed.replay_headers(), replayed.body)
 
 
+class RequireTokenArgs(GuardHookArgs, total=False):
+    """The options every framework's ``@require_token`` takes (``**options``), besides those of its
+    own (the request's ``subject`` and ``fingerprint``, ...): each docs/integrations/ page's table."""
+
+    header: str
+    replay_headers: Iterable[str]
+    lease_seconds: int | None
+    terminal: Terminal
+    wait_seconds: float
+    store_status: StorePolicy
+    max_result_bytes: int
+    hooks: GuardHooks | None
+
+
+# their defaults, in the order the decorators' signatures show them
+OPTION_DEFAULTS: dict[str, Any] = {
+    "header": "Idempotency-Token",
+    "replay_headers": DEFAULT_REPLAY_HEADERS,
+    "lease_seconds": None,
+    "terminal": (),
+    "wait_seconds": DEFAULT_WAIT_SECONDS,
+    "store_status": default_store_status,
+    "max_result_bytes": DEFAULT_MAX_RESULT_BYTES,
+    "hooks": None,
+}
 # what a decorator hands on to its guards unchanged
 GUARD_OPTIONS = ("lease_seconds", "terminal", "wait_seconds")
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def with_options(decorator: _F) -> _F:
+    """``decorator`` (its shared options in ``**options: Unpack[RequireTokenArgs]``, as type checkers
+    read them) with a signature that lists each by keyword with its default, for ``help()`` and
+    ``inspect`` (the hooks given by name stay ``**hook_args``)."""
+    signature = inspect.signature(decorator)
+    *own, rest = signature.parameters.values()
+    hints = RequireTokenArgs.__annotations__  # ForwardRefs (this module's annotations are strings)
+    shared = [
+        inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hints[name].__forward_arg__
+        )
+        for name, default in OPTION_DEFAULTS.items()
+    ]
+    parameters = [*own, *shared, rest.replace(name="hook_args", annotation="Unpack[GuardHookArgs]")]
+    decorator.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
+    return decorator
 
 
 class RequireToken:
@@ -154,13 +209,16 @@ class RequireToken:
         cls, arguments: Mapping[str, Any], http_errors: tuple[type[BaseException], ...] = ()
     ) -> RequireToken:
         """The core of a decorator from its own arguments (``RequireToken.of(locals(), ...)``, first
-        thing: the options are spelled once, in the public signature)."""
+        thing: the options are spelled once, in the public signature and ``OPTION_DEFAULTS``)."""
+        given = {**OPTION_DEFAULTS, **arguments, **arguments["options"]}
         # the core's own options: what __init__ takes by keyword (no decorator has a guard_options)
-        own = {name: arguments[name] for name in cls.__init__.__kwdefaults__ or () if name in arguments}
-        hand_on = {name: arguments[name] for name in GUARD_OPTIONS if name in arguments}
+        own = {name: given[name] for name in cls.__init__.__kwdefaults__ or () if name in given}
+        hand_on = {name: given[name] for name in GUARD_OPTIONS}
         # one GuardHooks, built once and handed to every request's guard as it is (given by name,
-        # each guard builds its own: 23.0k instead of 15.9k instructions, 7bf315a)
-        hand_on["hooks"] = hooks_of(arguments.get("hooks"), arguments.get("hook_args") or {})
+        # each guard builds its own: 23.0k instead of 15.9k instructions, 7bf315a); any other
+        # name is the decorator's TypeError
+        by_name = {name: value for name, value in arguments["options"].items() if name not in OPTION_DEFAULTS}
+        hand_on["hooks"] = hooks_of(given["hooks"], by_name)
         return cls(arguments["scope"], **own, guard_options=hand_on, http_errors=http_errors)
 
     # -- before the view ---------------------------------------------------------------------

@@ -26,7 +26,7 @@ import inspect
 import itertools
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, Unpack
 
 import redis
@@ -47,14 +47,8 @@ from ._idempotency_core import (
 )
 from ._idempotency_options import options_from_settings
 from ._idempotency_store import AsyncIdempotencyStore, IdempotencyStore
-from ._require_token_core import DEFAULT_WAIT_SECONDS, Replay, Reply, RequireToken, answer_of
-from ._stored_response import (
-    DEFAULT_MAX_RESULT_BYTES,
-    DEFAULT_REPLAY_HEADERS,
-    StorePolicy,
-    default_store_status,
-)
-from .guard import AsyncGuard, Guard, GuardHookArgs, GuardHooks, Terminal
+from ._require_token_core import Replay, Reply, RequireToken, RequireTokenArgs, answer_of, with_options
+from .guard import AsyncGuard, Guard
 
 try:
     from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
@@ -405,21 +399,14 @@ def _http_reply(request: HttpRequest, exc: BaseException) -> Reply | None:
     return dataclasses.replace(head, omitted=0)  # a stream: it never goes out, Django answers anew
 
 
+@with_options
 def require_token(
     scope: str,
     *,
     client: TokenClient | AsyncTokenClient | None = None,
-    header: str = "Idempotency-Token",
     subject: Callable[[HttpRequest], str | None] | None = None,
     fingerprint: Callable[[HttpRequest], str | None] | Sequence[str] | None = None,
-    replay_headers: Iterable[str] = DEFAULT_REPLAY_HEADERS,
-    lease_seconds: int | None = None,
-    terminal: Terminal = (),
-    wait_seconds: float = DEFAULT_WAIT_SECONDS,
-    store_status: StorePolicy = default_store_status,
-    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
-    hooks: GuardHooks | None = None,
-    **hook_args: Unpack[GuardHookArgs],
+    **options: Unpack[RequireTokenArgs],
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a Django view (sync or ``async def``) so each token runs it at most once
     (docs/integrations/django.md). ``client`` defaults to the settings' (a sync view needs a
@@ -432,7 +419,7 @@ def require_token(
         def guarded(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Flow[HttpResponseBase]:
             # one flow for both kinds of view: driven blocking (a sync view) or awaiting (an async one)
             request = _find_request(args)
-            token = core.token_of(request.headers.get(header))
+            token = core.token_of(request.headers.get(core.header))
             if isinstance(token, TokenError):
                 return _response(answer_of(token))
             if _body_ended_early(request):

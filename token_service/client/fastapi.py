@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Unpack
 
 from token_service.errors import TokenError
@@ -32,22 +32,16 @@ from ._client import AsyncTokenClient
 from ._extras import install, missing
 from ._idempotency_core import declared_length
 from ._require_token_core import (
-    DEFAULT_WAIT_SECONDS,
     Replay,
     Reply,
     RequireToken,
+    RequireTokenArgs,
     ValueReply,
     answer_of,
+    with_options,
 )
-from ._stored_response import (
-    DEFAULT_MAX_RESULT_BYTES,
-    DEFAULT_REPLAY_HEADERS,
-    REPLAYED_HEADER,
-    StoredResponse,
-    StorePolicy,
-    default_store_status,
-)
-from .guard import AsyncGuard, GuardHookArgs, GuardHooks, Terminal
+from ._stored_response import REPLAYED_HEADER, StoredResponse
+from .guard import AsyncGuard
 
 try:
     import anyio
@@ -148,21 +142,14 @@ def _signature(
     return resigned, names[Request], names[Response], tuple(added)
 
 
+@with_options
 def require_token(
     client: AsyncTokenClient | Callable[..., Any],
     scope: str,
     *,
-    header: str = "Idempotency-Token",
     subject: RequestValue | None = None,
     fingerprint: RequestValue | Sequence[str] | None = None,
-    replay_headers: Iterable[str] = DEFAULT_REPLAY_HEADERS,
-    lease_seconds: int | None = None,
-    terminal: Terminal = (),
-    wait_seconds: float = DEFAULT_WAIT_SECONDS,
-    store_status: StorePolicy = default_store_status,
-    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
-    hooks: GuardHooks | None = None,
-    **hook_args: Unpack[GuardHookArgs],
+    **options: Unpack[RequireTokenArgs],
 ) -> Callable[[Callable[..., Any]], Callable[..., Awaitable[Any]]]:
     """Decorate a FastAPI endpoint (below ``@app.post(...)``) so each token runs it at most once
     (docs/integrations/fastapi.md). ``client`` is an :class:`AsyncTokenClient`, or a FastAPI
@@ -191,7 +178,7 @@ def require_token(
             if not isinstance(tokens, AsyncTokenClient):
                 name, kind = getattr(dependency, "__qualname__", repr(dependency)), type(tokens).__name__
                 raise TypeError(f"require_token's dependency {name} returned {kind}, not an AsyncTokenClient")
-            token = core.token_of(request.headers.get(header))
+            token = core.token_of(request.headers.get(core.header))
             if isinstance(token, TokenError):
                 return problem_response(token)
             guard = await core.abegin(tokens, token, *await _identity(core, request))

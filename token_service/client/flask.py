@@ -16,7 +16,7 @@ kept, replayed or refused is docs/integrations/flask.md's; the decisions are
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Unpack
 
 from token_service.errors import TokenError
@@ -30,14 +30,11 @@ try:
 except ModuleNotFoundError as exc:
     # no extra of ours: the decorator runs in the user's Flask app, which brings Flask
     missing(exc, __name__, ("flask", "werkzeug"), "pip install 'flask>=3.0'")
-from ._require_token_core import DEFAULT_WAIT_SECONDS, Replay, Reply, RequireToken, answer_of
+from ._require_token_core import Replay, Reply, RequireToken, RequireTokenArgs, answer_of, with_options
 from ._stored_response import (
-    DEFAULT_MAX_RESULT_BYTES,
-    DEFAULT_REPLAY_HEADERS,
-    StorePolicy,
     default_store_status,
 )
-from .guard import Guard, GuardHookArgs, GuardHooks, Terminal
+from .guard import Guard
 
 __all__ = ["current_guard", "default_store_status", "problem_response", "require_token"]
 
@@ -88,33 +85,26 @@ def _response_of(
         return make_response(current_app.handle_user_exception(exc))
 
 
+@with_options
 def require_token(
     client: TokenClient,
     scope: str,
     *,
-    header: str = "Idempotency-Token",
     subject: Callable[[Request], str | None] | None = None,
     fingerprint: Callable[[Request], str | None] | Sequence[str] | None = None,
-    replay_headers: Iterable[str] = DEFAULT_REPLAY_HEADERS,
-    lease_seconds: int | None = None,
-    terminal: Terminal = (),
-    wait_seconds: float = DEFAULT_WAIT_SECONDS,
     max_body_bytes: int = 8192,
-    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
-    store_status: StorePolicy = default_store_status,
-    hooks: GuardHooks | None = None,
-    **hook_args: Unpack[GuardHookArgs],
+    **options: Unpack[RequireTokenArgs],
 ) -> Callable[[Callable[..., Any]], Callable[..., Response]]:
     """Decorate a Flask view so each token runs it at most once (docs/integrations/flask.md).
 
     ``subject`` and ``fingerprint`` (callables given the request, or body field names) must
-    reproduce what the token was issued with."""
+    reproduce what the token was issued with; ``options``: every framework's (RequireTokenArgs)."""
     core = RequireToken.of(locals(), http_errors=(HTTPException,))  # first: before any other local
 
     def decorate(view: Callable[..., Any]) -> Callable[..., Response]:
         @functools.wraps(view)
         def guarded_view(*args: Any, **kwargs: Any) -> Response:
-            token = core.token_of(request.headers.get(header))
+            token = core.token_of(request.headers.get(core.header))
             if isinstance(token, TokenError):
                 return _answer(token)
             if _body_ended_early():
