@@ -153,8 +153,8 @@ def test_a_problem_document_reads_back_as_the_error_that_wrote_it(error: TokenEr
     from token_service.client._replies import problem_error
     from token_service.problems import problem_for
 
-    status, headers, body = problem_for(error)
-    back = problem_error(status, httpx.Headers(headers), json.loads(body))
+    _status, headers, body = problem_for(error)
+    back = problem_error(httpx.Headers(headers), json.loads(body))
     assert type(back) is type(error)
     assert back.detail == error.detail
     assert back.problem_extras() == error.problem_extras()
@@ -241,7 +241,7 @@ def test_a_revoke_whose_reply_was_lost_is_still_a_success() -> None:
 
 
 async def test_the_async_revoke_reads_a_lost_reply_the_same_way() -> None:
-    # both clients' revokes share one rule (_RevokeAttempts): held here for the awaited one too
+    # both clients' revokes share one rule (_ClientBase.revoke): held here for the awaited one too
     answers = iter(["lost", "gone", "gone"])
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -371,6 +371,6 @@ def test_a_retry_after_header_that_is_not_a_small_number_leaves_the_documents(he
 
     headers = httpx.Headers([(b"Retry-After", header)])
     document = {"code": "token_in_progress", "detail": "busy", "retry_after_seconds": 2}
-    error = problem_error(409, headers, document)
+    error = problem_error(headers, document)
     assert isinstance(error, TokenInProgress)
     assert error.retry_after_seconds == 2

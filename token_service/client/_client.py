@@ -180,9 +180,17 @@ class _ClientBase(Generic[RedisT, HttpTransportT]):
         bounds each whole call; a client passed in keeps its own timeouts and is not closed by
         :meth:`close` (docs/sdk.md, "Timeouts"). ``max_connections``: per node, for a URL.
         """
-        backend = cls._over_redis(
-            url_or_client, key_prefix, result_ttl_seconds, timeout, limits, max_connections
+        client: Any = url_or_client  # a client passed in is used as it is, and not closed with ours
+        owns = isinstance(url_or_client, str)
+        if isinstance(url_or_client, str):
+            client = redis_from_url(
+                url_or_client, timeout, asyncio=cls._is_async, max_connections=max_connections
+            )
+        store = (AsyncTokenStore if cls._is_async else TokenStore)(
+            client, key_prefix=key_prefix, result_ttl_seconds=result_ttl_seconds
         )
+        direct = AsyncDirectTransport if cls._is_async else DirectTransport
+        backend = direct(store, limits or DirectLimits(), owns_client=owns)
         return cls(retry=retry, telemetry=telemetry, _backend=backend, _call_timeout_seconds=timeout)
 
     def _retry_delay(self, failures: int, ends_at: float, error: ServiceUnavailable) -> float:
@@ -198,29 +206,6 @@ class _ClientBase(Generic[RedisT, HttpTransportT]):
         raise ServiceUnavailable(
             f"{self._unanswered} within the call's timeout ({self._call_timeout_seconds:g} s)."
         ) from error
-
-    @classmethod
-    def _over_redis(
-        cls,
-        url_or_client: Any,  # a URL, or a redis client of the kind the public signature names
-        key_prefix: str,
-        result_ttl_seconds: int,
-        timeout: float,
-        limits: DirectLimits | None,
-        max_connections: int,
-    ) -> Any:
-        """The direct transport: a client passed in is used as it is and not closed with ours."""
-        owns = isinstance(url_or_client, str)
-        client = (
-            redis_from_url(url_or_client, timeout, asyncio=cls._is_async, max_connections=max_connections)
-            if owns
-            else url_or_client
-        )
-        store = (AsyncTokenStore if cls._is_async else TokenStore)(
-            client, key_prefix=key_prefix, result_ttl_seconds=result_ttl_seconds
-        )
-        direct = AsyncDirectTransport if cls._is_async else DirectTransport
-        return direct(store, limits or DirectLimits(), owns_client=owns)
 
     # -- the operations: written once, awaited on the async client ---------------------------
 
@@ -361,12 +346,8 @@ class TokenClient(_ClientBase[redis.Redis, "httpx.BaseTransport"]):
         self.close()
 
     def guard(self, token: str, scope: str, **options: Unpack[GuardOptions]) -> Guard:
-        """A :class:`~token_service.client.guard.Guard` for one token (context manager).
-
-        Options: ``subject``, ``fingerprint``, ``request_id``, ``lease_seconds``,
-        ``terminal``, ``wait_seconds``, ``renew``, ``result_type`` and the hooks
-        ``on_replay``, ``on_conflict``, ``on_mismatch``, ``on_lease_lost``.
-        """
+        """A :class:`~token_service.client.guard.Guard` for one token (context manager); its
+        options are :class:`~token_service.client.guard.GuardOptions` (docs/sdk.md)."""
         return Guard(self, token, scope, **options)
 
 

@@ -1,24 +1,19 @@
 """The HTTP transport: the service's JSON API through one pooled httpx client.
 
-Every reply is read as :mod:`._replies` says the contract allows: a problem document
-becomes the :mod:`token_service.errors` class of its ``code``, anything the API never
-sends :class:`UnexpectedReply`. Transport failures (no connection, timeouts, a connection
-dropped before the reply ended) become :class:`ServiceUnavailable`, which the client retries.
-
-The call's deadline (:mod:`token_service.deadline`) bounds every wait: httpx's own timeouts
-are per socket operation (a reply trickling in a byte a second never trips them), so the
-connection pool's network streams are wrapped to give each connect, read and write only
-what is left of the call's budget (:class:`_DeadlineBackend`). Cancelling the request
-instead (``asyncio.timeout``) would leave connections behind in httpcore's pool
-(encode/httpcore#1093); a read that times out is what the pool already recovers from.
+Each reply is read as :mod:`._replies` says the contract allows; transport failures become
+:class:`ServiceUnavailable`, which the client retries. The call's deadline bounds every wait:
+httpx's timeouts are per socket operation (a reply trickling in a byte a second never trips
+them), so the pool's streams give each connect, read and write only what is left of the call's
+budget (:class:`_DeadlineBackend`). Cancelling the request instead would leave connections
+behind in httpcore's pool (encode/httpcore#1093).
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
-import ssl
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import httpcore
@@ -59,134 +54,76 @@ def _within(timeout: float | None, late: type[Exception]) -> float | None:
     return left if timeout is None else min(timeout, left)
 
 
-class _DeadlineStream(httpcore.NetworkStream):
-    def __init__(self, stream: httpcore.NetworkStream) -> None:
+class _DeadlineStream:
+    """An httpcore stream, sync or async, each wait cut to what is left of the call's deadline
+    (an async stream's calls hand back its awaitables, which httpcore awaits at once)."""
+
+    def __init__(self, stream: Any) -> None:
         self._stream = stream
 
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+    def __getattr__(self, name: str) -> Any:  # close or aclose: as it is
+        return getattr(self._stream, name)
+
+    def get_extra_info(self, info: str) -> Any:  # asked before each reuse of a connection
+        return self._stream.get_extra_info(info)
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> Any:
         return self._stream.read(max_bytes, _within(timeout, httpcore.ReadTimeout))
 
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        self._stream.write(buffer, _within(timeout, httpcore.WriteTimeout))
+    def write(self, buffer: bytes, timeout: float | None = None) -> Any:
+        return self._stream.write(buffer, _within(timeout, httpcore.WriteTimeout))
 
-    def close(self) -> None:
-        self._stream.close()
-
-    def start_tls(
-        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
-    ) -> httpcore.NetworkStream:
-        tls = self._stream.start_tls(ssl_context, server_hostname, _within(timeout, httpcore.ConnectTimeout))
-        return _DeadlineStream(tls)
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._stream.get_extra_info(info)
+    def start_tls(self, timeout: float | None = None, **options: Any) -> Any:  # httpcore names them all
+        return _held(self._stream.start_tls(timeout=_within(timeout, httpcore.ConnectTimeout), **options))
 
 
-class _DeadlineBackend(httpcore.NetworkBackend):
-    """httpcore's own backend, each stream it opens held to the call's deadline."""
+class _DeadlineBackend:
+    """httpcore's own network backend, sync or async, each stream it opens held to the deadline."""
 
-    def __init__(self, backend: httpcore.NetworkBackend) -> None:
+    def __init__(self, backend: Any) -> None:
         self._backend = backend
 
-    def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.NetworkStream:
+    def __getattr__(self, name: str) -> Any:  # sleep: as it is
+        return getattr(self._backend, name)
+
+    # httpcore passes every argument by name: only the timeout is ours to change
+    def connect_tcp(self, timeout: float | None = None, **options: Any) -> Any:
+        return _held(self._backend.connect_tcp(timeout=_within(timeout, httpcore.ConnectTimeout), **options))
+
+    def connect_unix_socket(self, timeout: float | None = None, **options: Any) -> Any:
         timeout = _within(timeout, httpcore.ConnectTimeout)
-        return _DeadlineStream(self._backend.connect_tcp(host, port, timeout, local_address, socket_options))
-
-    def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
-    ) -> httpcore.NetworkStream:
-        timeout = _within(timeout, httpcore.ConnectTimeout)
-        return _DeadlineStream(self._backend.connect_unix_socket(path, timeout, socket_options))
-
-    def sleep(self, seconds: float) -> None:
-        self._backend.sleep(seconds)
+        return _held(self._backend.connect_unix_socket(timeout=timeout, **options))
 
 
-class _AsyncDeadlineStream(httpcore.AsyncNetworkStream):
-    def __init__(self, stream: httpcore.AsyncNetworkStream) -> None:
-        self._stream = stream
+def _held(opened: Any) -> Any:
+    """A stream just opened, or (async backend) an awaitable of one, held to the deadline."""
+    if not inspect.isawaitable(opened):
+        return _DeadlineStream(opened)
 
-    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return await self._stream.read(max_bytes, _within(timeout, httpcore.ReadTimeout))
+    async def held() -> _DeadlineStream:
+        return _DeadlineStream(await opened)
 
-    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        await self._stream.write(buffer, _within(timeout, httpcore.WriteTimeout))
-
-    async def aclose(self) -> None:
-        await self._stream.aclose()
-
-    async def start_tls(
-        self, ssl_context: ssl.SSLContext, server_hostname: str | None = None, timeout: float | None = None
-    ) -> httpcore.AsyncNetworkStream:
-        timeout = _within(timeout, httpcore.ConnectTimeout)
-        return _AsyncDeadlineStream(await self._stream.start_tls(ssl_context, server_hostname, timeout))
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._stream.get_extra_info(info)
+    return held()
 
 
-class _AsyncDeadlineBackend(httpcore.AsyncNetworkBackend):
-    def __init__(self, backend: httpcore.AsyncNetworkBackend) -> None:
-        self._backend = backend
-
-    async def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.AsyncNetworkStream:
-        timeout = _within(timeout, httpcore.ConnectTimeout)
-        stream = await self._backend.connect_tcp(host, port, timeout, local_address, socket_options)
-        return _AsyncDeadlineStream(stream)
-
-    async def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
-    ) -> httpcore.AsyncNetworkStream:
-        timeout = _within(timeout, httpcore.ConnectTimeout)
-        return _AsyncDeadlineStream(await self._backend.connect_unix_socket(path, timeout, socket_options))
-
-    async def sleep(self, seconds: float) -> None:
-        await self._backend.sleep(seconds)
-
-
-def _pool_options(limits: httpx.Limits, ssl_context: ssl.SSLContext) -> dict[str, Any]:
-    # what httpx.HTTPTransport(limits=limits) gives its pool
-    return {
-        "ssl_context": ssl_context,
-        "max_connections": limits.max_connections,
-        "max_keepalive_connections": limits.max_keepalive_connections,
-        "keepalive_expiry": limits.keepalive_expiry,
-    }
-
-
-def _sync_transport(limits: httpx.Limits) -> httpx.HTTPTransport:
+def _own_transport(limits: httpx.Limits, is_async: bool) -> Any:
     """httpx's own transport on a pool whose streams keep the call's deadline.
 
     httpx has no option for the pool's network backend (encode/httpx#3749 would add one):
     its pool, ``_pool``, is replaced by one built the same way with the backend set.
     ``tests/client/test_call_deadline.py`` fails if a new httpx stops using it."""
     ssl_context = httpx.create_ssl_context(verify=True, trust_env=True)  # httpx's default, built once
-    transport = httpx.HTTPTransport(verify=ssl_context, limits=limits)
-    transport._pool = httpcore.ConnectionPool(
-        **_pool_options(limits, ssl_context), network_backend=_DeadlineBackend(httpcore.SyncBackend())
-    )
-    return transport
-
-
-def _async_transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
-    ssl_context = httpx.create_ssl_context(verify=True, trust_env=True)
-    transport = httpx.AsyncHTTPTransport(verify=ssl_context, limits=limits)
-    transport._pool = httpcore.AsyncConnectionPool(
-        **_pool_options(limits, ssl_context), network_backend=_AsyncDeadlineBackend(httpcore.AnyIOBackend())
+    kind = httpx.AsyncHTTPTransport if is_async else httpx.HTTPTransport
+    transport = kind(verify=ssl_context, limits=limits)
+    pool = httpcore.AsyncConnectionPool if is_async else httpcore.ConnectionPool
+    # either kind of backend, by what it does (httpcore checks no class)
+    backend: Any = _DeadlineBackend(httpcore.AnyIOBackend() if is_async else httpcore.SyncBackend())
+    transport._pool = pool(  # what httpx.HTTPTransport(limits=limits) gives its pool, and the backend
+        ssl_context=ssl_context,
+        max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_keepalive_connections,
+        keepalive_expiry=limits.keepalive_expiry,
+        network_backend=backend,
     )
     return transport
 
@@ -221,16 +158,9 @@ def _headers(api_key: str | None) -> dict[str, str]:
     return headers
 
 
-def _limits(max_connections: int) -> httpx.Limits:
-    return httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-
-
 class _Urls(dict[str, httpx.URL]):
-    """Each API path joined to the client's ``base_url`` once, by httpx's own rule.
-
-    httpx parses and merges a relative URL on every request (the largest part
-    of building one); an absolute :class:`httpx.URL` is used as it is.
-    """
+    """Each API path joined to the client's ``base_url`` once, by httpx's own rule: httpx parses
+    and merges a relative URL on every request (the largest part of building one)."""
 
     def __init__(self, http: httpx.Client | httpx.AsyncClient) -> None:
         super().__init__()
@@ -265,14 +195,9 @@ class _Request:
 
 
 class _HttpOperations:
-    """Each operation once: its path, its JSON body and how its reply is read.
-
-    The two transports below differ only in :meth:`_post`: the sync one
-    returns the read reply, the async one a coroutine of it (as redis-py's
-    command methods serve both of its clients). So every operation here
-    returns ``Any``; ``_client``'s ``_Transport`` and ``_AsyncTransport``
-    protocols say what each transport's caller gets.
-    """
+    """Each operation once: its path, its JSON body and how its reply is read. The two transports
+    differ only in :meth:`_post`: the sync one returns the read reply, the async one a coroutine
+    of it (``_client._Transport`` says what each operation's reply is)."""
 
     # httpx.Client or httpx.AsyncClient, and the attribute holding it (typed by each subclass)
     _http_class: ClassVar[Callable[..., Any]]
@@ -289,22 +214,20 @@ class _HttpOperations:
     ) -> None:
         self.timeout_seconds = timeout
         self.max_result_bytes = max_result_bytes
-        limits = _limits(max_connections)
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        is_async = self._http_class is httpx.AsyncClient
         self.http = self._http_class(
             base_url=base_url,
             headers=_headers(api_key),
             timeout=httpx.Timeout(timeout),
             limits=limits,
-            transport=transport if transport is not None else self._own_transport(limits),
+            transport=transport if transport is not None else _own_transport(limits, is_async),
         )
         self._urls = _Urls(self.http)
 
     # The client's call holds the deadline (deadline.within its timeout) and, over HTTP,
     # leaves it to this transport to keep: at every read, never by cancelling.
     keeps_call_deadline: ClassVar[bool] = True
-
-    def _own_transport(self, limits: httpx.Limits) -> Any:
-        raise NotImplementedError
 
     def _post(self, request: _Request) -> Any:
         raise NotImplementedError
@@ -323,9 +246,7 @@ class _HttpOperations:
     def _reading(self, request: _Request, response: httpx.Response) -> replies.Reading:
         sent = response.request.url  # named in errors: without any user:password of the base URL
         url = f"{sent.scheme}://{sent.netloc.decode('ascii')}{sent.path}"
-        return replies.Reading(
-            request.operation, request.read, url, response.status_code, response.headers, request.cap
-        )
+        return replies.Reading(request, url, response.status_code, response.headers)
 
     def _request(self, name: str, body: dict[str, Any], read: Callable[[Any], Any], count: int = 0) -> Any:
         return self._post(_Request(name, body, read, replies.cap_bytes(self.max_result_bytes, count)))
@@ -371,9 +292,6 @@ class HttpTransport(_HttpOperations):
     _http_class = httpx.Client
     http: httpx.Client
 
-    def _own_transport(self, limits: httpx.Limits) -> httpx.HTTPTransport:
-        return _sync_transport(limits)
-
     def _post(self, request: _Request) -> Any:
         # the client's call set the deadline; a transport used on its own starts one here
         with deadline.within(self.timeout_seconds):
@@ -401,9 +319,6 @@ class AsyncHttpTransport(_HttpOperations):
 
     _http_class = httpx.AsyncClient
     http: httpx.AsyncClient
-
-    def _own_transport(self, limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
-        return _async_transport(limits)
 
     async def _post(self, request: _Request) -> Any:
         with deadline.within(self.timeout_seconds):

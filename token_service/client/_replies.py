@@ -1,26 +1,11 @@
 """What the token service may answer to each operation, and how the SDK reads it (no I/O).
 
-``openapi.yaml`` is the contract, and the HTTP transport reads only what it allows:
-
-- **the status**: the operation's success (``200``, ``201`` for issuing) or one of the
-  error statuses it documents (:data:`OPERATIONS`; ``tests/client/test_replies.py``
-  holds the table to ``openapi.yaml``). ``408``, ``502``, ``503`` and ``504``, from the
-  service or from any proxy before it, in any form, mean that no answer came:
-  :class:`ServiceUnavailable`, which the client retries with the same request id (but
-  the service's own ``503 issuance_paused``: :class:`IssuancePaused`, not retried at
-  once). So is the service's ``500 internal_error`` (a bug, a worker killed mid-request).
-- **the media type**: ``application/json`` for a success, ``application/problem+json``
-  for an error, with no content coding (the SDK asks for ``identity``).
-- **the size**: at most :func:`cap_bytes` of body, counted as it arrives; the rest is
-  never read.
-- **the shape**: UTF-8 JSON of the documented members and types (``outcome`` one of the
-  documented values, ``replayed`` a JSON ``true``/``false``, times RFC 3339); members the
-  SDK does not know are ignored (a newer service may add some). An error's ``code`` must
-  be one of the API's, under the status the API gives it.
-
-Anything else is :class:`UnexpectedReply`, never retried: the endpoint did not answer as
-a token service (a redirect, an HTML page, a 204, ``{}``...). Its message names the URL,
-the status, the media type and what was wrong, and never anything the reply said.
+``openapi.yaml`` is the contract, and the HTTP transport reads only what it allows: the
+operation's statuses (:data:`OPERATIONS`, held to openapi.yaml by tests/client/test_replies.py),
+their media types, no content coding, at most :func:`cap_bytes` of body, the documented shape.
+Anything else is :class:`UnexpectedReply`, never retried; 408/502/503/504 from anyone, and the
+service's ``500 internal_error``, are :class:`ServiceUnavailable` (docs/sdk.md, "Replies that
+are not the service's"). No message repeats anything the reply said.
 """
 
 from __future__ import annotations
@@ -30,7 +15,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from token_service import defaults
 from token_service.errors import (
@@ -45,15 +30,7 @@ from token_service.tokens import whole_number
 
 from ._types import IssuedToken, TokenInfo
 
-__all__ = [
-    "JSON",
-    "OPERATIONS",
-    "PROBLEM_JSON",
-    "Operation",
-    "Reading",
-    "cap_bytes",
-    "problem_error",
-]
+__all__ = ["OPERATIONS", "Reading", "cap_bytes", "problem_error"]
 
 JSON = "application/json"
 PROBLEM_JSON = "application/problem+json"
@@ -129,27 +106,24 @@ def media_type(content_type: str | None) -> str | None:
     return content_type.split(";", 1)[0].strip().lower() or None
 
 
+class Request(Protocol):
+    operation: Operation
+    read: Callable[[Any], Any]  # the body's JSON -> the operation's value
+    cap: int
+
+
 class Reading:
     """One reply, read as it arrives: its head judged at once (:meth:`__init__` raises for a
     status, media type, coding or declared length the contract does not allow), its body
     taken in up to the cap (:meth:`take`), then turned into the operation's value or its
-    error (:meth:`result`). ``read`` turns the body's JSON into the value."""
+    error (:meth:`result`)."""
 
-    def __init__(
-        self,
-        operation: Operation,
-        read: Callable[[Any], Any],
-        url: str,
-        status: int,
-        headers: Mapping[str, str],
-        cap: int,
-    ) -> None:
-        self.operation = operation
-        self.read = read
+    def __init__(self, request: Request, url: str, status: int, headers: Mapping[str, str]) -> None:
+        operation = self.operation = request.operation
+        self.request = request
         self.url = url
         self.status = status
         self.headers = headers
-        self.cap = cap
         self.media_type = media_type(headers.get("content-type"))
         self._chunks: list[bytes] = []
         self._size = 0
@@ -178,17 +152,17 @@ class Reading:
         if coding != "identity":
             return f"its body is in a content coding ({coding[:32]}) the SDK did not ask for"
         declared = whole_number(self.headers.get("content-length") or "", max_digits=18)
-        if declared is not None and declared > self.cap:
-            return f"it declares {declared} bytes of body, over the {self.cap} the SDK reads"
+        if declared is not None and declared > self.request.cap:
+            return f"it declares {declared} bytes of body, over the {self.request.cap} the SDK reads"
         return None
 
     def take(self, chunk: bytes) -> None:
         """One more piece of the body; raises once the body goes past the cap."""
         self._size += len(chunk)
-        if self._size > self.cap:
+        if self._size > self.request.cap:
             if self.transient:
                 raise self._unavailable(None)
-            raise self.unexpected(f"its body goes on past the {self.cap} bytes the SDK reads")
+            raise self.unexpected(f"its body goes on past the {self.request.cap} bytes the SDK reads")
         self._chunks.append(chunk)
 
     def result(self) -> Any:
@@ -199,7 +173,7 @@ class Reading:
         if self.status != self.operation.success:
             raise self._error(document)
         try:
-            return self.read(document)
+            return self.request.read(document)
         except _Malformed as malformed:
             raise self.unexpected(str(malformed)) from None
 
@@ -208,26 +182,21 @@ class Reading:
         self._chunks = []
         try:
             return json.loads(body.decode("utf-8"), parse_constant=_no_constant)
-        except UnicodeDecodeError:
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
             if self.transient:
                 return None
-            raise self.unexpected("its body is not UTF-8") from None
-        except (ValueError, RecursionError):
-            if self.transient:
-                return None
+            if isinstance(exc, UnicodeDecodeError):
+                raise self.unexpected("its body is not UTF-8") from None
             raise self.unexpected("its body is not JSON" if body else "its body is empty") from None
 
     def _unavailable(self, document: Any) -> TokenError:
         code = document.get("code") if isinstance(document, dict) else None
         if isinstance(code, str) and self.status in _CODE_STATUSES.get(code, ()):
             # the service's own 503: store_unavailable (retried), or issuance_paused (not at once)
-            return problem_error(self.status, self.headers, document)
+            return problem_error(self.headers, document)
         said = "the request did not reach it in time" if self.status == 408 else "no answer from the service"
-        unavailable = ServiceUnavailable(f"HTTP {self.status} from {self.url}: {said}.")
-        retry_after = whole_number(self.headers.get("retry-after") or "", max_digits=9)
-        if retry_after is not None:
-            unavailable.retry_after_seconds = max(1, retry_after)
-        return unavailable
+        message = f"HTTP {self.status} from {self.url}: {said}."
+        return ServiceUnavailable(message, retry_after_seconds=_retry_after(self.headers) or 1)
 
     def _error(self, document: Any) -> TokenError:
         if not isinstance(document, dict):
@@ -241,7 +210,7 @@ class Reading:
             raise self.unexpected("its problem document has no code of the token API")
         if self.status not in _CODE_STATUSES[code]:
             raise self.unexpected(f"its problem document says {code}, which is never a {self.status}")
-        return problem_error(self.status, self.headers, document)
+        return problem_error(self.headers, document)
 
     def unexpected(self, reason: str) -> UnexpectedReply:
         found = self.media_type or "no media type"
@@ -260,24 +229,22 @@ def _no_constant(name: str) -> Any:
 _TOKEN_REF = re.compile(r"[A-Za-z0-9_-]{22}")
 
 
-def problem_error(status: int, headers: Mapping[str, str], document: dict[str, Any]) -> TokenError:
-    """The error a problem document stands for: its ``code``'s class (or, for a code the API
-    does not have, the unavailable service of a 503 / a plain TokenError), with ``Retry-After``
-    and the document's ``token_ref`` on it."""
-    code = document.get("code")
-    cls = ERRORS_BY_CODE.get(code) if isinstance(code, str) else None
-    detail = document.get("detail") if isinstance(document.get("detail"), str) else None
-    if cls is None:
-        if status in (502, 503, 504):
-            cls = ServiceUnavailable
-        else:
-            return TokenError(f"Unexpected HTTP {status} ({code if isinstance(code, str) else 'no code'})")
+def _retry_after(headers: Mapping[str, str]) -> int | None:
+    """``Retry-After`` in whole seconds (at least 1); None for none, a date or anything else."""
+    seconds = whole_number(headers.get("retry-after") or "", max_digits=9)
+    return None if seconds is None else max(1, seconds)
+
+
+def problem_error(headers: Mapping[str, str], document: dict[str, Any]) -> TokenError:
+    """The error a problem document with one of the API's codes stands for: its ``code``'s class,
+    with ``Retry-After`` and the document's ``token_ref`` on it."""
+    detail = document.get("detail")
     body = dict(document)
     # the header first (a proxy may answer without a document); a date or anything else: the document's
-    retry_after = whole_number(headers.get("retry-after") or "", max_digits=9)
+    retry_after = _retry_after(headers)
     if retry_after is not None:
-        body["retry_after_seconds"] = max(1, retry_after)
-    error = cls.from_problem(detail, body)
+        body["retry_after_seconds"] = retry_after
+    error = ERRORS_BY_CODE[document["code"]].from_problem(detail if isinstance(detail, str) else None, body)
     token_ref = document.get("token_ref")
     if isinstance(token_ref, str) and _TOKEN_REF.fullmatch(token_ref):
         error.token_ref = token_ref  # for the caller's logs: the operators find the record by it
