@@ -1,17 +1,10 @@
 """The token-service client SDK: what backend services import.
 
-``TokenClient`` talks to the service over HTTP (``TokenClient(base_url, api_key)``)
-or runs the very same Lua scripts on the shared Redis
-(``TokenClient.from_redis(url)``); ``AsyncTokenClient`` is the asyncio twin.
-Errors are the classes of :mod:`token_service.errors`, one per error code.
-
-This package does not import Flask. Each integration is a module of its own, with its
-entry point and its options: :mod:`token_service.client.flask`, ``fastapi``, ``django``
-(``require_token``), ``celery`` (``IdempotentTask``), ``wsgi`` and ``asgi``
-(``IdempotencyMiddleware``), ``durable``. ``idempotent`` / ``keyed_guard`` run any
-function at most once per key, no token needed. What a typed caller or a custom
-integration needs beyond that (the reply values, the fingerprint functions, the result
-codec) is :mod:`token_service.client.advanced`.
+``TokenClient`` talks to the service over HTTP or runs the very same Lua scripts on the shared
+Redis (``TokenClient.from_redis(url)``); ``AsyncTokenClient`` is the asyncio twin. This package
+does not import Flask: each integration is a module of its own (``flask``, ``fastapi``,
+``django``, ``celery``, ``wsgi``, ``asgi``, ``durable``), and what a typed caller or a custom
+integration needs beyond that is :mod:`token_service.client.advanced` (docs/sdk.md).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """What a part of the SDK says when a package it needs is not installed: what to install.
 
-The SDK's base install is ``redis`` alone; the HTTP transport and each
-integration need more (pyproject.toml's extras). Without them Python would say
-only ``No module named 'anyio'`` — a package the user never asked for, or
-never heard of. Each of those imports is wrapped so that the error names the
-part of the SDK and the ``pip install`` that brings what it needs, and stays a
-``ModuleNotFoundError`` (with the missing module's ``name``) for code that
-catches one.
+The base install is ``redis`` alone; without an extra Python would only say ``No module named
+'anyio'``, a package the user never asked for. The error names the part of the SDK and the
+``pip install`` that brings it, and stays a ``ModuleNotFoundError`` (with the module's ``name``).
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """One fingerprint function: what makes two requests "the same request".
 
-Everything in the SDK that compares requests uses it: the ``Idempotency-Key``
-middlewares (WSGI and ASGI), ``@require_token``'s ``fingerprint`` option, the
-framework integrations and the durable backstop. A fingerprint is the SHA-256
-(hex, 64 characters) of the canonical JSON of its parts: keys sorted, no
-whitespace, ASCII only. So ``{"a": 1, "b": 2}`` and ``{"b":2,"a":1}`` give one
-fingerprint, and so do the same values computed in two processes.
-
-For HTTP requests the body counts by what it means, not by its bytes:
-
-- a JSON body (``application/json``, ``*/*+json``) counts by its parsed value
-  (key order and whitespace do not matter; a body that does not parse counts
-  by its bytes);
-- ``fields=("amount", "currency")`` counts only those fields of a JSON or
-  form (``application/x-www-form-urlencoded``) body; a dotted name reaches
-  into nested objects (``"order.amount"``); a missing field counts as missing;
-- any other body counts by its bytes (their SHA-256);
-- or pass a callable: given the :class:`RequestFacts`, it returns any
-  JSON-able value, and that value is the fingerprint's input.
+Every guard of the SDK uses it (the Idempotency-Key middlewares, ``@require_token``'s
+``fingerprint=``, the framework integrations, the durable backstop): the SHA-256 (hex) of the
+canonical JSON of its parts, so the same values give one fingerprint in any process. A body
+counts by what it means: a JSON body by its parsed value, chosen ``fields`` of a JSON or form
+body by their values, any other body by its bytes, or what a callable returns for the
+:class:`RequestFacts` (docs/integrations/wsgi-middleware.md, "What makes two requests the same").
 """
 
 from __future__ import annotations
@@ -38,7 +26,6 @@ __all__ = [
     "fingerprint",
     "fingerprint_request",
     "http_fingerprint",
-    "is_json_type",
 ]
 
 _MISSING = {"missing": True}
@@ -60,7 +47,7 @@ def fingerprint(*parts: Any) -> str:
     return hashlib.sha256(canonical_json(parts)).hexdigest()
 
 
-def is_json_type(content_type: str | None) -> bool:
+def _is_json_type(content_type: str | None) -> bool:
     media = (content_type or "").split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
@@ -81,7 +68,7 @@ def _pick(document: Any, name: str) -> Any:
 def body_identity(body: bytes, content_type: str | None, fields: Sequence[str] | None = None) -> Any:
     """What a request body means, as a JSON-able value (see the module docs)."""
     document: Any = _MISSING
-    if is_json_type(content_type):
+    if _is_json_type(content_type):
         try:
             document = json.loads(body)
         except (ValueError, RecursionError):
@@ -104,19 +91,20 @@ def _by_bytes(body: bytes) -> dict[str, str]:
     return {"sha256": hashlib.sha256(body).hexdigest()}
 
 
+def _with_body(parts: tuple[Any, ...], body: bytes, content_type: str | None, fields: Any) -> str:
+    """The fingerprint of ``parts`` and what the body means. A document the parser took but the
+    encoder cannot walk back (nested nearly as deep as the interpreter allows) counts by its
+    bytes: it raises nothing (it was a 500 from every decorator) and matches only those bytes."""
+    try:
+        return fingerprint(*parts, body_identity(body, content_type, fields))
+    except RecursionError:
+        return fingerprint(*parts, _by_bytes(body))
+
+
 def body_fingerprint(body: bytes, content_type: str | None, fields: Sequence[str] | None = None) -> str:
     """The fingerprint of what a body means (``fields``: of those fields only), as the
-    ``@require_token`` decorators compute it for ``fingerprint=[names]``.
-
-    A document the parser took but the encoder cannot walk back (nested nearly as
-    deep as the interpreter allows, so parsing fits and encoding one level deeper
-    does not) counts by its bytes: it raises nothing (it was a 500 from every
-    decorator), and it can only match a fingerprint issued for those bytes.
-    """
-    try:
-        return fingerprint(body_identity(body, content_type, fields))
-    except RecursionError:
-        return fingerprint(_by_bytes(body))
+    ``@require_token`` decorators compute it for ``fingerprint=[names]``."""
+    return _with_body((), body, content_type, fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,11 +132,7 @@ def http_fingerprint(
     fields: Sequence[str] | None = None,
 ) -> str:
     """The fingerprint of an HTTP request: method, path, query string and what its body means."""
-    try:
-        return fingerprint(method.upper(), path, query, body_identity(body, content_type, fields))
-    except RecursionError:
-        # a document nested deeper than the interpreter can walk here: it counts by its bytes
-        return fingerprint(method.upper(), path, query, _by_bytes(body))
+    return _with_body((method.upper(), path, query), body, content_type, fields)
 
 
 def fields_fingerprint(values: Mapping[str, Any]) -> str:

@@ -1,24 +1,12 @@
 """One stored-response shape, and which responses are worth storing.
 
-What a duplicate gets back is the first execution's :class:`StoredResponse`:
-its status, headers (an ordered list of pairs: a header may repeat) and body
-bytes, or, when the body could not be kept (too large, a file, a stream over
-the cap), its length in ``omitted``. The Idempotency-Key middlewares keep it
-in Redis (:meth:`encode`), ``@require_token`` keeps it as the token's result
-(:meth:`to_result`, JSON), the durable backstop in a database row.
-
-A replay carries ``Idempotent-Replayed: true``, and ``Idempotent-Body-Omitted:
-<length>`` when the body was not kept.
-
-Which statuses are stored is :func:`default_store_status`: every 2xx, 3xx and
-4xx except the transient ones (408, 409, 425, 429) and the refusals of who the
-client is (401, 407); never a 5xx. A response that is not stored frees the key
-(or token) so the client may retry. The Idempotency-Key middlewares never store
-any of :data:`CREDENTIAL_REFUSALS` (403 too), whatever their policy says: the
-identity a key is kept under is not yet verified when the app refuses it.
-
-What a token-guarded view answers when the token service refuses is
-:func:`refusal`: the refusal itself, but a 503 for a refused service key.
+A duplicate gets back the first execution's :class:`StoredResponse` (status, headers as an
+ordered list of pairs, body bytes, or the body's length in ``omitted`` when it was not kept),
+with ``Idempotent-Replayed: true``. Kept in Redis by the Idempotency-Key middlewares
+(:meth:`encode`), as a token's result by ``@require_token`` (:meth:`to_result`), in a database
+row by the durable backstop. Which statuses are stored: :func:`default_store_status`;
+what a token-guarded view answers for a refusal: :func:`refusal`
+(docs/integrations/flask.md and its siblings).
 """
 
 from __future__ import annotations
@@ -39,7 +27,6 @@ __all__ = [
     "DEFAULT_REPLAY_HEADERS",
     "OMITTED_HEADER",
     "REPLAYED_HEADER",
-    "TRANSIENT_4XX",
     "UNAUTHENTICATED",
     "Headers",
     "StorePolicy",
@@ -54,7 +41,7 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 OMITTED_HEADER = "Idempotent-Body-Omitted"
 
 # A client may simply try again later: storing these would replay "later" for the whole TTL.
-TRANSIENT_4XX = frozenset({408, 409, 425, 429})
+_TRANSIENT_4XX = frozenset({408, 409, 425, 429})
 # "Who are you?": not an answer to the request but to its credentials; once the client has logged
 # in, the same request (the same token, the same key) must run, not get the refusal back.
 UNAUTHENTICATED = frozenset({401, 407})
@@ -78,17 +65,13 @@ DEFAULT_MAX_RESULT_BYTES = defaults.MAX_RESULT_BYTES
 def default_store_status(status: int) -> bool:
     """Store 2xx, 3xx (a POST answered 303 did its work) and 4xx but 401/407/408/409/425/429;
     never 5xx."""
-    return 200 <= status < 500 and status not in TRANSIENT_4XX and status not in UNAUTHENTICATED
+    return 200 <= status < 500 and status not in _TRANSIENT_4XX and status not in UNAUTHENTICATED
 
 
 def refusal(error: TokenError) -> TokenError:
-    """What a token-guarded view (Flask, FastAPI, Django) answers for the token service's refusal.
-
-    The refusal itself, but for ``Unauthorized``: the token service refused this
-    backend's own service key -- not the end user's fault and nothing they can
-    fix. Fail closed (no work is done), answer ``503 store_unavailable`` and tell
-    ops in the log.
-    """
+    """What a token-guarded view (Flask, FastAPI, Django) answers for the token service's refusal:
+    the refusal itself, but for ``Unauthorized`` (this backend's own service key, nothing the
+    user can fix) a ``503 store_unavailable``, failing closed, and a line in the log for ops."""
     if isinstance(error, Unauthorized):
         log.error("the token service refused this backend's service key; check its configuration")
         return ServiceUnavailable("The token service is not available to this backend.")

@@ -1,37 +1,8 @@
-"""What the SDK's guards did, for dashboards and traces: both optional.
-
-- **Prometheus counters** (``prometheus_client``), only when a registry is
-  given: ``Telemetry(prometheus_registry=prometheus_client.REGISTRY)``. Each
-  counter is labelled by scope (a name chosen in code, so the set stays small):
-
-  ======================================  ==========================================
-  ``token_service_sdk_executions_total``  the guarded work ran (``outcome``:
-                                          succeeded, failed, released)
-  ``token_service_sdk_replays_total``     a duplicate got the stored result
-  ``token_service_sdk_conflicts_total``   refused: in progress, used, failed (``code``)
-  ``token_service_sdk_mismatches_total``  refused: another binding (``field``)
-  ``token_service_sdk_lease_losses_total`` the lease was lost while the work ran
-  ``token_service_sdk_store_errors_total`` the token service could not answer
-                                          (``operation``)
-  ======================================  ==========================================
-
-- **OpenTelemetry spans**, whenever ``opentelemetry-api`` is installed: one
-  ``token_service.guard`` span per guarded call, current while the work runs
-  (its own spans nest under it), with ``token_service.scope`` and
-  ``token_service.outcome`` (executed, replayed, conflict, mismatch, failed,
-  lease_lost, error). The Idempotency-Key middlewares (WSGI, ASGI, Django)
-  open one ``token_service.idempotency_key`` span per guarded request, from
-  the claim to the answer (a refusal) or to the settle once the response went
-  out (outcome executed, replayed, conflict, mismatch, released, lease_lost,
-  error; scope = their ``telemetry_scope``); it is not the current span while
-  the app runs (a WSGI body is sent from another frame). The API alone records
-  nothing; an application that configured an OpenTelemetry SDK gets the spans.
-  Without the package every call here is a no-op. The durable backstop's
-  ``run_once`` (``telemetry=``) counts under the same names and opens a
-  ``token_service.durable`` span, current while its handler runs.
-
-One :class:`Telemetry` per client (``TokenClient(..., telemetry=...)``); the
-default one traces (when possible) and counts nothing.
+"""What the SDK's guards did, for dashboards and traces: Prometheus counters (only when a
+registry is given) and OpenTelemetry spans (whenever ``opentelemetry-api`` is installed and an
+SDK is configured); both optional, and without the packages every call here is a no-op.
+The counters, spans and their labels: docs/sdk.md, "Telemetry". One :class:`Telemetry` per
+client; the default one traces (when possible) and counts nothing.
 """
 
 from __future__ import annotations

@@ -1,25 +1,10 @@
 """Typed results: what a guard stores for duplicates, and how it is read back.
 
-A guarded result is stored as JSON. :func:`dump_result` turns a value into its
-JSON form; :func:`load_result` reads that form back *as a given type*, so the
-first caller and every duplicate get the same typed value:
-
-- dataclasses (nested too): their fields, read back through the field types;
-- pydantic models (pydantic is optional): ``model_dump(mode="json")``, read
-  back with ``model_validate``;
-- ``tuple[...]`` (fixed or ``tuple[X, ...]``), ``list[X]``, ``set[X]``,
-  ``frozenset[X]``, ``dict[K, V]`` (keys ``str``, ``int`` or an Enum of
-  those), ``X | None`` and unions (the first arm that reads the value), Enums,
-  ``datetime``/``date``/``time`` (ISO 8601), ``UUID``, ``Decimal`` (as text,
-  exact), and the JSON scalars.
-
-The type comes from the caller: ``result_type=`` on a guard, or the return
-annotation of the function a guard runs (``guarded``, ``guard.run``). Nothing
-in the stored data names a class: a stored record can never make this process
-import or build anything but the declared type. Without a type, duplicates
-get the plain JSON form (a tuple comes back as a list, a dataclass as a dict),
-as the first caller does; a stored value that does not read as the declared
-type is logged and handed back in its JSON form too.
+:func:`dump_result` turns a value into its JSON form; :func:`load_result` reads that form back
+*as the type the caller declares* (``result_type=``, or the return annotation of the function a
+guard runs), so the first caller and every duplicate get the same typed value. Nothing in the
+stored data names a class: a stored record can never make this process build anything but the
+declared type. The types read, and what happens without one: docs/sdk.md, "Typed results".
 """
 
 from __future__ import annotations
@@ -156,16 +141,8 @@ def _load(data: Any, tp: Any) -> Any:  # one branch per kind of type
         if key_type is str and value_type is Any:
             return dict(data)  # JSON keys are str already: nothing to read item by item
         return {_load_key(key, key_type): _load(item, value_type) for key, item in data.items()}
-    if tp is dt.datetime:
-        return dt.datetime.fromisoformat(data)
-    if tp is dt.date:
-        return dt.date.fromisoformat(data)
-    if tp is dt.time:
-        return dt.time.fromisoformat(data)
-    if tp is uuid.UUID:
-        return uuid.UUID(data)
-    if tp is Decimal:
-        return Decimal(data)
+    if tp in _FROM_TEXT:
+        return _FROM_TEXT[tp](data)
     if tp is float and isinstance(data, int) and not isinstance(data, bool):
         return float(data)  # 2.0 is stored as 2.0, but a hand-written record may say 2
     if tp in (str, int, float, bool):
@@ -173,6 +150,16 @@ def _load(data: Any, tp: Any) -> Any:  # one branch per kind of type
             raise TypeError(f"expected {tp.__name__}, the stored value is {type(data).__name__}")
         return data
     return data  # a type this module does not know: the JSON form, as without a type
+
+
+# the types stored as text (ISO 8601, a UUID's hex, a Decimal exactly as written)
+_FROM_TEXT: dict[Any, Callable[[str], Any]] = {
+    dt.datetime: dt.datetime.fromisoformat,
+    dt.date: dt.date.fromisoformat,
+    dt.time: dt.time.fromisoformat,
+    uuid.UUID: uuid.UUID,
+    Decimal: Decimal,
+}
 
 
 def _load_key(key: str, key_type: Any) -> Any:
@@ -225,13 +212,8 @@ def return_type(function: Callable[..., Any]) -> Any:
 
 
 def _warn_unresolved(function: Callable[..., Any], error: Exception) -> None:
-    """Say once per function why its results come back as plain JSON.
-
-    The usual cause: ``from __future__ import annotations`` turns every annotation into a
-    string, resolved later in the module's globals, where a class defined inside a function
-    is not. The warning points at the function's own definition, and Python's registry
-    there shows it once however often the guard runs.
-    """
+    """Say once per function (Python's registry at its definition) why its results come back as
+    plain JSON; the usual cause is in docs/sdk.md, "Typed results"."""
     code = getattr(function, "__code__", None)
     module_globals = getattr(function, "__globals__", None)
     if code is None or module_globals is None:

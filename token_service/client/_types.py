@@ -1,11 +1,8 @@
 """What the SDK's methods return, and how it retries.
 
-``Consumed``, ``Started``, ``Finished``, ``Renewed``, ``Completed`` and ``FailRecorded`` are
-the store's own reply objects (:mod:`token_service.records`), so a reply reads
-the same over HTTP and straight from Redis. Two shapes exist only here: an
-issued token (the store never sees the raw token's metadata as one object)
-and :class:`TokenInfo`, ``verify``'s answer with absolute times instead of a
-Redis TTL.
+The reply values are the store's own (:mod:`token_service.records`), so a reply reads the same
+over HTTP and straight from Redis; only an issued token and :class:`TokenInfo` (absolute times
+instead of a Redis TTL) are shaped here.
 """
 
 from __future__ import annotations
@@ -92,6 +89,3 @@ class RetryPolicy:
     def delay_seconds(self, failures: int) -> float:
         ceiling = min(self.max_backoff_seconds, self.backoff_seconds * self.multiplier ** (failures - 1))
         return random.uniform(ceiling / 2, ceiling)
-
-
-NO_RETRY = RetryPolicy(attempts=1)

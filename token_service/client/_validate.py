@@ -27,14 +27,15 @@ _MAX_VALID_SCOPES = 256
 _OPERATION_RE = re.compile(r"op:[A-Za-z0-9_-]{43}\Z")
 
 
+def _refused(name: str, rule: str) -> InvalidRequest:
+    return InvalidRequest("The request does not match the schema.", {name: [rule]})
+
+
 def scope(value: Any) -> str:
     if type(value) is str and value in _VALID_SCOPES:
         return value
     if not isinstance(value, str) or not SCOPE_RE.match(value):
-        raise InvalidRequest(
-            "The request does not match the schema.",
-            {"scope": [SCOPE_RULE]},
-        )
+        raise _refused("scope", SCOPE_RULE)
     if type(value) is str and len(_VALID_SCOPES) < _MAX_VALID_SCOPES:
         _VALID_SCOPES.add(value)
     return value
@@ -44,10 +45,7 @@ def text(name: str, value: Any, max_chars: int) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not 1 <= len(value) <= max_chars or not is_plain_text(value):
-        raise InvalidRequest(
-            "The request does not match the schema.",
-            {name: [f"1-{max_chars} characters, no control characters"]},
-        )
+        raise _refused(name, f"1-{max_chars} characters, no control characters")
     return value
 
 
@@ -66,9 +64,7 @@ def every(*checks: Callable[[], object]) -> None:
 
 def bounded(name: str, value: Any, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidRequest(
-            "The request does not match the schema.", {name: [f"Must be between {low} and {high}."]}
-        )
+        raise _refused(name, f"Must be between {low} and {high}.")
     return value
 
 
