@@ -427,11 +427,8 @@ class _Passing:
 
 
 class Recording(_Passing):
-    """A streamed body on its way out: passed through, recorded, then settled once.
-
-    An outcome that could not be recorded breaks the body off (its error is raised before its
-    last bytes go out, so the server aborts the response), unless the body was closed early
-    (the client left: nothing is sent any more)."""
+    """A streamed body passed through, recorded, then settled once. An outcome not recorded breaks
+    it off (raised before its last bytes, so the server aborts the response) unless closed early."""
 
     chunks: Iterable[Any]
     settle_with: Callable[[bool], OutcomeNotRecorded | None]
@@ -465,12 +462,8 @@ class Recording(_Passing):
 
 
 class AsyncRecording(_Passing):
-    """:class:`Recording` for an async iterator (FastAPI's ``StreamingResponse``, Django's async streams).
-
-    Settled at its end, when it is closed early (``aclose``: the client left) or
-    cancelled, in a task of its own: a cancelled request (anyio cancels every later
-    await in its scope) must still store or free its token, never leave it held.
-    """
+    """:class:`Recording` for an async iterator, settled in a task of its own: a cancelled request
+    (anyio cancels every later await in its scope) must still store or free its token."""
 
     chunks: AsyncIterable[Any]
     settle_with: Callable[[bool], Awaitable[OutcomeNotRecorded | None]]

@@ -100,10 +100,6 @@ def _replay(stored: Any, response: Response) -> Any:
     return _response(answer_of(Replay(stored)))
 
 
-def _is(annotation: Any, kind: type) -> bool:
-    return isinstance(annotation, type) and issubclass(annotation, kind)
-
-
 def _signature(
     endpoint: Callable[..., Any], dependency: Callable[..., Any] | None
 ) -> tuple[inspect.Signature, str, str, tuple[str, ...]]:
@@ -116,7 +112,7 @@ def _signature(
         parameter.replace(annotation=hints.get(name, parameter.annotation))
         for name, parameter in signature.parameters.items()
     ]
-    names: dict[type, str] = {}
+    names: list[str] = []
     added: list[str] = []
     extra: list[inspect.Parameter] = []
 
@@ -126,12 +122,14 @@ def _signature(
         extra.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, **how))
 
     for kind, hidden in ((Request, _REQUEST), (Response, _RESPONSE)):
-        declared = next((p.name for p in parameters if _is(p.annotation, kind)), None)
+        of_kind = (
+            p.name for p in parameters if isinstance(p.annotation, type) and issubclass(p.annotation, kind)
+        )
+        declared = next(of_kind, None)
         if declared is None:
             hide(hidden, annotation=kind)
             added.append(hidden)
-            declared = hidden
-        names[kind] = declared
+        names.append(declared or hidden)
     if dependency is not None:
         hide(_CLIENT, default=Depends(dependency))
     # keyword-only parameters go last; **kwargs (if any) after them
@@ -139,7 +137,7 @@ def _signature(
     plain = [p for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD]
     returns = hints.get("return", signature.return_annotation)
     resigned = signature.replace(parameters=[*plain, *extra, *variadic], return_annotation=returns)
-    return resigned, names[Request], names[Response], tuple(added)
+    return resigned, names[0], names[1], tuple(added)
 
 
 @with_options
