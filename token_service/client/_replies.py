@@ -79,13 +79,9 @@ _CODE_STATUSES: dict[str, frozenset[int]] = {
 # what happened (openapi.yaml: retry with the same request_id): ServiceUnavailable.
 _INTERNAL_ERROR = "internal_error"
 
-# The size cap. The largest reply the service sends is bounded by its settings: a stored
-# result or error (at most TOKEN_SERVICE_MAX_RESULT_BYTES as compact ASCII JSON, written
-# into the reply the same way) inside a begin or inspect reply or a token_failed problem,
-# and an issued token with every field at its maximum (a 128-character token, a 64-character
-# scope, subject and fingerprint of 128 characters outside the BMP, each escaped to 12
-# bytes: 3,388 bytes). Each has room to spare: the envelope around a result (a problem
-# document's title, detail and field errors, a begin's lease) is under 2 KiB.
+# The size cap: the service's largest replies are a stored result or error (at most
+# TOKEN_SERVICE_MAX_RESULT_BYTES of compact JSON) in an envelope under 2 KiB, and issued tokens
+# of at most 3,388 bytes each (every field at its longest: test_replies holds both), with room.
 ENVELOPE_BYTES = 16 * 1024
 TOKEN_BYTES = 4 * 1024
 
