@@ -14,6 +14,10 @@
 --       | {'token_invalid'} | {'token_mismatch', field} | {'token_used'}
 --       | {'token_in_progress', retry_after_ms} | {'token_failed', error_json}
 --       | {'invalid_argument', message}
+--       The two usual answers come bare (a table reply costs Redis more than the reply's
+--       commands): a token's new lease on its ISSUED record, the lease_expires_ms (an
+--       integer; its lease id is ARGV[6], its length ARGV[5]), and a replay of a token's
+--       SUCCEEDED operation, the result_json (a string). records.begin_reply reads all three.
 -- transitions: I->P P->P P->0 0->P (lua/model/lease.pml; 0: no record, claimed with claim_ms)
 -- A keyed claim (claim_ms) is bound to ARGV[1..3]; its lease is the key's own expiry
 -- (lease_ms), as store.py's plain SET NX GET claim writes it: this script is that claim's rare
@@ -48,7 +52,7 @@ if value and not claim then
     redis.call('SET', KEYS[1], 'P' .. HEADED .. ARGV[6] .. SEP .. lease_expires .. SEP
       .. string.format('%d', now + token_left_ms) .. SEP .. ARGV[4] .. SEP .. ARGV[1] .. SEP .. ARGV[2]
       .. SEP .. ARGV[3], 'PX', math.max(token_left_ms, lease_ms))
-    return {'started', ARGV[6], lease_expires, 0, '', lease_arg}
+    return now + lease_ms
   end
   if letter == 83 and string.byte(value, 2) == 30 then  -- 'S', the leased layout
     -- lease_id, two empty expiries, request_id, then the binding and the result
@@ -56,7 +60,7 @@ if value and not claim then
     local binding_at = request_at and string.find(value, SEP, request_at + 3, true)
     local binding = SEP .. ARGV[1] .. SEP .. ARGV[2] .. SEP .. ARGV[3] .. SEP
     if binding_at and string.find(value, binding, binding_at, true) == binding_at then
-      return {'succeeded', string.sub(value, binding_at + #binding)}
+      return string.sub(value, binding_at + #binding)
     end
   end
 end

@@ -181,18 +181,22 @@ def opt(value: str | None) -> str:
     return value or ""
 
 
+# compact and ASCII-only: the record stays small and \31 can never appear raw; no NaN/Infinity:
+# stored, they would make every later reply invalid JSON. Made once: json.dumps given options
+# builds this encoder on every call (a guarded call dumps two or three times).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
 def dump_json(value: Any) -> str:
-    # compact and ASCII-only: the record stays small and \31 can never appear raw;
-    # no NaN/Infinity: stored, they would make every later reply invalid JSON
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 MAX_PAYLOAD_DEPTH = 64
 
 
 class JsonText(str):
-    """A value's JSON as :func:`check_payload` dumped it: a store's ``complete`` given one stores
-    it as it is instead of dumping the value again."""
+    """A value's JSON as :func:`check_payload` dumped it: a store's ``complete`` or ``fail`` given
+    one stores it as it is instead of dumping the value again."""
 
     __slots__ = ()
 
@@ -412,7 +416,16 @@ def begin_args(
     return args
 
 
-def begin_reply(reply: Reply) -> Started | Finished:
+def begin_reply(reply: Reply | int | bytes | str, args: list[str]) -> Started | Finished:
+    """begin.lua's reply to ``args`` (:func:`begin_args`'): its two usual answers come bare, a new
+    lease's ``lease_expires_ms`` (the lease drawn for ``args``, as long as they asked) and a
+    replayed result's JSON; anything else is a table."""
+    kind = type(reply)
+    if kind is int:
+        return Started(args[5], reply, False, int(args[4]) / 1000)  # type: ignore[arg-type]
+    if kind is bytes or kind is str:
+        return Finished(result=_load_json(reply))
+    assert isinstance(reply, list)
     if text(reply[0]) == "succeeded":
         return Finished(result=_load_json(reply[1]))
     raise_for(reply)
@@ -474,10 +487,11 @@ def complete_reply(reply: Reply | int) -> Completed:
 
 
 def fail_args(lease_id: str, retryable: bool, error: Any, result_ttl_seconds: int, now_ms: str) -> list[str]:
+    """fail.lua's ARGV (an ``error`` that is :class:`JsonText` is stored as it is)."""
     return [
         _lease(lease_id),
         "1" if retryable else "0",
-        dump_json(error),
+        error if type(error) is JsonText else dump_json(error),
         str(result_ttl_seconds * 1000),
         now_ms,
     ]

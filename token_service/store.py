@@ -152,6 +152,11 @@ def _bucket(name: str, reply: Any) -> str:
     return records.text(reply[at])
 
 
+def _begin_reader(args: list[str]) -> Callable[[Any], records.Started | records.Finished]:
+    """begin.lua's reply read against the arguments it answers (its bare answers need them)."""
+    return lambda reply: records.begin_reply(reply, args)
+
+
 def _claim_unsupported(exc: BaseException) -> bool:
     """Redis 6.2 refuses SET with both NX and GET (a syntax error); 7.0 takes it."""
     return isinstance(exc, redis_errors.ResponseError) and "syntax" in str(exc).lower()
@@ -792,8 +797,8 @@ class TokenStore(_StoreBase):
             return self._claim(use, lease_seconds, claim_ttl_seconds)
         args = records.begin_args(use, lease_seconds, new_lease_id(), self._now(), claim_ttl_seconds)
         if self._observe is not None:
-            return self._observed_run("begin", use.token, args, records.begin_reply, use.scope)
-        return self._run("begin", use.token, args, records.begin_reply)
+            return self._observed_run("begin", use.token, args, _begin_reader(args), use.scope)
+        return self._run("begin", use.token, args, _begin_reader(args))
 
     def _claim(
         self, use: UseRequest, lease_seconds: int, claim_ttl_seconds: int, digest: str | None = None
@@ -813,7 +818,7 @@ class TokenStore(_StoreBase):
             previous, use, lease_id, lease_seconds, value, request_id, claim_ttl_seconds
         )
         if isinstance(decided, list):
-            return self._run("begin", use.token, decided, records.begin_reply, digest)
+            return self._run("begin", use.token, decided, _begin_reader(decided), digest)
         return decided
 
     renew = _operation("renew", _StoreBase._renew_args, records.renew_reply)
@@ -978,8 +983,8 @@ class AsyncTokenStore(_StoreBase):
             return await self._claim(use, lease_seconds, claim_ttl_seconds)
         args = records.begin_args(use, lease_seconds, new_lease_id(), self._now(), claim_ttl_seconds)
         if self._observe is not None:
-            return await self._observed_run("begin", use.token, args, records.begin_reply, use.scope)
-        return await self._run("begin", use.token, args, records.begin_reply)
+            return await self._observed_run("begin", use.token, args, _begin_reader(args), use.scope)
+        return await self._run("begin", use.token, args, _begin_reader(args))
 
     async def _claim(
         self, use: UseRequest, lease_seconds: int, claim_ttl_seconds: int, digest: str | None = None
@@ -996,7 +1001,7 @@ class AsyncTokenStore(_StoreBase):
             previous, use, lease_id, lease_seconds, value, request_id, claim_ttl_seconds
         )
         if isinstance(decided, list):
-            return await self._run("begin", use.token, decided, records.begin_reply, digest)
+            return await self._run("begin", use.token, decided, _begin_reader(decided), digest)
         return decided
 
     renew = _async_operation("renew", _StoreBase._renew_args, records.renew_reply)

@@ -166,8 +166,12 @@ def _lua_answer(client: redis.Redis, record: Record, script: str, args: list[str
         # the key's own TTL is real time, long; the scripts decide by now_ms
         client.set(KEY, value, px=600_000)
     reply: Any = client.register_script(lua_source(script))(keys=[KEY], args=args)
-    if reply == 0:  # complete.lua's usual answer: stored
+    if reply == 0 and script == "complete":  # complete.lua's usual answer: stored
         reply = [b"succeeded", 0]
+    elif isinstance(reply, int):  # begin.lua's usual start: the lease it was given (ARGV[6])
+        reply = [b"started", args[5].encode()]
+    elif isinstance(reply, bytes):  # begin.lua's usual replay: the stored result
+        reply = [b"succeeded", reply]
     code = reply[0].decode()
     replayed = len(reply) > 1 and reply[1] == 1
     out = 0

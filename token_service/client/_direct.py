@@ -15,7 +15,7 @@ from typing import Any
 from token_service import defaults
 from token_service.connection import async_client_for, client_for
 from token_service.errors import InvalidRequest
-from token_service.records import Inspection, IssueRequest, UseRequest
+from token_service.records import Inspection, IssueRequest, UseRequest, check_payload
 from token_service.store import AsyncTokenStore, TokenStore
 
 from . import _validate as check
@@ -146,12 +146,13 @@ class _Direct:
         )
 
     def complete(self, token: str, lease_id: str, result: Any) -> Any:
-        check.payload("result", result, self.limits.max_result_bytes)
-        return self.store.complete(check.token(token), self.lease_id(lease_id), result)
+        # the JSON the check made is what the store sends: the result is dumped once here
+        stored = check_payload("result", result, self.limits.max_result_bytes)
+        return self.store.complete(check.token(token), self.lease_id(lease_id), stored)
 
     def fail(self, token: str, lease_id: str, retryable: bool, error: Any) -> Any:
-        check.payload("error", error, self.limits.max_result_bytes)
-        return self.store.fail(check.token(token), self.lease_id(lease_id), retryable=retryable, error=error)
+        stored = check_payload("error", error, self.limits.max_result_bytes)
+        return self.store.fail(check.token(token), self.lease_id(lease_id), retryable=retryable, error=stored)
 
     def revoke(self, token: str) -> Any:
         return self.store.revoke(check.token(token))
@@ -228,14 +229,14 @@ class KeyedRecords:
         return self.store.renew(check.operation(name), direct.lease_id(lease_id), lease)
 
     def complete(self, name: str, lease_id: str, result: Any) -> Any:
-        check.payload("result", result, self.direct.limits.max_result_bytes)
+        stored = check_payload("result", result, self.direct.limits.max_result_bytes)
         return self.store.complete(
-            check.operation(name), self.direct.lease_id(lease_id), result, self.keep_seconds
+            check.operation(name), self.direct.lease_id(lease_id), stored, self.keep_seconds
         )
 
     def fail(self, name: str, lease_id: str, retryable: bool, error: Any) -> Any:
-        check.payload("error", error, self.direct.limits.max_result_bytes)
+        stored = check_payload("error", error, self.direct.limits.max_result_bytes)
         record, lease = check.operation(name), self.direct.lease_id(lease_id)
         return self.store.fail(
-            record, lease, retryable=retryable, error=error, keep_seconds=self.keep_seconds
+            record, lease, retryable=retryable, error=stored, keep_seconds=self.keep_seconds
         )

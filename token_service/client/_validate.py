@@ -13,10 +13,9 @@ from collections.abc import Callable
 from typing import Any
 
 from token_service.errors import InvalidRequest, TokenInvalid
-from token_service.records import check_payload
 from token_service.tokens import SCOPE_RE, SCOPE_RULE, is_plain_text, is_well_formed
 
-__all__ = ["bounded", "every", "operation", "payload", "scope", "text", "token"]
+__all__ = ["bounded", "every", "operation", "scope", "text", "token"]
 
 # Scopes already found valid: an application uses a handful, on every call. Bounded, so
 # a caller inventing scopes cannot grow it; only exact str values are remembered (a str
@@ -78,9 +77,4 @@ def token(value: Any) -> str:
 def operation(value: Any) -> str:
     if not isinstance(value, str) or not _OPERATION_RE.match(value):
         raise TokenInvalid("Not a keyed operation's record.")
-    return value
-
-
-def payload(name: str, value: Any, max_bytes: int) -> Any:
-    check_payload(name, value, max_bytes)
     return value

@@ -714,7 +714,9 @@ class Admin:
         args = records.begin_args(use, lease_seconds, lease_id, "")
         with translate_errors():
             reply = self._scripts["begin"](keys=[found.key], args=args)
-        if records.text(reply[0]) != "started" or int(reply[3]) == 1:
+        if isinstance(reply, int):  # begin.lua's bare answer: a new lease (records.begin_reply)
+            return lease_id
+        if not isinstance(reply, list) or records.text(reply[0]) != "started" or int(reply[3]) == 1:
             return None
         return lease_id
 
