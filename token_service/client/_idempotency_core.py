@@ -1,41 +1,16 @@
-"""The decisions of ``Idempotency-Key`` handling, once, for every framework.
+"""The decisions of ``Idempotency-Key`` handling, once, for every framework (what a request gets:
+docs/integrations/wsgi-middleware.md).
 
-The WSGI middleware (:mod:`token_service.client.wsgi`), the ASGI one
-(:mod:`token_service.client.asgi`) and the framework integrations only move
-bytes; what to answer is decided here:
-
-1. :meth:`IdempotencyCore.screen`: is this request guarded, and is its key
-   valid (missing → 400 when ``required``, malformed → 400)?
-2. :meth:`IdempotencyCore.attempt`: who is asking (no identity → 400
-   ``idempotency_identity_required``), the request's fingerprint, the record
-   key (per client), a fresh owner id for this attempt.
-3. :meth:`IdempotencyCore.claim` / :meth:`aclaim`: one plain SET (a keyed
-   claim on the common record; ``begin.lua`` on its rare paths). Returns
-   ``None`` (this request holds the key: run the app) or the answer: the
-   stored response with ``Idempotent-Replayed: true``, 409 with
-   ``Retry-After`` (still running), 422 (the key was used for another
-   request), 503 (the store failed: the request does not run unguarded).
-4. The app runs inside ``with core.hold(store, attempt):`` (``async with
-   core.ahold(...)``): the one place where a request holds the key, its
-   claim renewed in the background meanwhile (a request slower than
-   ``lock_seconds`` keeps its key; a dead process stops renewing).
-5. :meth:`IdempotencyCore.recorder` watches the response go out: it keeps
-   the body up to ``max_stored_bytes`` (a 4xx's up to ``max_stored_4xx_bytes``)
-   and only counts the rest (a 64 MB stream passes through, never buffered
-   whole). :meth:`settle` / :meth:`asettle` then store it (the status is one
-   ``store_status`` keeps; a body over the cap is stored as omitted) or free the
-   key (a 5xx, 408/409/425/429, 401/403/407 whatever ``store_status`` says, an
-   exception, a response that never started). Storing is fenced by the
-   attempt's owner id: an attempt that outlived its lock never overwrites a
-   later attempt's record. Call them inside ``hold``: the claim stays renewed
-   while the outcome is stored, and a store that cannot answer is tried again
-   for as long as the claim can be held (``_renewal.settle_pause``, the guards'
-   rule). Past that, :meth:`settle` returns an
-   :class:`~token_service.errors.OutcomeNotRecorded` (logged with what
-   reconciling it takes): the adapters break the response off before its end
-   (Django's middleware, which settles before it answers, answers
-   :meth:`not_recorded` instead). A release that cannot be stored is logged:
-   the claim runs out by itself.
+The WSGI, ASGI and Django middlewares only move bytes, calling in turn: :meth:`~IdempotencyCore.screen`
+(is the request guarded, is its key valid), :meth:`~IdempotencyCore.attempt` (who asks: keys are per
+client; the fingerprint; a fresh owner id), :meth:`~IdempotencyCore.claim` (``None``: this request holds
+the key; else the answer: a replay, 409, 422, 503 — fail closed), the app inside
+:meth:`~IdempotencyCore.hold` (the claim renewed, so a slow request keeps its key), a
+:meth:`~IdempotencyCore.recorder` watching the response go out (its body kept up to a cap, never
+buffered whole), then :meth:`~IdempotencyCore.settle` inside ``hold``: store the response, fenced by
+the owner id, or free the key. A store that cannot answer is tried again while the claim can be held
+(``_renewal.settle_pause``, the guards' rule); past that, an OutcomeNotRecorded the adapters break the
+response off with. Claim, renewal and settle are flows (:mod:`._engine`): ``a...`` drives them async.
 """
 
 from __future__ import annotations
@@ -50,9 +25,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, field
-from http import HTTPStatus
-from typing import Any, Unpack
+from typing import Any, Generic, TypeVar, Unpack
 
+from token_service import defaults, errors
 from token_service.client._engine import Flow, drive, drive_async
 from token_service.client._fingerprint import RequestFacts, fingerprint_request
 from token_service.client._idempotency_options import IdempotencyOptionArgs, IdempotencyOptions, options_of
@@ -61,8 +36,10 @@ from token_service.client._idempotency_store import (
     Claimed,
     IdempotencyStore,
     InProgress,
+    Legacy,
     Mismatch,
     Outcome,
+    _no_legacy,
 )
 from token_service.client._renewal import AsyncLeaseRenewer, LeaseRenewer, interval_for, settle_pause
 from token_service.client._stored_response import (
@@ -72,30 +49,13 @@ from token_service.client._stored_response import (
     StoredResponse,
 )
 from token_service.client._telemetry import DEFAULT_TELEMETRY, IDEMPOTENCY_SPAN_NAME, GuardSpan
-from token_service.errors import (
-    IdempotencyIdentityRequired,
-    IdempotencyKeyInUse,
-    IdempotencyKeyMismatch,
-    IdempotencyKeyRepeated,
-    InvalidRequest,
-    LeaseLost,
-    OutcomeNotRecorded,
-    PayloadTooLarge,
-    ServiceUnavailable,
-    TokenError,
-)
 from token_service.problems import problem_for
 from token_service.tokens import whole_number
 
 
 def declared_length(header: str) -> int | None:
-    """A Content-Length header's value as a number, or None when it is absent or not a number.
-
-    Servers differ in what they let through to the app (gunicorn and uvicorn refuse a
-    malformed one, Django's development server does not): every Content-Length the SDK reads
-    goes through here (the WSGI, ASGI and Django middlewares, the Django and FastAPI
-    ``require_token``); the service reads its own in :mod:`token_service.server.body`.
-    """
+    """A Content-Length's value as a number, or None when absent or not a number: every one the SDK
+    reads goes through here (servers differ in the malformed ones they let through to the app)."""
     return whole_number(header.strip())
 
 
@@ -124,16 +84,24 @@ NOT_STORED_HEADERS = frozenset(
     }
 )
 
+AppT = TypeVar("AppT")
+RequestT = TypeVar("RequestT")
+StoreT = TypeVar("StoreT", IdempotencyStore, AsyncIdempotencyStore)
+RenewerT = TypeVar("RenewerT", LeaseRenewer, AsyncLeaseRenewer)
+# what a claim's span says of a request refused without running
+_REFUSED_AS = {StoredResponse: "replayed", InProgress: "conflict", Mismatch: "mismatch"}
+
 __all__ = [
     "MAX_KEY_CHARS",
-    "OMITTED_HEADER",
-    "REPLAYED_HEADER",
     "Answer",
     "Attempt",
+    "BodyEndedEarly",
     "IdempotencyCore",
+    "Middleware",
     "Recorder",
+    "Relay",
+    "declared_length",
     "parse_key",
-    "status_line",
 ]
 
 
@@ -147,31 +115,23 @@ class Answer:
     replayed: bool = False
 
 
-@dataclass(slots=True)
-class ClaimClock:
-    """How long an attempt holds its key: what the settle's retries are bounded by."""
-
-    # when (time.monotonic()) the last claim or renewal the store acknowledged was sent: the
-    # claim holds lock_seconds from then
-    held_from: float = 0.0
-    # set while the outcome is stored: a renewal refused then is for the store's reply to judge
-    settling: bool = False
-
-
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Attempt:
-    """One request's claim on a key: the record, what it must match, and who holds it."""
+    """One request's claim on a key: the record, what it must match, who holds it and since when."""
 
     record: str
     fingerprint: str
     owner: str
-    # the fingerprint earlier versions computed (raw body bytes), for their records still live:
-    # computed only when such a record is found
-    legacy: Callable[[], str | None] = field(default=lambda: None, compare=False)
+    # the fingerprint earlier versions computed (raw body bytes), computed only for such a record
+    legacy: Legacy = _no_legacy
     # its OpenTelemetry span (IDEMPOTENCY_SPAN_NAME): from the claim to the answer or the settle
-    span: GuardSpan = field(default_factory=lambda: GuardSpan(None), compare=False)
-    # how long it is held (changed by the claim, its renewals and the settle)
-    clock: ClaimClock = field(default_factory=lambda: ClaimClock(), compare=False)
+    span: GuardSpan = field(default_factory=lambda: GuardSpan(None))
+    body: bytes = b""  # the request's, read whole before the claim (the ASGI app is handed it again)
+    # when (time.monotonic()) the last claim or renewal the store acknowledged was sent: the
+    # claim holds lock_seconds from then (what the settle's retries are bounded by)
+    held_from: float = 0.0
+    # set while the outcome is stored: a renewal refused then is for the store's reply to judge
+    settling: bool = False
 
 
 @dataclass(slots=True)
@@ -216,12 +176,8 @@ class Recorder:
 
 
 def _legacy_fingerprint(facts: RequestFacts) -> str | None:
-    """The fingerprint versions before the shared one used (method, path, query, raw body; base64url).
-
-    Only read when a key's record does not match the current fingerprint, so a
-    retry across an upgrade is replayed, not refused with 422, for one
-    ``ttl_seconds`` after it; no record is left under it.
-    """
+    """The fingerprint versions before the shared one used (method, path, query, raw body), read only
+    for a record that does not match the current one: a retry across an upgrade is replayed, not 422."""
     hasher = hashlib.sha256()
     try:
         for part in (
@@ -234,10 +190,6 @@ def _legacy_fingerprint(facts: RequestFacts) -> str | None:
         return None  # no earlier version could have written it
     hasher.update(facts.body)
     return base64.urlsafe_b64encode(hasher.digest()).rstrip(b"=").decode("ascii")
-
-
-def _no_legacy() -> None:
-    return None  # a chosen fingerprint: no earlier version computed it otherwise
 
 
 def _string_end(value: str) -> int:
@@ -255,13 +207,8 @@ def _string_end(value: str) -> int:
 
 
 def several_keys(raw: str) -> bool:
-    """Whether the header's value is a list of keys, not one.
-
-    A server joins the fields of a repeated header with a comma (gunicorn ``A,B``,
-    others and ASGI here ``A, B``), so two fields arrive as one value; one sf-string
-    (``"A, B"``) holds its commas inside its quotes and is a single key. A bare key
-    (the form accepted beside the draft's sf-string) holding a comma is read as a list.
-    """
+    """Whether the header's value is a list of keys: a server joins a repeated header's fields with a
+    comma, so a comma outside one sf-string's quotes (or in a bare key) means several."""
     value = raw.strip()
     if value.startswith('"'):
         end = _string_end(value)
@@ -270,9 +217,8 @@ def several_keys(raw: str) -> bool:
 
 
 def parse_key(raw: str, max_chars: int = MAX_KEY_CHARS) -> str | None:
-    """The key from the header: an sf-string (``"..."``, nothing after its closing quote);
-    a bare token is accepted too. The key is the text between the quotes as sent (escapes
-    kept), as every earlier version stored it."""
+    """The key from the header: an sf-string (``"..."``, nothing after its closing quote) or a bare
+    token; the text between the quotes as sent (escapes kept), as every earlier version stored it."""
     value = raw.strip()
     if value.startswith('"'):
         if _string_end(value) != len(value) - 1:
@@ -281,18 +227,6 @@ def parse_key(raw: str, max_chars: int = MAX_KEY_CHARS) -> str | None:
     if not 1 <= len(value) <= max_chars or not value.isascii() or not value.isprintable():
         return None
     return value
-
-
-def status_line(status: int) -> str:
-    try:
-        return f"{status} {HTTPStatus(status).phrase}"
-    except ValueError:
-        return f"{status} Unknown"
-
-
-def _answer(document: tuple[int, dict[str, str], bytes]) -> Answer:
-    status, headers, body = document
-    return Answer(status, [*headers.items(), ("Content-Length", str(len(body)))], body)
 
 
 class IdempotencyCore:
@@ -310,40 +244,35 @@ class IdempotencyCore:
 
     def screen(self, method: str, raw_key: str | None) -> str | Answer | None:
         """The key (guard the request), an answer (refuse it) or None (not guarded: just run it)."""
+        header = self.options.header
         if method.upper() not in self.options.methods:
             return None
         if raw_key is None or not raw_key.strip():
             if not self.options.required:
                 return None
             return self.problem(
-                InvalidRequest(
-                    f"The {self.options.header} header is required.", {self.options.header: ["Missing."]}
-                )
+                errors.InvalidRequest(f"The {header} header is required.", {header: ["Missing."]})
             )
         if several_keys(raw_key):
             # two Idempotency-Key fields: no key is chosen (and "A, B" is not a third one)
+            why = "One key (an sf-string), not a list or a repeated header."
             return self.problem(
-                IdempotencyKeyRepeated(
-                    f"Send one {self.options.header} header with one key.",
-                    {self.options.header: ["One key (an sf-string), not a list or a repeated header."]},
-                )
+                errors.IdempotencyKeyRepeated(f"Send one {header} header with one key.", {header: [why]})
             )
         key = parse_key(raw_key)
         if key is None:
+            why = f"1-{MAX_KEY_CHARS} printable ASCII characters."
             return self.problem(
-                InvalidRequest(
-                    f"The {self.options.header} header is not a valid key.",
-                    {self.options.header: [f"1-{MAX_KEY_CHARS} printable ASCII characters."]},
-                )
+                errors.InvalidRequest(f"The {header} header is not a valid key.", {header: [why]})
             )
         return key
 
     def too_large(self) -> Answer:
-        return self.problem(PayloadTooLarge("The request body is over the limit."))
+        return self.problem(errors.PayloadTooLarge("The request body is over the limit."))
 
     def truncated(self) -> Answer:
         """The body ended before its Content-Length: a 400, and the key stays unclaimed."""
-        return self.problem(InvalidRequest("The body ended before its Content-Length."))
+        return self.problem(errors.InvalidRequest("The body ended before its Content-Length."))
 
     def attempt(
         self,
@@ -355,7 +284,7 @@ class IdempotencyCore:
         if not identity:
             # anonymous clients would share one namespace and get each other's responses
             return self.problem(
-                IdempotencyIdentityRequired(
+                errors.IdempotencyIdentityRequired(
                     f"An {self.options.header} is kept per client: send the request with your credentials."
                 )
             )
@@ -369,14 +298,12 @@ class IdempotencyCore:
                 is_async=isinstance(store, AsyncIdempotencyStore),
                 name=IDEMPOTENCY_SPAN_NAME,
             ),
+            facts.body,
         )
 
     def claim(self, store: IdempotencyStore, attempt: Attempt) -> Answer | None:
-        """None: this request holds the key and runs. Else what to answer instead.
-
-        A duplicate of a request still running waits up to ``wait_seconds`` for its
-        response (polling the record), then gets 409.
-        """
+        """None: this request holds the key and runs. Else what to answer instead (a duplicate of a
+        request still running waits up to ``wait_seconds`` for its response, polling, then gets 409)."""
         return drive(self._claiming(store, attempt))
 
     async def aclaim(self, store: AsyncIdempotencyStore, attempt: Attempt) -> Answer | None:
@@ -385,128 +312,125 @@ class IdempotencyCore:
     def _claiming(
         self, store: IdempotencyStore | AsyncIdempotencyStore, attempt: Attempt
     ) -> Flow[Answer | None]:
-        """The claim as a flow (the engine's shape: it yields its store calls and pauses)."""
         deadline = time.monotonic() + self.options.wait_seconds
         pause = _FIRST_PAUSE_SECONDS
         while True:
-            attempt.clock.held_from = time.monotonic()
-            args = (
-                attempt.record,
-                attempt.fingerprint,
-                attempt.owner,
-                self.options.lock_seconds,
-                attempt.legacy,
-            )
+            attempt.held_from = time.monotonic()
             try:
-                outcome = yield functools.partial(store.begin, *args)
-            except (TokenError, ValueError, KeyError, TypeError) as exc:
-                return self._spanned(attempt, outcome=None, answer=self.store_failed(exc), error=exc)
+                outcome = yield from store.beginning(
+                    attempt.record,
+                    attempt.fingerprint,
+                    attempt.owner,
+                    self.options.lock_seconds,
+                    attempt.legacy,
+                )
+            except (errors.TokenError, ValueError, KeyError, TypeError) as exc:
+                return self._refused(attempt, "error", self.store_failed(exc), exc)
             left = deadline - time.monotonic()
             if not isinstance(outcome, InProgress) or left <= 0:
-                return self._spanned(attempt, outcome, self.decide(outcome))
+                answer = self.decide(outcome)
+                if answer is None:
+                    attempt.span.set_outcome("executed")  # until settle says otherwise
+                    return None
+                return self._refused(attempt, _REFUSED_AS[type(outcome)], answer)
             yield min(pause, left)
             pause = min(pause * 2, _MAX_PAUSE_SECONDS)
 
+    def admitting(
+        self,
+        store: IdempotencyStore | AsyncIdempotencyStore,
+        key: str,
+        read_body: Callable[[], Any],
+        identity: str | None,
+        facts: Callable[[bytes], RequestFacts],
+    ) -> Flow[Attempt | Answer]:
+        """A screened request's body read (``read_body``: None over ``max_body_bytes``,
+        :class:`BodyEndedEarly` short of it), its attempt made and claimed: the attempt that holds
+        the key, or the answer instead. Neither claim the key nor run the app on a truncated body."""
+        try:
+            body = yield read_body
+        except BodyEndedEarly:
+            return self.truncated()
+        if body is None:
+            return self.too_large()
+        attempt = self.attempt(store, identity, key, facts(body))
+        if isinstance(attempt, Answer):
+            return attempt
+        answer = yield from self._claiming(store, attempt)
+        return attempt if answer is None else answer
+
     @staticmethod
-    def _spanned(
-        attempt: Attempt, outcome: Outcome | None, answer: Answer | None, error: BaseException | None = None
-    ) -> Answer | None:
-        """The claim's answer; a refused attempt's span ends here (a claimed one's at settle)."""
-        if answer is None:
-            attempt.span.set_outcome("executed")  # until settle says otherwise
-            return None
-        if isinstance(outcome, StoredResponse):
-            attempt.span.set_outcome("replayed")
-        elif isinstance(outcome, InProgress):
-            attempt.span.set_outcome("conflict")
-        elif isinstance(outcome, Mismatch):
-            attempt.span.set_outcome("mismatch")
-        else:
-            attempt.span.set_outcome("error")
-            if error is not None:
-                attempt.span.record_error(error)
+    def _refused(
+        attempt: Attempt, outcome: str, answer: Answer, error: BaseException | None = None
+    ) -> Answer:
+        """A refused attempt's span ends with its answer (a claimed one's at settle)."""
+        attempt.span.set_outcome(outcome)
+        if error is not None:
+            attempt.span.record_error(error)
         attempt.span.end()
         return answer
 
     def decide(self, outcome: Outcome) -> Answer | None:
+        """What the claim's outcome answers (counted): None for a claim, else a replay, 409 or 422."""
         if isinstance(outcome, Claimed):
             return None
-        self._count_refusal(outcome)
         if isinstance(outcome, StoredResponse):
+            self._count("replays")
             return Answer(outcome.status, outcome.replay_headers(), outcome.body, replayed=True)
         if isinstance(outcome, InProgress):
-            return self.problem(
-                IdempotencyKeyInUse(
-                    f"A request with this {self.options.header} is still being processed; retry later.",
-                    outcome.retry_after_seconds,
-                )
-            )
-        assert isinstance(outcome, Mismatch)
+            self._count("conflicts", code=errors.IdempotencyKeyInUse.code)
+            detail = f"A request with this {self.options.header} is still being processed; retry later."
+            return self.problem(errors.IdempotencyKeyInUse(detail, outcome.retry_after_seconds))
+        self._count("mismatches", field="fingerprint")
         return self.problem(
-            IdempotencyKeyMismatch(f"This {self.options.header} was used for a different request.")
+            errors.IdempotencyKeyMismatch(f"This {self.options.header} was used for a different request.")
         )
 
     def _count(self, name: str, **labels: str) -> None:
         self.telemetry.count(name, self.options.telemetry_scope, **labels)
 
-    def _count_refusal(self, outcome: Outcome) -> None:
-        if isinstance(outcome, StoredResponse):
-            self._count("replays")
-        elif isinstance(outcome, InProgress):
-            self._count("conflicts", code=IdempotencyKeyInUse.code)
-        else:
-            self._count("mismatches", field="fingerprint")
-
     def store_failed(self, exc: BaseException) -> Answer:
         """Fail closed: the request does not run unguarded."""
         self._count("store_errors", operation="begin")
-        if isinstance(exc, ServiceUnavailable):
+        if isinstance(exc, errors.ServiceUnavailable):
             return self.problem(exc)
         # the store refused the record (not an idempotency record, unreadable)
         log.error("the idempotency store refused a request: %s", exc)
         return self.problem(
-            ServiceUnavailable("The idempotency store could not handle this key; the request did not run.")
+            errors.ServiceUnavailable(
+                "The idempotency store could not handle this key; the request did not run."
+            )
         )
 
-    def problem(self, error: TokenError) -> Answer:
-        return _answer(problem_for(error))
+    def problem(self, error: errors.TokenError) -> Answer:
+        status, headers, body = problem_for(error)
+        return Answer(status, [*headers.items(), ("Content-Length", str(len(body)))], body)
 
     # -- while the app runs ----------------------------------------------------------------
 
     def hold(self, store: IdempotencyStore, attempt: Attempt) -> AbstractContextManager[Any]:
-        """The app runs (and its body streams) inside this: the one place a request holds the key.
-
-        The claim is renewed every third of ``lock_seconds`` until the block exits
-        (:mod:`token_service.client._renewal`); call :meth:`settle` inside it, so the
-        claim stays held while its outcome is stored (and tried again).
-        """
-
-        def renew() -> None:
-            sent_at = time.monotonic()
-            self._renewed(
-                attempt, store.renew(attempt.record, attempt.owner, self.options.lock_seconds), sent_at
-            )
-
-        lost = functools.partial(self._claim_lost, attempt)
-        return _renewing(LeaseRenewer(renew, interval_for(self.options.lock_seconds), on_lost=lost))
+        """The app runs (and its body streams) inside this, the one place a request holds the key: its
+        claim renewed every third of ``lock_seconds``. Call :meth:`settle` inside it, so the claim
+        stays held while its outcome is stored (and tried again)."""
+        return _held(self._renewer(LeaseRenewer, lambda: drive(self._renewing(store, attempt)), attempt))
 
     def ahold(self, store: AsyncIdempotencyStore, attempt: Attempt) -> AbstractAsyncContextManager[Any]:
-        async def renew() -> None:
-            sent_at = time.monotonic()
-            held = await store.renew(attempt.record, attempt.owner, self.options.lock_seconds)
-            self._renewed(attempt, held, sent_at)
+        return _aheld(
+            self._renewer(AsyncLeaseRenewer, lambda: drive_async(self._renewing(store, attempt)), attempt)
+        )
 
+    def _renewer(self, kind: type[RenewerT], renew: Callable[[], Any], attempt: Attempt) -> RenewerT:
         lost = functools.partial(self._claim_lost, attempt)
-        return _arenewing(AsyncLeaseRenewer(renew, interval_for(self.options.lock_seconds), on_lost=lost))
+        return kind(renew, interval_for(self.options.lock_seconds), on_lost=lost)
 
-    @staticmethod
-    def _renewed(attempt: Attempt, held: bool, sent_at: float) -> None:
-        if not held:
-            raise LeaseLost("the Idempotency-Key's claim ran out or was taken over")
-        attempt.clock.held_from = max(attempt.clock.held_from, sent_at)
+    def _renewing(self, store: IdempotencyStore | AsyncIdempotencyStore, attempt: Attempt) -> Flow[None]:
+        sent_at = time.monotonic()
+        if not (yield from store.renewing(attempt.record, attempt.owner, self.options.lock_seconds)):
+            raise errors.LeaseLost("the Idempotency-Key's claim ran out or was taken over")
+        attempt.held_from = max(attempt.held_from, sent_at)
 
-    def _claim_lost(self, attempt: Attempt, exc: TokenError) -> None:
-        if attempt.clock.settling:
+    def _claim_lost(self, attempt: Attempt, exc: errors.TokenError) -> None:
+        if attempt.settling:
             return  # a renewal sent as the response was stored (or freed) is refused: no loss
         log.error("an idempotent request lost its claim on its key while it ran: %s", exc)
         self._count("lease_losses")
@@ -526,55 +450,50 @@ class IdempotencyCore:
 
     def settle(
         self, store: IdempotencyStore, attempt: Attempt, recorder: Recorder | None
-    ) -> OutcomeNotRecorded | None:
+    ) -> errors.OutcomeNotRecorded | None:
         """Store what duplicates get, or free the key (inside :meth:`hold`). Raises no store error:
-        a store that cannot answer is tried again while the claim can be held; past that, the
-        response that could not be kept is returned as an OutcomeNotRecorded (see the module docs)."""
+        past the claim, the response that could not be kept is returned as an OutcomeNotRecorded."""
         return drive(self._settling(store, attempt, recorder))
 
     async def asettle(
         self, store: AsyncIdempotencyStore, attempt: Attempt, recorder: Recorder | None
-    ) -> OutcomeNotRecorded | None:
+    ) -> errors.OutcomeNotRecorded | None:
         return await drive_async(self._settling(store, attempt, recorder))
 
     def _settling(
         self, store: IdempotencyStore | AsyncIdempotencyStore, attempt: Attempt, recorder: Recorder | None
-    ) -> Flow[OutcomeNotRecorded | None]:
+    ) -> Flow[errors.OutcomeNotRecorded | None]:
         stored = recorder.stored() if recorder is not None else None
-        attempt.clock.settling = True
+        attempt.settling = True
+        lock_seconds = self.options.lock_seconds
         failures = 0
         while True:
             try:
                 if stored is None:
-                    yield functools.partial(store.release, attempt.record, attempt.owner)
-                    self._released(attempt)
-                else:
-                    kept = yield functools.partial(store.store, *self._store_args(attempt, stored))
-                    self._stored(attempt, kept, unknown=failures > 0)
+                    yield from store.releasing(attempt.record, attempt.owner)
+                    self._ended(attempt, "released")
+                    return None
+                kept = yield from store.storing(
+                    attempt.record, attempt.fingerprint, attempt.owner, stored, self.options.ttl_seconds
+                )
+                self._stored(attempt, kept, unknown=failures > 0)
                 return None
-            except ServiceUnavailable as exc:
+            except errors.ServiceUnavailable as exc:
                 failures += 1
-                pause = self._settle_pause(attempt, failures)
+                pause = settle_pause(
+                    attempt.held_from + lock_seconds - time.monotonic(), lock_seconds, failures
+                )
                 if pause is None:
                     return self._settle_failed(attempt, stored, exc)
                 yield pause
-            except TokenError as exc:
+            except errors.TokenError as exc:
                 return self._settle_failed(attempt, stored, exc)
 
-    def _store_args(
-        self, attempt: Attempt, stored: StoredResponse
-    ) -> tuple[str, str, str, StoredResponse, int]:
-        return attempt.record, attempt.fingerprint, attempt.owner, stored, self.options.ttl_seconds
-
-    def _settle_pause(self, attempt: Attempt, failures: int) -> float | None:
-        lock_seconds = self.options.lock_seconds
-        return settle_pause(attempt.clock.held_from + lock_seconds - time.monotonic(), lock_seconds, failures)
-
-    def not_recorded(self, exc: OutcomeNotRecorded) -> Answer:
+    def not_recorded(self, exc: errors.OutcomeNotRecorded) -> Answer:
         """What a client gets instead of a response that could not be kept (Django's middleware;
         the WSGI and ASGI ones break the response off): a 500 ``outcome_not_recorded``."""
         return self.problem(
-            OutcomeNotRecorded(
+            errors.OutcomeNotRecorded(
                 "The request ran, but its response could not be recorded: the idempotency store did "
                 f"not answer. Do not send it again as a new request: with this {self.options.header} "
                 "a retry is refused (409) while the request's claim lasts, and may run it again after that.",
@@ -583,15 +502,15 @@ class IdempotencyCore:
             )
         )
 
-    def _released(self, attempt: Attempt) -> None:
-        self._count("executions", outcome="released")
-        attempt.span.set_outcome("released")
+    def _ended(self, attempt: Attempt, outcome: str, error: BaseException | None = None) -> None:
+        self._count("executions", outcome=outcome)
+        attempt.span.set_outcome("executed" if outcome == "succeeded" else outcome)
+        if error is not None:
+            attempt.span.record_error(error)
         attempt.span.end()
 
-    def _stored(self, attempt: Attempt, kept: bool, *, unknown: bool = False) -> None:
-        self._count("executions", outcome="succeeded" if kept else "lease_lost")
-        attempt.span.set_outcome("executed" if kept else "lease_lost")
-        attempt.span.end()
+    def _stored(self, attempt: Attempt, kept: bool, *, unknown: bool) -> None:
+        self._ended(attempt, "succeeded" if kept else "lease_lost")
         if not kept and unknown:
             # an earlier try's reply was lost: it may be that try which stored it
             log.warning("an idempotent response was stored by a try whose reply was lost, or not at all")
@@ -602,23 +521,19 @@ class IdempotencyCore:
             )
 
     def _settle_failed(
-        self, attempt: Attempt, stored: StoredResponse | None, exc: TokenError
-    ) -> OutcomeNotRecorded | None:
-        self._count("executions", outcome="error")
-        attempt.span.set_outcome("error")
-        attempt.span.record_error(exc)
-        attempt.span.end()
-        if isinstance(exc, ServiceUnavailable):
+        self, attempt: Attempt, stored: StoredResponse | None, exc: errors.TokenError
+    ) -> errors.OutcomeNotRecorded | None:
+        self._ended(attempt, "error", exc)
+        down = isinstance(exc, errors.ServiceUnavailable)
+        if down:
             self._count("store_errors", operation="release" if stored is None else "store")
-        if stored is None:
-            # the claim runs out by itself after lock_seconds
-            log.error("could not free an Idempotency-Key: %s", exc)
-            return None
-        if not isinstance(exc, ServiceUnavailable):
-            log.error("could not store an idempotent response: %s", exc)
+        if stored is None or not down:
+            # a claim not freed runs out by itself after lock_seconds
+            what = "free an Idempotency-Key" if stored is None else "store an idempotent response"
+            log.error("could not %s: %s", what, exc)
             return None
         ref = attempt.record.rsplit(":", 1)[-1]
-        not_recorded = OutcomeNotRecorded(
+        not_recorded = errors.OutcomeNotRecorded(
             f"An idempotent request ran, but its response ({stored.status}) could not be recorded: the "
             f"store did not answer while its {self.options.lock_seconds} s claim could be held (record "
             f"{ref}, claim {attempt.owner}; last error: {exc}). To the key this is a crashed holder: "
@@ -636,7 +551,7 @@ class IdempotencyCore:
 
 
 @contextlib.contextmanager
-def _renewing(renewer: LeaseRenewer) -> Iterator[LeaseRenewer]:
+def _held(renewer: LeaseRenewer) -> Iterator[LeaseRenewer]:
     renewer.start()
     try:
         yield renewer
@@ -647,9 +562,65 @@ def _renewing(renewer: LeaseRenewer) -> Iterator[LeaseRenewer]:
 
 
 @contextlib.asynccontextmanager
-async def _arenewing(renewer: AsyncLeaseRenewer) -> AsyncIterator[AsyncLeaseRenewer]:
+async def _aheld(renewer: AsyncLeaseRenewer) -> AsyncIterator[AsyncLeaseRenewer]:
     renewer.start()
     try:
         yield renewer
     finally:
         await renewer.stop()
+
+
+class BodyEndedEarly(Exception):
+    """The request body ended before it was whole (the client sent less than its Content-Length,
+    or left mid-body)."""
+
+
+class Middleware(Generic[AppT, RequestT, StoreT]):
+    """What the WSGI and ASGI middlewares share: the core on its options, the store (made on the
+    Redis client given), ``applies`` and ``identity`` (called with the request: environ or scope)."""
+
+    store_class: type[StoreT]
+    default_identity: Callable[[RequestT], str | None]
+
+    def __init__(
+        self,
+        app: AppT,
+        store: StoreT | Any,
+        *,
+        options: IdempotencyOptions | None = None,
+        applies: Callable[[RequestT], bool] | None = None,
+        identity: Callable[[RequestT], str | None] | None = None,
+        key_prefix: str = defaults.KEY_PREFIX,
+        **overrides: Unpack[IdempotencyOptionArgs],
+    ) -> None:
+        # the options by name (ttl_seconds=60, ...) on top of options=: one value for the core
+        self.core = IdempotencyCore(options, **overrides)
+        self.app = app
+        self.store: StoreT = (
+            store if isinstance(store, self.store_class) else self.store_class(store, key_prefix=key_prefix)
+        )
+        self.applies = applies
+        self.identity = identity or self.default_identity
+
+
+class Relay(Generic[StoreT]):
+    """A claimed request's response on its way out (the WSGI and ASGI middlewares'): passed
+    through, recorded, then settled once, while the key is held."""
+
+    settled = False
+    recorder: Recorder | None = None
+
+    def __init__(self, middleware: Middleware[Any, Any, StoreT], attempt: Attempt) -> None:
+        self.core = middleware.core
+        self.store: StoreT = middleware.store
+        self.app = middleware.app
+        self.attempt = attempt
+
+    def _settles(self, failed: bool) -> bool:
+        """True the first time only: settle now (a failed response is not kept)."""
+        if self.settled:
+            return False
+        self.settled = True
+        if failed and self.recorder is not None:
+            self.recorder.failed = True
+        return True

@@ -19,6 +19,7 @@ read until they expire, never written (docs/deployment.md, "Upgrading").
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from typing import Any
 from redis import exceptions as redis_errors
 
 from token_service import defaults, records, store_errors
+from token_service.client._engine import Flow, drive
 from token_service.client._stored_response import StoredResponse
 from token_service.errors import InvalidRequest
 from token_service.records import HEADED, UseRequest, read_record
@@ -69,6 +71,10 @@ class Mismatch:
 Outcome = Claimed | StoredResponse | InProgress | Mismatch
 # the fingerprint versions before the shared one computed (the core's, computed when asked)
 Legacy = Callable[[], str | None]
+
+
+def _no_legacy() -> None:
+    return None  # a chosen fingerprint: no earlier version computed it otherwise
 
 
 def digest(*parts: str) -> str:
@@ -180,6 +186,9 @@ def held(reply: records.Reply | int) -> bool:
 
 
 class _Store:
+    """What both stores are: the record key and each call as a flow (:mod:`._engine`'s shape, one
+    for both drivers: the core drives an async store's with ``drive_async``)."""
+
     def __init__(self, client: Any, key_prefix: str = defaults.KEY_PREFIX) -> None:
         self.client = client
         self.key_prefix = key_prefix
@@ -190,7 +199,41 @@ class _Store:
         # 128 bits of the digest, like token record keys
         return f"{self.key_prefix}ik:{digest(identity, idempotency_key)[:22]}"
 
-    def _refused(self, exc: Exception) -> object:
+    def _script(self, name: str, key: str, args: list[Any]) -> Flow[Any]:
+        with translate_errors():  # the driver throws a call's error in here
+            return (yield functools.partial(self._scripts[name], keys=[key], args=args))
+
+    def beginning(
+        self, key: str, fingerprint: str, owner: str, lock_seconds: int, legacy: Legacy = _no_legacy
+    ) -> Flow[Outcome]:
+        if self._plain_claim:
+            command = claim_command(key, fingerprint, owner, lock_seconds)
+            try:
+                previous = yield functools.partial(self.client.execute_command, *command, get=True)
+            except Exception as exc:
+                self._refused(exc)
+            else:
+                outcome = decided(previous, fingerprint, legacy)
+                if outcome is not None:
+                    return outcome
+        return begun((yield from self._script("begin", key, begin_args(fingerprint, owner, lock_seconds))))
+
+    def renewing(self, key: str, owner: str, lock_seconds: int) -> Flow[bool]:
+        """Hold the claim ``lock_seconds`` more from now; False when this attempt no longer held it."""
+        return held((yield from self._script("renew", key, records.renew_args(owner, lock_seconds, ""))))
+
+    def storing(
+        self, key: str, fingerprint: str, owner: str, response: StoredResponse, ttl_seconds: int
+    ) -> Flow[bool]:
+        """Keep ``response`` for duplicates; False when this attempt no longer held the key."""
+        args = store_args(fingerprint, owner, response, ttl_seconds)
+        return held((yield from self._script("complete", key, args)))
+
+    def releasing(self, key: str, owner: str) -> Flow[bool]:
+        """Free the key for a retry; False when this attempt no longer held it."""
+        return held((yield from self._script("fail", key, records.fail_args(owner, True, None, 0, ""))))
+
+    def _refused(self, exc: Exception) -> None:
         """Redis 6.2 refuses SET with both NX and GET (a syntax error): from then on begin.lua
         claims. Any other error is raised, as :func:`translate_errors` translates it."""
         if not (isinstance(exc, redis_errors.ResponseError) and "syntax" in str(exc).lower()):
@@ -199,85 +242,27 @@ class _Store:
                 raise exc
             raise unavailable from exc
         self._plain_claim = False
-        return _NOT_CLAIMED
-
-
-# what a claim that was not sent (Redis < 7.0) leaves for begin.lua to decide
-_NOT_CLAIMED = object()
-
-
-def _no_legacy() -> None:
-    return None
 
 
 class IdempotencyStore(_Store):
     """An Idempotency-Key's record on a (sync) redis-py client (see the module docs)."""
 
-    def _run(self, name: str, key: str, args: list[Any]) -> Any:
-        with translate_errors():
-            return self._scripts[name](keys=[key], args=args)
-
-    def _claim(self, command: tuple[Any, ...]) -> Any:
-        try:
-            return self.client.execute_command(*command, get=True) if self._plain_claim else _NOT_CLAIMED
-        except Exception as exc:
-            return self._refused(exc)
-
     def begin(
         self, key: str, fingerprint: str, owner: str, lock_seconds: int, legacy: Legacy = _no_legacy
     ) -> Outcome:
-        previous = self._claim(claim_command(key, fingerprint, owner, lock_seconds))
-        outcome = None if previous is _NOT_CLAIMED else decided(previous, fingerprint, legacy)
-        if outcome is None:
-            outcome = begun(self._run("begin", key, begin_args(fingerprint, owner, lock_seconds)))
-        return outcome
+        return drive(self.beginning(key, fingerprint, owner, lock_seconds, legacy))
 
     def renew(self, key: str, owner: str, lock_seconds: int) -> bool:
-        """Hold the claim ``lock_seconds`` more from now; False when this attempt no longer held it."""
-        return held(self._run("renew", key, records.renew_args(owner, lock_seconds, "")))
+        return drive(self.renewing(key, owner, lock_seconds))
 
     def store(
         self, key: str, fingerprint: str, owner: str, response: StoredResponse, ttl_seconds: int
     ) -> bool:
-        """Keep ``response`` for duplicates; False when this attempt no longer held the key."""
-        return held(self._run("complete", key, store_args(fingerprint, owner, response, ttl_seconds)))
+        return drive(self.storing(key, fingerprint, owner, response, ttl_seconds))
 
     def release(self, key: str, owner: str) -> bool:
-        """Free the key for a retry; False when this attempt no longer held it."""
-        return held(self._run("fail", key, records.fail_args(owner, True, None, 0, "")))
+        return drive(self.releasing(key, owner))
 
 
 class AsyncIdempotencyStore(_Store):
-    """The same on a ``redis.asyncio`` client (the ASGI middleware's)."""
-
-    async def _run(self, name: str, key: str, args: list[Any]) -> Any:
-        with translate_errors():
-            return await self._scripts[name](keys=[key], args=args)
-
-    async def _claim(self, command: tuple[Any, ...]) -> Any:
-        try:
-            return (
-                await self.client.execute_command(*command, get=True) if self._plain_claim else _NOT_CLAIMED
-            )
-        except Exception as exc:
-            return self._refused(exc)
-
-    async def begin(
-        self, key: str, fingerprint: str, owner: str, lock_seconds: int, legacy: Legacy = _no_legacy
-    ) -> Outcome:
-        previous = await self._claim(claim_command(key, fingerprint, owner, lock_seconds))
-        outcome = None if previous is _NOT_CLAIMED else decided(previous, fingerprint, legacy)
-        if outcome is None:
-            outcome = begun(await self._run("begin", key, begin_args(fingerprint, owner, lock_seconds)))
-        return outcome
-
-    async def renew(self, key: str, owner: str, lock_seconds: int) -> bool:
-        return held(await self._run("renew", key, records.renew_args(owner, lock_seconds, "")))
-
-    async def store(
-        self, key: str, fingerprint: str, owner: str, response: StoredResponse, ttl_seconds: int
-    ) -> bool:
-        return held(await self._run("complete", key, store_args(fingerprint, owner, response, ttl_seconds)))
-
-    async def release(self, key: str, owner: str) -> bool:
-        return held(await self._run("fail", key, records.fail_args(owner, True, None, 0, "")))
+    """The same on a ``redis.asyncio`` client (the ASGI middleware's): its flows driven awaiting."""

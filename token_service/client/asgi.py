@@ -8,37 +8,23 @@
     app = IdempotencyMiddleware(app, redis.asyncio.Redis.from_url(url))
     # Starlette / FastAPI: app.add_middleware(IdempotencyMiddleware, store=redis.asyncio.Redis...)
 
-Exactly the semantics of the WSGI middleware (:mod:`token_service.client.wsgi`),
-from the same decisions (:mod:`token_service.client._idempotency_core`) and
-the same record, on ``redis.asyncio``: per-client keys, the request's
-fingerprint (a JSON body by its meaning), 400 / 409 / 422, the stored
-response replayed with ``Idempotent-Replayed: true``, answers that are not
-stored (5xx, 401, 403, 407, 408, 409, 425, 429, exceptions) freeing the key, store errors
-503, claims fenced by owner so an expired one never overwrites a later one.
-The response body streams through to the client and is kept up to
-``max_stored_bytes``, a 4xx's up to ``max_stored_4xx_bytes`` (a larger one is
-stored as omitted).
-
-Pure ASGI: importing this module needs neither Starlette nor FastAPI nor Django.
+Exactly the semantics of the WSGI middleware (:mod:`token_service.client.wsgi`), from the same
+decisions (:mod:`._idempotency_core`) on the same record, on ``redis.asyncio``
+(docs/integrations/asgi.md). Pure ASGI: importing it needs neither Starlette nor FastAPI nor Django.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, MutableMapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Unpack
+from typing import Any
 
-from token_service import defaults
+from token_service.client._engine import drive_async
 from token_service.client._fingerprint import RequestFacts
-from token_service.client._idempotency_core import (
-    Answer,
-    Attempt,
-    IdempotencyCore,
-    Recorder,
-    declared_length,
-)
-from token_service.client._idempotency_options import IdempotencyOptionArgs, IdempotencyOptions
+from token_service.client._idempotency_core import Answer, BodyEndedEarly, Middleware, Relay, declared_length
+from token_service.client._idempotency_options import IdempotencyOptions
 from token_service.client._idempotency_store import AsyncIdempotencyStore
 from token_service.client._stored_response import default_store_status
 from token_service.errors import OutcomeNotRecorded
@@ -61,6 +47,17 @@ def _headers(scope: Scope) -> dict[str, str]:
     return headers
 
 
+def _facts(scope: Scope, headers: dict[str, str], body: bytes) -> RequestFacts:
+    return RequestFacts(
+        method=scope["method"].upper(),
+        path=scope.get("path", ""),
+        query=scope.get("query_string", b"").decode("latin-1"),
+        body=body,
+        content_type=headers.get("content-type"),
+        headers=headers,
+    )
+
+
 def default_identity(scope: Scope) -> str:
     """Who the client is: its ``Authorization`` header (hashed into the record key, never stored)."""
     return _headers(scope).get("authorization", "")
@@ -77,81 +74,45 @@ async def send_answer(send: Send, answer: Answer) -> None:
     await send({"type": "http.response.body", "body": answer.body, "more_body": False})
 
 
-class IdempotencyMiddleware:
+class IdempotencyMiddleware(Middleware[ASGIApp, Scope, AsyncIdempotencyStore]):
     """Wrap an ASGI app so that each ``Idempotency-Key`` runs at most one request (see module docs).
 
     ``store`` is a ``redis.asyncio`` client (or cluster client) or an
     :class:`AsyncIdempotencyStore`. ``identity`` and ``applies`` get the ASGI scope.
     """
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        store: AsyncIdempotencyStore | Any,
-        *,
-        options: IdempotencyOptions | None = None,
-        applies: Callable[[Scope], bool] | None = None,
-        identity: Callable[[Scope], str | None] = default_identity,
-        key_prefix: str = defaults.KEY_PREFIX,
-        **overrides: Unpack[IdempotencyOptionArgs],
-    ) -> None:
-        # the options by name (ttl_seconds=60, ...) on top of options=: one value for the core
-        self.core = IdempotencyCore(options, **overrides)
-        self.app = app
-        self.store = (
-            store
-            if isinstance(store, AsyncIdempotencyStore)
-            else AsyncIdempotencyStore(store, key_prefix=key_prefix)
-        )
-        self.header_name = self.core.options.header.lower()
-        self.applies = applies
-        self.identity = identity
+    store_class = AsyncIdempotencyStore
+    default_identity = staticmethod(default_identity)
+
+    @functools.cached_property
+    def header_name(self) -> str:
+        return self.core.options.header.lower()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or (self.applies is not None and not self.applies(scope)):
             await self.app(scope, receive, send)
             return
-        core = self.core
         headers = _headers(scope)
-        screened = core.screen(scope["method"], headers.get(self.header_name))
+        screened = self.core.screen(scope["method"], headers.get(self.header_name))
         if screened is None:
             await self.app(scope, receive, send)
             return
         if isinstance(screened, Answer):
             await send_answer(send, screened)
             return
-        try:
-            body = await self._read_body(receive, headers)
-        except _BodyEndedEarly:
-            # the client left before its whole body came: neither claim the key nor run the app on it
-            await send_answer(send, core.truncated())
-            return
-        if body is None:
-            await send_answer(send, core.too_large())
-            return
-        facts = RequestFacts(
-            method=scope["method"].upper(),
-            path=scope.get("path", ""),
-            query=scope.get("query_string", b"").decode("latin-1"),
-            body=body,
-            content_type=headers.get("content-type"),
-            headers=headers,
+        read_body = functools.partial(self._read_body, receive, headers)
+        facts = functools.partial(_facts, scope, headers)
+        admitted = await drive_async(
+            self.core.admitting(self.store, screened, read_body, self.identity(scope), facts)
         )
-        attempt = core.attempt(self.store, self.identity(scope), screened, facts)
-        if isinstance(attempt, Answer):
-            await send_answer(send, attempt)
+        if isinstance(admitted, Answer):
+            await send_answer(send, admitted)
             return
-        answer = await core.aclaim(self.store, attempt)
-        if answer is not None:
-            await send_answer(send, answer)
-            return
-        await _Relay(self, attempt).run(scope, _replay_body(body, receive), send)
+        await _Relay(self, admitted).run(scope, _replay_body(admitted.body, receive), send)
 
     async def _read_body(self, receive: Receive, headers: dict[str, str]) -> bytes | None:
-        """The whole body, or None when over ``max_body_bytes`` (nothing more is read then).
-
-        :class:`_BodyEndedEarly` when the client disconnects before the last body
-        message, or the body is shorter than its Content-Length."""
+        """The whole body, or None when over ``max_body_bytes`` (nothing more is read then);
+        :class:`BodyEndedEarly` when the client leaves first, or it is short of its Content-Length."""
         limit = self.core.options.max_body_bytes
         declared = declared_length(headers.get("content-length", ""))
         if declared is not None and declared > limit:
@@ -161,7 +122,7 @@ class IdempotencyMiddleware:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                raise _BodyEndedEarly
+                raise BodyEndedEarly
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
@@ -170,12 +131,8 @@ class IdempotencyMiddleware:
             if not message.get("more_body", False):
                 break
         if declared is not None and size < declared:
-            raise _BodyEndedEarly
+            raise BodyEndedEarly
         return b"".join(chunks)
-
-
-class _BodyEndedEarly(Exception):
-    """The request body ended before it was whole (see ``_read_body``)."""
 
 
 def _replay_body(body: bytes, receive: Receive) -> Receive:
@@ -192,24 +149,13 @@ def _replay_body(body: bytes, receive: Receive) -> Receive:
     return replay
 
 
-class _Relay:
-    """The app's response on its way out: passed through message by message, recorded, settled.
+class _Relay(Relay[AsyncIdempotencyStore]):
+    """The key is held (``core.ahold``) while the app runs; the outcome is settled just before the
+    last body message goes out (a client holding the whole response may send its duplicate at
+    once), or when the app ends without finishing its response, or fails."""
 
-    The key is held (``core.ahold``: its claim renewed) while the app runs; the
-    outcome is settled just before the last body message goes out (a client
-    holding the whole response may send its duplicate at once), or when the
-    app ends without finishing its response, or fails.
-    """
-
-    def __init__(self, middleware: IdempotencyMiddleware, attempt: Attempt) -> None:
-        self.core = middleware.core
-        self.store = middleware.store
-        self.app = middleware.app
-        self.attempt = attempt
-        self.recorder: Recorder | None = None
-        self.hold: AbstractAsyncContextManager[Any] | None = None
-        self.settled = False
-        self.client_gone = False
+    hold: AbstractAsyncContextManager[Any] | None = None
+    client_gone = False
 
     async def run(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def relay(message: Message) -> None:
@@ -258,11 +204,8 @@ class _Relay:
         await self._settle(failed=False)
 
     async def _settle(self, *, failed: bool, breaking: bool = False) -> None:
-        if self.settled:
+        if not self._settles(failed):
             return
-        self.settled = True
-        if failed and self.recorder is not None:
-            self.recorder.failed = True
         # In a task of its own: a cancelled request (anyio cancels every later await in its
         # scope) must still store or free its key and stop renewing, never leave it held.
         task = asyncio.ensure_future(self._finish())
