@@ -53,9 +53,9 @@ parses HTTP to learn what happened. This module imports nothing outside the
 standard library: the SDK must work without Flask.
 
 What an error adds to its problem document (``errors``, ``field``, ``error``,
-``retry_after_seconds``) is said once, by the class: :meth:`TokenError.problem_extras`
+``retry_after_seconds``) is said once, by the class's ``member``: :meth:`TokenError.problem_extras`
 writes it (``problems.problem_for``), :meth:`TokenError.from_problem` reads it
-back (the SDK's HTTP transport).
+back (the SDK's HTTP transport) through the class's own check, ``read_member``.
 """
 
 from __future__ import annotations
@@ -109,6 +109,9 @@ class TokenError(Exception):
     code: ClassVar[str] = "token_error"
     status: ClassVar[int] = 500
     title: ClassVar[str] = "Token service error"
+    # the one member this error adds to its problem document (None: none): its attribute and
+    # its constructor's keyword of that name
+    member: ClassVar[str | None] = None
     token_ref: str | None = None
 
     def __init_subclass__(
@@ -128,44 +131,47 @@ class TokenError(Exception):
 
     def problem_extras(self) -> dict[str, Any]:
         """The members this error adds to its problem document."""
-        return {}
+        return {} if self.member is None else {self.member: getattr(self, self.member)}
 
     @classmethod
     def from_problem(cls, detail: str | None, document: Mapping[str, Any]) -> TokenError:
         """The error a problem document of this class's ``code`` stands for."""
-        return cls(detail)
+        if cls.member is None:
+            return cls(detail)
+        return cls(detail, **{cls.member: cls.read_member(document.get(cls.member))})
+
+    @staticmethod
+    def read_member(value: Any) -> Any:
+        """The member from what a problem document holds there (anything, or None: nothing)."""
+        return value
 
 
 class _RetryLater(TokenError):
     """An error that says when to try again: ``retry_after_seconds`` (and ``Retry-After``)."""
 
+    member = "retry_after_seconds"
+
     def __init__(self, message: str | None = None, retry_after_seconds: int = 1) -> None:
         super().__init__(message)
         self.retry_after_seconds = retry_after_seconds
 
-    def problem_extras(self) -> dict[str, Any]:
-        return {"retry_after_seconds": self.retry_after_seconds}
-
-    @classmethod
-    def from_problem(cls, detail: str | None, document: Mapping[str, Any]) -> TokenError:
-        value = document.get("retry_after_seconds")
-        return cls(detail, retry_after_seconds=value if type(value) is int and value >= 1 else 1)
+    @staticmethod
+    def read_member(value: Any) -> int:
+        return value if type(value) is int and value >= 1 else 1
 
 
 class InvalidRequest(TokenError, code="invalid_request", status=400, title="Invalid request"):
     """The request breaks the schema; ``errors`` maps field → messages."""
 
+    member = "errors"
+
     def __init__(self, message: str | None = None, errors: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.errors = errors or {}
 
-    def problem_extras(self) -> dict[str, Any]:
-        return {"errors": self.errors}
-
-    @classmethod
-    def from_problem(cls, detail: str | None, document: Mapping[str, Any]) -> TokenError:
-        errors = document.get("errors")
-        return cls(detail, errors if isinstance(errors, dict) else None)
+    @staticmethod
+    def read_member(value: Any) -> dict[str, Any] | None:
+        return value if isinstance(value, dict) else None
 
 
 class IdempotencyKeyRepeated(
@@ -211,17 +217,18 @@ class TokenMismatch(
 ):
     """Scope, subject or fingerprint differ; the token is not used up."""
 
+    member = "field"
+
     def __init__(self, message: str | None = None, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
 
     def problem_extras(self) -> dict[str, Any]:
-        return {"field": self.field} if self.field else {}
+        return {"field": self.field} if self.field else {}  # a document's field is a name, never null
 
-    @classmethod
-    def from_problem(cls, detail: str | None, document: Mapping[str, Any]) -> TokenError:
-        field = document.get("field")
-        return cls(detail, field=field if isinstance(field, str) else None)
+    @staticmethod
+    def read_member(value: Any) -> str | None:
+        return value if isinstance(value, str) else None
 
 
 class TokenInvalid(TokenError, code="token_invalid", status=404, title="Token invalid"):
@@ -239,16 +246,11 @@ class TokenInProgress(_RetryLater, code="token_in_progress", status=409, title="
 class TokenFailed(TokenError, code="token_failed", status=409, title="Token failed"):
     """A terminal failure was recorded; ``error`` is what the holder stored."""
 
+    member = "error"
+
     def __init__(self, message: str | None = None, error: Any = None) -> None:
         super().__init__(message)
         self.error = error
-
-    def problem_extras(self) -> dict[str, Any]:
-        return {"error": self.error}
-
-    @classmethod
-    def from_problem(cls, detail: str | None, document: Mapping[str, Any]) -> TokenError:
-        return cls(detail, error=document.get("error"))
 
 
 class LeaseLost(TokenError, code="lease_lost", status=409, title="Lease lost"):
