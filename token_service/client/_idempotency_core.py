@@ -244,28 +244,25 @@ class IdempotencyCore:
 
     def screen(self, method: str, raw_key: str | None) -> str | Answer | None:
         """The key (guard the request), an answer (refuse it) or None (not guarded: just run it)."""
-        header = self.options.header
         if method.upper() not in self.options.methods:
             return None
         if raw_key is None or not raw_key.strip():
             if not self.options.required:
                 return None
-            return self.problem(
-                errors.InvalidRequest(f"The {header} header is required.", {header: ["Missing."]})
-            )
+            return self._bad_key(errors.InvalidRequest, "The {} header is required.", "Missing.")
         if several_keys(raw_key):
             # two Idempotency-Key fields: no key is chosen (and "A, B" is not a third one)
             why = "One key (an sf-string), not a list or a repeated header."
-            return self.problem(
-                errors.IdempotencyKeyRepeated(f"Send one {header} header with one key.", {header: [why]})
-            )
+            return self._bad_key(errors.IdempotencyKeyRepeated, "Send one {} header with one key.", why)
         key = parse_key(raw_key)
         if key is None:
             why = f"1-{MAX_KEY_CHARS} printable ASCII characters."
-            return self.problem(
-                errors.InvalidRequest(f"The {header} header is not a valid key.", {header: [why]})
-            )
+            return self._bad_key(errors.InvalidRequest, "The {} header is not a valid key.", why)
         return key
+
+    def _bad_key(self, error: type[errors.InvalidRequest], detail: str, why: str) -> Answer:
+        header = self.options.header
+        return self.problem(error(detail.format(header), {header: [why]}))
 
     def too_large(self) -> Answer:
         return self.problem(errors.PayloadTooLarge("The request body is over the limit."))

@@ -1,10 +1,6 @@
-"""The options of an ``Idempotency-Key`` middleware, one value (Powertools' ``IdempotencyConfig``).
-
-The WSGI and ASGI middlewares take them as keyword arguments (or ``options=``),
-the Django one from ``TOKEN_SERVICE["IDEMPOTENCY_KEY"]`` (the same names, upper
-case); all three hand :class:`IdempotencyOptions` to
-:class:`~token_service.client._idempotency_core.IdempotencyCore`. The defaults
-and the checks are here, once.
+"""The options of an ``Idempotency-Key`` middleware, one value (Powertools' ``IdempotencyConfig``):
+the WSGI and ASGI middlewares take them by name (or ``options=``), the Django one from
+``TOKEN_SERVICE["IDEMPOTENCY_KEY"]`` (upper case); the defaults and the checks are here, once.
 """
 
 from __future__ import annotations
@@ -58,9 +54,9 @@ class IdempotencyOptions:
         wait = self.wait_seconds
         if isinstance(wait, bool) or not isinstance(wait, int | float) or not wait >= 0:
             raise ValueError(f"wait_seconds must be a number of seconds >= 0, not {wait!r}")
-        _whole_seconds("ttl_seconds", self.ttl_seconds)
-        _whole_seconds("lock_seconds", self.lock_seconds)
-        _byte_count("max_stored_4xx_bytes", self.max_stored_4xx_bytes)
+        _whole("ttl_seconds", self.ttl_seconds, 1, "a positive whole number of seconds")
+        _whole("lock_seconds", self.lock_seconds, 1, "a positive whole number of seconds")
+        _whole("max_stored_4xx_bytes", self.max_stored_4xx_bytes, 0, "a whole number of bytes >= 0")
         # frozen: the normal forms are set past __setattr__, once
         object.__setattr__(self, "wait_seconds", float(wait))
         object.__setattr__(self, "methods", frozenset(method.upper() for method in self.methods))
@@ -106,11 +102,6 @@ def options_from_settings(
     return IdempotencyOptions(**{name.lower(): value for name, value in settings.items()})
 
 
-def _whole_seconds(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive whole number of seconds, not {value!r}")
-
-
-def _byte_count(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a whole number of bytes >= 0, not {value!r}")
+def _whole(name: str, value: int, least: int, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be {what}, not {value!r}")

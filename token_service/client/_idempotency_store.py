@@ -1,19 +1,14 @@
 """Redis access for the ``Idempotency-Key`` middlewares: a keyed operation's record, per client key.
 
-The record is the common one (``lua/_record.lua``), as ``@idempotent``'s: the
-request's fingerprint its binding, each attempt's random owner id its lease id,
-the stored response (:meth:`StoredResponse.encode`) its opaque payload. A first
-request costs two round trips, a replay one (tests/perf/test_idempotency_round_trips.py):
-the claim, a plain ``SET key <PROCESSING> NX GET PX lock_ms`` (the lock is the
-key's own expiry) whose found record :func:`decided` reads (``begin.lua`` decides
-what it cannot: another attempt's claim, or this one's own after a lost reply),
-then ``complete.lua``; ``renew.lua`` holds the claim meanwhile, ``fail.lua``
-(retryable, remembered 0 ms) frees it. All are fenced by the owner id.
-
-The record key is a digest of (client identity, Idempotency-Key): neither is
-stored, and two clients choosing the same key never meet. Records of the format
-before 0.2.0 (``'P' fingerprint \\31 owner``, ``'D' fingerprint \\31 response``) are
-read until they expire, never written (docs/deployment.md, "Upgrading").
+The record is the common one (``lua/_record.lua``), as ``@idempotent``'s: the request's fingerprint
+its binding, each attempt's random owner id its lease id (every script fenced by it), the stored
+response (:meth:`StoredResponse.encode`) its opaque payload. A first request costs two round trips,
+a replay one (tests/perf/test_idempotency_round_trips.py): a plain ``SET key <PROCESSING> NX GET PX
+lock_ms`` whose found record :func:`decided` reads (``begin.lua`` decides what it cannot: another
+attempt's claim, or this one's own after a lost reply), then ``complete.lua``; ``renew.lua`` holds
+the claim meanwhile, ``fail.lua`` (remembered 0 ms) frees it. The record key is a digest of (client
+identity, key): neither is stored. Records of before 0.2.0 are read until they expire, never
+written (docs/deployment.md, "Upgrading").
 """
 
 from __future__ import annotations
@@ -36,7 +31,6 @@ from token_service.scripts import lua_source
 from token_service.store import translate_errors
 
 __all__ = [
-    "SCRIPT_NAMES",
     "AsyncIdempotencyStore",
     "Claimed",
     "IdempotencyStore",
@@ -88,15 +82,6 @@ def digest(*parts: str) -> str:
 def _claim_value(fingerprint: str, owner: str) -> str:
     # no scope, no subject: the record key already names the client and its key
     return records.claim_value(UseRequest("", "", None, fingerprint), owner, owner)
-
-
-def claim_command(key: str, fingerprint: str, owner: str, lock_seconds: int) -> tuple[Any, ...]:
-    return ("SET", key, _claim_value(fingerprint, owner), "NX", "GET", "PX", lock_seconds * 1000)
-
-
-def begin_args(fingerprint: str, owner: str, lock_seconds: int) -> list[str]:
-    use = UseRequest("", "", None, fingerprint, owner)
-    return records.begin_args(use, lock_seconds, owner, "", lock_seconds)
 
 
 def store_args(fingerprint: str, owner: str, response: StoredResponse, ttl_seconds: int) -> list[Any]:
@@ -207,16 +192,19 @@ class _Store:
         self, key: str, fingerprint: str, owner: str, lock_seconds: int, legacy: Legacy = _no_legacy
     ) -> Flow[Outcome]:
         if self._plain_claim:
-            command = claim_command(key, fingerprint, owner, lock_seconds)
+            claim = ("SET", key, _claim_value(fingerprint, owner), "NX", "GET", "PX", lock_seconds * 1000)
             try:
-                previous = yield functools.partial(self.client.execute_command, *command, get=True)
+                previous = yield functools.partial(self.client.execute_command, *claim, get=True)
             except Exception as exc:
                 self._refused(exc)
             else:
                 outcome = decided(previous, fingerprint, legacy)
                 if outcome is not None:
                     return outcome
-        return begun((yield from self._script("begin", key, begin_args(fingerprint, owner, lock_seconds))))
+        args = records.begin_args(
+            UseRequest("", "", None, fingerprint, owner), lock_seconds, owner, "", lock_seconds
+        )
+        return begun((yield from self._script("begin", key, args)))
 
     def renewing(self, key: str, owner: str, lock_seconds: int) -> Flow[bool]:
         """Hold the claim ``lock_seconds`` more from now; False when this attempt no longer held it."""
