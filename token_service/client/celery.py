@@ -63,8 +63,10 @@ class IdempotentTask(Task):  # type: ignore[misc]  # Celery ships no type hints
             )
         return scope
 
-    # what each call's guard is made of: made on the task's first guarded call in this process
-    _guarding: tuple[KeyedCalls, str, dict[str, Any], Callable[..., Any] | None] | None = None
+    # what each call's guard is made of, with the options it was made from: made again when one
+    # of them is set anew (a test's monkeypatch of token_client), else kept for the task's calls
+    _guarding: tuple[tuple[Any, ...], KeyedCalls, str, dict[str, Any], Callable[..., Any] | None] | None
+    _guarding = None
 
     def idempotency_guard(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Guard | None:
         """The guard of this call, or None for a direct call keyed by a task id it does not have."""
@@ -72,7 +74,17 @@ class IdempotentTask(Task):  # type: ignore[misc]  # Celery ships no type hints
             raise TypeError(f"task {self.name!r}: set token_client (a TokenClient.from_redis(...))")
         if self.idempotency_key is None and self.request.id is None:
             return None
-        if self._guarding is None:
+        made_of = (
+            self.token_client,
+            self.idempotency_key,
+            self.idempotency_scope,
+            self.idempotency_lease_seconds,
+            self.idempotency_terminal,
+            self.idempotency_wait_seconds,
+            self.idempotency_ttl_seconds,
+        )
+        guarding = self._guarding
+        if guarding is None or guarding[0] != made_of:
             options = {
                 "lease_seconds": self.idempotency_lease_seconds,
                 "terminal": self.idempotency_terminal,
@@ -81,8 +93,8 @@ class IdempotentTask(Task):  # type: ignore[misc]  # Celery ships no type hints
             spec = self.idempotency_key
             read_key = None if spec is None else _key_reader(self.run, spec, "key")
             keyed = keyed_calls(self.token_client, self.idempotency_ttl_seconds)
-            self._guarding = (keyed, self._scope(), options, read_key)
-        keyed, scope, options, read_key = self._guarding
+            guarding = self._guarding = (made_of, keyed, self._scope(), options, read_key)
+        _, keyed, scope, options, read_key = guarding
         key = self.request.id if read_key is None else read_key(args, kwargs)
         guard: Guard = _guard_for(keyed, scope, key, None, options)
         return guard
