@@ -1,7 +1,7 @@
 """The oldest redis-py that pyproject.toml allows still runs the store and the SDK.
 
 The store's Redis calls use redis-py's connection layer directly
-(``TokenStore._evalsha``), whose interface moved between releases: this runs
+(``TokenStore._execute``), whose interface moved between releases: this runs
 the token operations with the floor release (installed from PyPI into a
 temporary folder, in front of the venv's newer one) against a real
 redis-server.

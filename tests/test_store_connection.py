@@ -1,4 +1,4 @@
-"""TokenStore's EVALSHA on a pooled connection (``TokenStore._evalsha``), against a real redis-server.
+"""TokenStore's EVALSHA on a pooled connection (``TokenStore._execute``), against a real redis-server.
 
 A plain redis-py client's token operations skip redis-py's command layer but
 keep its connection layer: the connection-level Retry, the connection dropped

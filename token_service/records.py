@@ -208,23 +208,35 @@ def check_payload(name: str, value: Any, max_bytes: int) -> JsonText:
     Shared by the API and the SDK's direct transport, so both refuse the same values
     with the same 400 before anything is written. The depth is capped explicitly:
     whether json.dumps hits Python's recursion limit depends on how deep the caller's
-    stack already is, so "it serialized once" proves nothing for the next call.
+    stack already is, so "it serialized once" proves nothing for the next call. The
+    value is walked only when its JSON has more than MAX_PAYLOAD_DEPTH brackets (or did
+    not dump): nesting needs a bracket a level, and counting them is C-fast.
     """
-    if _nested_deeper_than(value, MAX_PAYLOAD_DEPTH):
-        raise InvalidRequest(
-            f"The {name} is nested too deeply.", {name: [f"At most {MAX_PAYLOAD_DEPTH} levels of nesting."]}
-        )
     try:
         dumped = JsonText(dump_json(value))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError) as exc:
+        if _nested_deeper_than(value, MAX_PAYLOAD_DEPTH):
+            raise _too_deep(name) from None
+        if isinstance(exc, RecursionError):
+            raise  # not nested too deeply: the caller's own stack was nearly spent
         raise InvalidRequest(
             f"The {name} is not JSON.", {name: ["Must be JSON (no NaN or Infinity)."]}
         ) from None
+    if dumped.count("[") + dumped.count("{") > MAX_PAYLOAD_DEPTH and _nested_deeper_than(
+        value, MAX_PAYLOAD_DEPTH
+    ):
+        raise _too_deep(name)
     if len(dumped) > max_bytes:
         raise InvalidRequest(
             f"The {name} is too large to store.", {name: [f"At most {max_bytes} bytes of JSON."]}
         )
     return dumped
+
+
+def _too_deep(name: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"The {name} is nested too deeply.", {name: [f"At most {MAX_PAYLOAD_DEPTH} levels of nesting."]}
+    )
 
 
 def _nested_deeper_than(value: Any, limit: int) -> bool:

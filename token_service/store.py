@@ -277,7 +277,8 @@ class _StoreBase:
         """KEYS of a per-token script: the record (its key from ``digest`` if the caller made
         it already); for consume, begin and revoke also the client's limit record if one
         counts the token (not on Cluster, where it lives in another slot: see _release)."""
-        key = self.key(token) if digest is None else digest_key(self.key_prefix, digest)
+        # record_key, not self.key: one call less on every operation
+        key = record_key(self.key_prefix, token) if digest is None else digest_key(self.key_prefix, digest)
         if name not in _BUCKET_AT:
             return [key]
         client_key = None if self._cluster else client_key_of(self.key_prefix, token)
@@ -379,10 +380,8 @@ _forks = [0]
 os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
 
 
-def _retries(conn: Any) -> int:
-    """The connection's Retry count (negative: unbounded); get_retries() is redis-py >= 6 only."""
-    retry = conn.retry
-    return int(retry.get_retries() if hasattr(retry, "get_retries") else retry._retries)
+# A Retry's count of retries (negative: unbounded): get_retries() is redis-py >= 6 only
+_GET_RETRIES = hasattr(redis.retry.Retry, "get_retries")
 
 
 def _release(pool: Any, conn: Any) -> None:
@@ -417,7 +416,7 @@ class TokenStore(_StoreBase):
         self._scripts = {name: client.register_script(lua_source(name)) for name in SCRIPT_NAMES}
         if not self._cluster:
             self._scripts[ADMIT_ISSUE] = client.register_script(admit_issue_source())
-        # A plain client with a plain pool: EVALSHA on a pooled connection directly (see _evalsha).
+        # A plain client with a plain pool: EVALSHA on a pooled connection directly (see _execute).
         plain = type(client) is redis.Redis and client.connection is None
         self._pool = client.connection_pool if plain else None
         pool = client.connection_pool if plain else None
@@ -437,8 +436,10 @@ class TokenStore(_StoreBase):
         takes one out again on its next call, an idle one's is closed with the pool's."""
         _unpark(self.client.connection_pool, self._parked)
 
-    def _evalsha(self, sha: str, keys: Sequence[str], args: Sequence[str]) -> Any:
-        """``client.evalsha(sha, ...)``, through redis-py's connection layer without its command layer.
+    def _execute(self, command: tuple[Any, ...], **options: Any) -> Any:
+        """One command (a script's EVALSHA, the plain keyed claim's SET) through redis-py's
+        connection layer without its command layer; ``options`` are for redis-py's reply
+        parser, where the client's ``execute_command`` reads the reply.
 
         The same connection-level Retry (its attempts, backoff and errors; the
         connection is dropped after a failure, so a late reply is never read as
@@ -459,11 +460,6 @@ class TokenStore(_StoreBase):
         Sentinel, a blocking pool, a single-connection client, fakeredis) take
         ``execute_command``, or at least the pool's checkout every call.
         """
-        return self._execute(("EVALSHA", sha, len(keys), *keys, *args))
-
-    def _execute(self, command: tuple[Any, ...], **options: Any) -> Any:
-        """One command, as :meth:`_evalsha` sends it (the plain keyed claim's SET too). ``options``
-        are for redis-py's reply parser, where the client's ``execute_command`` reads the reply."""
         pool = self._pool
         if pool is None:
             return self.client.execute_command(*command, **options)  # type: ignore[no-untyped-call]
@@ -493,7 +489,7 @@ class TokenStore(_StoreBase):
         if (
             self._parking
             and len(parked) < _MAX_PARKED
-            and _retries(conn) != 0
+            and (conn.retry.get_retries() if _GET_RETRIES else conn.retry._retries) != 0
             and not (_SHOULD_RECONNECT and conn.should_reconnect())
         ):
             parked.append((_forks[0], conn))
@@ -506,7 +502,7 @@ class TokenStore(_StoreBase):
         # its per-call import, Pipeline check and argument tuples.
         script = self._scripts[name]
         try:
-            return self._evalsha(script.sha, keys, args)
+            return self._execute(("EVALSHA", script.sha, len(keys), *keys, *args))
         except redis_errors.NoScriptError:
             pass  # Redis restarted or its scripts were flushed: load it (as Script would), run again
         return self._reload_and_call(script, keys, args)

@@ -27,10 +27,18 @@ from typing import Any
 __all__ = ["UnresolvedResultType", "dump_result", "load_result", "return_type"]
 
 _SCALARS = (str, int, float, bool, type(None))
+_PLAIN = frozenset({*_SCALARS, dict, list})  # exactly these types, never a subclass
 
 
 def dump_result(value: Any) -> Any:
     """The JSON form of ``value`` (dicts, lists, strings, numbers, booleans, None)."""
+    kind = type(value)
+    if kind in _PLAIN:  # the usual result, a plain dict of plain values: none of the checks below
+        if kind is dict:
+            return {
+                key if type(key) is str else _dump_key(key): dump_result(item) for key, item in value.items()
+            }
+        return [dump_result(item) for item in value] if kind is list else value
     if isinstance(value, _SCALARS):
         return value
     if isinstance(value, enum.Enum):
@@ -83,8 +91,7 @@ def _load(data: Any, tp: Any) -> Any:  # one branch per kind of type
         if data is not None:
             raise ValueError("expected null")
         return None
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
+    origin, args = _shape(tp)
     if origin is typing.Union or origin is types.UnionType:
         if data is None and type(None) in args:
             return None
@@ -160,6 +167,23 @@ _FROM_TEXT: dict[Any, Callable[[str], Any]] = {
     uuid.UUID: uuid.UUID,
     Decimal: Decimal,
 }
+
+
+# type -> (typing.get_origin, typing.get_args): asked on every guarded call and replay, and
+# the two walk typing's classes; bounded (a program declares a handful of result types)
+_SHAPES: dict[Any, tuple[Any, tuple[Any, ...]]] = {}
+
+
+def _shape(tp: Any) -> tuple[Any, tuple[Any, ...]]:
+    try:
+        return _SHAPES[tp]
+    except (KeyError, TypeError):  # not seen yet, or not hashable (asked again next time)
+        pass
+    shape = typing.get_origin(tp), typing.get_args(tp)
+    if len(_SHAPES) < 1024:
+        with contextlib.suppress(TypeError):
+            _SHAPES[tp] = shape
+    return shape
 
 
 def _load_key(key: str, key_type: Any) -> Any:
