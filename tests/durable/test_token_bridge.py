@@ -65,3 +65,23 @@ def test_database_refuses_a_second_execution_after_redis_forgets_the_consumed_to
         rows = [tuple(row) for row in conn.execute(sa.select(db.records))]
     assert [row[0] for row in rows] == [token_record_key(token)]
     assert token not in repr(rows)
+
+
+def test_help_shows_run_once_for_token_options_by_name_with_their_defaults() -> None:
+    # run_once's options are passed on as **options (RunOptions, e6ea5c3): help() and inspect
+    # still list each of them by keyword, with run_once's default, as the signature did before
+    import inspect
+
+    from token_service.client.durable import run_once
+
+    shown = inspect.signature(run_once_for_token).parameters
+    shared = {
+        name: parameter.default
+        for name, parameter in inspect.signature(run_once).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+    assert set(shared) == {"fingerprint", "ttl_seconds", "table", "clock", "telemetry", "telemetry_scope"}
+    assert [name for name in shown] == ["conn", "token", "handler", "replay", *shared]
+    for name, default in shared.items():
+        assert shown[name].kind is inspect.Parameter.KEYWORD_ONLY
+        assert shown[name].default is default

@@ -11,6 +11,7 @@ does and what a concurrent duplicate sees (it waits on the first one's row, then
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import random
@@ -423,6 +424,16 @@ def run_once_for_token(
     if outcome.replayed and not replay:
         raise TokenUsed("this token's operation already ran (database record)")
     return outcome
+
+
+# help() and inspect list run_once's options by name with their defaults (RunOptions hides them)
+_signature = inspect.signature(run_once_for_token)
+run_once_for_token.__signature__ = _signature.replace(  # type: ignore[attr-defined]
+    parameters=[
+        *list(_signature.parameters.values())[:-1],
+        *(p for p in inspect.signature(run_once).parameters.values() if p.kind is p.KEYWORD_ONLY),
+    ]
+)
 
 
 # SQLSTATEs (PostgreSQL, and MySQL's 40001 for a deadlock) and MySQL error numbers after
