@@ -301,12 +301,12 @@ class IdempotencyCore:
     def claim(self, store: IdempotencyStore, attempt: Attempt) -> Answer | None:
         """None: this request holds the key and runs. Else what to answer instead (a duplicate of a
         request still running waits up to ``wait_seconds`` for its response, polling, then gets 409)."""
-        return drive(self._claiming(store, attempt))
+        return drive(self.claiming(store, attempt))
 
     async def aclaim(self, store: AsyncIdempotencyStore, attempt: Attempt) -> Answer | None:
-        return await drive_async(self._claiming(store, attempt))
+        return await drive_async(self.claiming(store, attempt))
 
-    def _claiming(
+    def claiming(
         self, store: IdempotencyStore | AsyncIdempotencyStore, attempt: Attempt
     ) -> Flow[Answer | None]:
         deadline = time.monotonic() + self.options.wait_seconds
@@ -332,29 +332,6 @@ class IdempotencyCore:
                 return self._refused(attempt, _REFUSED_AS[type(outcome)], answer)
             yield min(pause, left)
             pause = min(pause * 2, _MAX_PAUSE_SECONDS)
-
-    def admitting(
-        self,
-        store: IdempotencyStore | AsyncIdempotencyStore,
-        key: str,
-        read_body: Callable[[], Any],
-        identity: str | None,
-        facts: Callable[[bytes], RequestFacts],
-    ) -> Flow[Attempt | Answer]:
-        """A screened request's body read (``read_body``: None over ``max_body_bytes``,
-        :class:`BodyEndedEarly` short of it), its attempt made and claimed: the attempt that holds
-        the key, or the answer instead. Neither claim the key nor run the app on a truncated body."""
-        try:
-            body = yield read_body
-        except BodyEndedEarly:
-            return self.truncated()
-        if body is None:
-            return self.too_large()
-        attempt = self.attempt(store, identity, key, facts(body))
-        if isinstance(attempt, Answer):
-            return attempt
-        answer = yield from self._claiming(store, attempt)
-        return attempt if answer is None else answer
 
     @staticmethod
     def _refused(
@@ -598,6 +575,29 @@ class Middleware(Generic[AppT, RequestT, StoreT]):
         )
         self.applies = applies
         self.identity = identity or self.default_identity
+
+    def admitting(
+        self,
+        request: RequestT,
+        key: str,
+        read_body: Callable[[], Any],
+        facts: Callable[[bytes], RequestFacts],
+    ) -> Flow[Attempt | Answer]:
+        """A screened request up to its app: the attempt that holds its key, or the answer instead.
+        ``read_body`` returns the whole body (None over ``max_body_bytes``; :class:`BodyEndedEarly`
+        short of it: the key stays unclaimed)."""
+        core = self.core
+        try:
+            body = yield read_body
+        except BodyEndedEarly:
+            return core.truncated()
+        if body is None:
+            return core.too_large()
+        attempt = core.attempt(self.store, self.identity(request), key, facts(body))
+        if isinstance(attempt, Answer):
+            return attempt
+        answer = yield from core.claiming(self.store, attempt)
+        return attempt if answer is None else answer
 
 
 class Relay(Generic[StoreT]):

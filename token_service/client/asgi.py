@@ -102,9 +102,7 @@ class IdempotencyMiddleware(Middleware[ASGIApp, Scope, AsyncIdempotencyStore]):
             return
         read_body = functools.partial(self._read_body, receive, headers)
         facts = functools.partial(_facts, scope, headers)
-        admitted = await drive_async(
-            self.core.admitting(self.store, screened, read_body, self.identity(scope), facts)
-        )
+        admitted = await drive_async(self.admitting(scope, screened, read_body, facts))
         if isinstance(admitted, Answer):
             await send_answer(send, admitted)
             return

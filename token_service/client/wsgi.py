@@ -86,8 +86,7 @@ class IdempotencyMiddleware(Middleware["WSGIApplication", "WSGIEnvironment", Ide
         if isinstance(screened, Answer):
             return _send(start_response, screened)
         read_body = functools.partial(self._read_body, environ)
-        facts = functools.partial(_facts, environ)
-        admitted = drive(self.core.admitting(self.store, screened, read_body, self.identity(environ), facts))
+        admitted = drive(self.admitting(environ, screened, read_body, functools.partial(_facts, environ)))
         if isinstance(admitted, Answer):
             return _send(start_response, admitted)
         return _Relay(self, admitted).run(environ, start_response)
