@@ -4,7 +4,7 @@
 -- counting toward its outstanding cap and the budget
 -- ARGV[1] scope; ARGV[2] subject; ARGV[3] fingerprint; ARGV[4] request_id;
 -- ARGV[5] lease_ms (positive integer); ARGV[6] lease_id for a new lease;
--- ARGV[7] now_ms ('' = Redis TIME);
+-- ARGV[7] now_ms ('' or none = Redis TIME);
 -- ARGV[8] claim_ms (optional): a keyed operation (no token issued): an absent record is claimed
 -- returns {'started', lease_id, lease_expires_ms, replayed 0|1, bucket, lease_left_ms} (bucket:
 --         see release() in _record.lua; lease_left_ms: how long the lease runs from this

@@ -415,16 +415,17 @@ def begin_args(
     """begin.lua's ARGV for ``use`` (``use.token`` is not in it: the record key says whose it is)."""
     args = [
         use.scope,
-        opt(use.subject),
-        opt(use.fingerprint),
+        use.subject or "",  # opt(), inlined
+        use.fingerprint or "",
         use.request_id or new_request_id(),
         str(lease_seconds * 1000),
         lease_id,
-        now_ms,
     ]
     if claim_ttl_seconds is not None:
         # a keyed operation: no token was issued, an absent record is claimed for this long
-        args.append(str(claim_ttl_seconds * 1000))
+        args += (now_ms, str(claim_ttl_seconds * 1000))
+    elif now_ms:  # else left out, as Redis's clock: an argument costs the script ~1 k instructions
+        args.append(now_ms)
     return args
 
 

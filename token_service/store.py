@@ -201,6 +201,7 @@ class _StoreBase:
         self._plain_claim = clock_ms is None
         # lease id -> the record its plain claim wrote, for complete.lua's fast path (see _claimed)
         self._claims: dict[str, str] = {}
+        self._last_key: tuple[object, str] = (object(), "")  # the last token _keys digested, its key
 
     def _claim_failed(self, exc: Exception) -> None:
         """A keyed claim's ``SET NX GET`` failed: returns when Redis is older than 7.0, which
@@ -277,8 +278,17 @@ class _StoreBase:
         """KEYS of a per-token script: the record (its key from ``digest`` if the caller made
         it already); for consume, begin and revoke also the client's limit record if one
         counts the token (not on Cluster, where it lives in another slot: see _release)."""
-        # record_key, not self.key: one call less on every operation
-        key = record_key(self.key_prefix, token) if digest is None else digest_key(self.key_prefix, digest)
+        if digest is not None:
+            key = digest_key(self.key_prefix, digest)
+        else:
+            # A guard's begin and its complete name the same token (the same str): digested once.
+            # One (token, key) pair, replaced whole, so another thread's never mixes with it.
+            last = self._last_key
+            if last[0] is token:
+                key = last[1]
+            else:
+                key = record_key(self.key_prefix, token)
+                self._last_key = (token, key)
         if name not in _BUCKET_AT:
             return [key]
         client_key = None if self._cluster else client_key_of(self.key_prefix, token)

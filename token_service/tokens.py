@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import binascii
 import hashlib
+import os
 import re
 import secrets
 
@@ -60,12 +61,14 @@ def new_token() -> str:
 
 
 def new_lease_id() -> str:
-    return secrets.token_urlsafe(16)
+    """``secrets.token_urlsafe(16)``'s text, without its four Python calls (one per begin)."""
+    return _b2a_base64(_urandom(16), newline=False)[:22].translate(_URLSAFE).decode("ascii")
 
 
 def new_request_id() -> str:
     """Identifies one logical request across its retries (and one HTTP request in the logs)."""
-    return secrets.token_hex(16)  # 128 random bits, as uuid4().hex but a quarter of its cost
+    # 128 random bits, as uuid4().hex but a quarter of its cost; secrets.token_hex(16) is this
+    return _urandom(16).hex()
 
 
 def is_well_formed(token: str) -> bool:
@@ -88,6 +91,7 @@ def whole_number(text: str, max_digits: int = 18) -> int | None:
 
 
 _sha256 = hashlib.sha256
+_urandom = os.urandom  # what secrets draws from (secrets.token_bytes is os.urandom)
 _b2a_base64 = binascii.b2a_base64
 _URLSAFE = bytes.maketrans(b"+/", b"-_")
 # base64 of the 16-byte digest without its "==" padding
