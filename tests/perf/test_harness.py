@@ -129,3 +129,16 @@ def test_routes_callgrind_counts_instructions_per_request_of_each_route() -> Non
         for route in ("generate", "consume"):
             # a Python request is hundreds of thousands of instructions; a broken phase is ~0
             assert counts[app][route] > 50_000, (app, route)
+
+
+def test_server_callgrind_counts_a_whole_worker_per_request() -> None:
+    for binary in ("valgrind", "redis-server", "wrk"):
+        require_binary(binary)
+    done = run_module(
+        "benchmarks.server_callgrind",
+        *("--targets", "floor", "--endpoints", "generate", "--seconds", "1"),
+        timeout_seconds=900,
+    )
+    counts = json.loads(done.stdout[done.stdout.index("{") :])
+    # gunicorn's side of a request alone is hundreds of thousands of instructions; a broken run ~0
+    assert counts["floor"]["generate"] > 50_000
