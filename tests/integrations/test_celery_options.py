@@ -49,3 +49,21 @@ def test_an_option_set_after_a_first_call_is_the_one_the_next_call_uses(
     monkeypatch.setattr(ship, "idempotency_scope", "review.ship.v2")  # another scope: another key
     assert ship.apply(kwargs={"order_id": "o-2"}).get() == "parcel 2"
     assert ran == ["o-2", "o-2"]
+
+
+@app.task(base=IdempotentTask, idempotency_key=lambda order_id, amount: order_id, name="review.charge")
+def charge(order_id: str, amount: int) -> str:
+    ran.append(order_id)
+    return f"charged {amount} for {order_id}"
+
+
+def test_a_callable_key_given_to_the_task_decorator_is_given_the_tasks_arguments(
+    monkeypatch: pytest.MonkeyPatch, token_client: Any
+) -> None:
+    # docs/integrations/celery.md: "a callable given the task's arguments"; a function set as a
+    # task attribute is bound to the task when read, and must not be handed the task as well
+    ran.clear()
+    monkeypatch.setattr(charge, "token_client", token_client)
+    assert charge.apply(kwargs={"order_id": "o-3", "amount": 5}).get() == "charged 5 for o-3"
+    assert charge.apply(kwargs={"order_id": "o-3", "amount": 5}).get() == "charged 5 for o-3"
+    assert ran == ["o-3"]

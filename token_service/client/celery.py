@@ -14,6 +14,7 @@ to key on: it runs unguarded, as any function call does. Only this module import
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -91,6 +92,8 @@ class IdempotentTask(Task):  # type: ignore[misc]  # Celery ships no type hints
                 "wait_seconds": self.idempotency_wait_seconds,
             }
             spec = self.idempotency_key
+            if inspect.ismethod(spec) and spec.__self__ is self:
+                spec = spec.__func__  # a function set as a task attribute: given the arguments alone
             read_key = None if spec is None else _key_reader(self.run, spec, "key")
             keyed = keyed_calls(self.token_client, self.idempotency_ttl_seconds)
             guarding = self._guarding = (made_of, keyed, self._scope(), options, read_key)
