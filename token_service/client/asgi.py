@@ -135,14 +135,10 @@ class IdempotencyMiddleware(Middleware[ASGIApp, Scope, AsyncIdempotencyStore]):
 
 def _replay_body(body: bytes, receive: Receive) -> Receive:
     """The app's ``receive``: the body read already, then the client's own messages (disconnect)."""
-    sent = False
+    first: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
 
     async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
+        return first.pop() if first else await receive()
 
     return replay
 
