@@ -11,6 +11,8 @@ buffered whole), then :meth:`~IdempotencyCore.settle` inside ``hold``: store the
 the owner id, or free the key. A store that cannot answer is tried again while the claim can be held
 (``_renewal.settle_pause``, the guards' rule); past that, an OutcomeNotRecorded the adapters break the
 response off with. Claim, renewal and settle are flows (:mod:`._engine`): ``a...`` drives them async.
+The WSGI and ASGI middlewares share :class:`Middleware` (their options, store and admitting flow)
+and :class:`Relay` (a response on its way out, settled once).
 """
 
 from __future__ import annotations
