@@ -186,6 +186,23 @@ class GuardEngine(Generic[ClientT]):
     # how long start() waits out a live holder: set by the first TokenInProgress of a start
     _wait_until: float | None = None
     _next_poll_seconds = _FIRST_POLL_SECONDS
+    # A new guard's state, read here until a guard sets its own (a guard per call: each
+    # attribute set in __init__ was a dict insertion on every call).
+    lease: Started | None = None
+    # The lease as last acknowledged: when (time.monotonic()) the begin or renew that Redis
+    # answered was sent, and the length its reply gave (None: the reply did not say). One
+    # tuple, so the renewer thread replaces it whole.
+    _held: tuple[float, float | None] = (0.0, None)
+    # set while the outcome is being stored: a renewal refused then is for the settle to judge
+    _settling_now = False
+    _held_lease_id = ""
+    # a keyed operation's key (keyed.py sets it): what OutcomeNotRecorded reports
+    key: Any = None
+    replayed = False
+    lease_lost: TokenError | None = None
+    _result: Any = None
+    _span: GuardSpan | None = None
+    _current: contextlib.AbstractContextManager[Any] | None = None
 
     def __init__(
         self,
@@ -233,21 +250,6 @@ class GuardEngine(Generic[ClientT]):
                 base.on_lease_lost if on_lease_lost is None else on_lease_lost,
             )
         self.telemetry = telemetry
-        self.lease: Started | None = None
-        # The lease as last acknowledged: when (time.monotonic()) the begin or renew that Redis
-        # answered was sent, and the length its reply gave (None: the reply did not say). One
-        # tuple, so the renewer thread replaces it whole.
-        self._held: tuple[float, float | None] = (0.0, None)
-        # set while the outcome is being stored: a renewal refused then is for the settle to judge
-        self._settling_now = False
-        self._held_lease_id = ""
-        # a keyed operation's key (keyed.py sets it): what OutcomeNotRecorded reports
-        self.key: Any = None
-        self.replayed = False
-        self.lease_lost: TokenError | None = None
-        self._result: Any = None
-        self._span: GuardSpan | None = None
-        self._current: contextlib.AbstractContextManager[Any] | None = None
 
     def __repr__(self) -> str:
         # never the token: it is a secret
