@@ -11,8 +11,8 @@ after its first read.
 
 gunicorn (from 24) also decides for every request whether its peer may set
 the forwarding headers (``forwarded_allow_ips``): it parses the address with
-``ipaddress`` and tests it against each allowed network, ~7 us a request
-(timeit). The answer depends on the address and the settings only, so
+``ipaddress`` and tests it against each allowed network (its cost:
+docs/performance.md). The answer depends on the address and the settings only, so
 :func:`install` keeps it per address (for the first :data:`PEERS_REMEMBERED`
 addresses a worker meets; any other is worked out every time, as before).
 """
