@@ -514,7 +514,8 @@ def drive(name: str, phases: str, calls: int, url: str) -> None:
     for key in _keys(name, -1, 20, guard):  # warm up
         call(key)
         call(key)
-    keys = _keys(name, 0, calls, guard)
+    # keys of this run's own (one server serves every run: another run's keys would be replays)
+    keys = _keys(name, os.getpid(), calls, guard)
     for key in keys:
         call(key)
     if phases == "both":
