@@ -182,10 +182,11 @@ def test_the_sdk_raises_service_unavailable(misconfigured: Misconfigured) -> Non
     assert misconfigured.says in refused.value.detail
 
 
-def check(url: str) -> subprocess.CompletedProcess[str]:
+def check(url: str, *command: str) -> subprocess.CompletedProcess[str]:
+    """``token-service check`` (or ``command``) with only this Redis URL and a key set."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("TOKEN_SERVICE_")}
     return subprocess.run(
-        [sys.executable, "-m", "token_service.server.cli", "check"],
+        [sys.executable, "-m", "token_service.server.cli", *(command or ("check",))],
         env={**clean, "TOKEN_SERVICE_REDIS_URL": url, "TOKEN_SERVICE_API_KEYS": API_KEY},
         capture_output=True,
         text=True,
@@ -264,19 +265,7 @@ def test_a_cluster_client_that_fails_for_a_bug_of_ours_is_not_a_refusal() -> Non
 def test_serve_of_a_cluster_url_to_one_server_says_one_line(redis_server: RedisServer) -> None:
     """A cluster client is made as each worker boots: before, every gunicorn worker died on it
     with a traceback and the master exited saying only "Worker failed to boot"."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("TOKEN_SERVICE_")}
-    result = subprocess.run(
-        [sys.executable, "-m", "token_service.server.cli", "serve", "--port", str(free_port())],
-        env={
-            **clean,
-            "TOKEN_SERVICE_REDIS_URL": f"redis+cluster://127.0.0.1:{redis_server.port}",
-            "TOKEN_SERVICE_API_KEYS": API_KEY,
-        },
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO_ROOT,
-    )
+    result = check(f"redis+cluster://127.0.0.1:{redis_server.port}", "serve", "--port", str(free_port()))
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1, result.stderr
